@@ -19,6 +19,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -65,13 +66,16 @@ class RoundTable {
     // answered, without the table's lock held. The rounds of one stream
     // complete in step order in the synchronous algorithms, but the table
     // does not rely on it.
-    std::function<void(const RoundKey&, const std::vector<float>& mean)>
+    // `lr` is the learning rate of the round's first push.
+    std::function<void(const RoundKey&, float lr, const std::vector<float>& mean)>
         on_complete;
   };
 
   explicit RoundTable(Options options);
   RoundTable(const RoundTable&) = delete;
   RoundTable& operator=(const RoundTable&) = delete;
+  // Fails the rounds still open, so that no caller waits forever.
+  ~RoundTable();
 
   // Adds `rank`'s `values` with `weight` to round `key` at time `now`.
   // `done` is called exactly once with the mean, or with:
@@ -86,7 +90,9 @@ class RoundTable {
   // round is open the caller joins the waiters; once it is complete it is
   // answered from the retained mean. A retry with a different length is
   // INVALID_ARGUMENT like any other.
-  void Push(const RoundKey& key, uint32_t rank, float weight,
+  // `lr` is kept with the round for on_complete (GRAD rounds apply
+  // x -= lr * mean); every member sends the same one.
+  void Push(const RoundKey& key, uint32_t rank, float weight, float lr,
             absl::Span<const float> values, absl::Time now,
             RoundCallback done);
 
@@ -112,10 +118,52 @@ class RoundTable {
   uint64_t newest_step() const;
 
  private:
-  struct Round;
-  // ... implementation-defined; every field guarded by mu_.
-  Options options_;
+  // A round still collecting pushes.
+  struct Round {
+    std::vector<double> sum;     // sum of weight * value, per element
+    double weight_total = 0.0;
+    std::vector<bool> pushed;    // by rank, so a retry is not counted twice
+    uint32_t ranks_pushed = 0;
+    std::vector<RoundCallback> waiters;
+    absl::Time first_push;
+    float lr = 0.0f;
+  };
+  // A round whose last push has arrived but whose on_complete has not
+  // returned yet. Retries join `waiters` here rather than being answered
+  // early (before on_complete) or starting a new round.
+  struct CompletingRound {
+    size_t length = 0;
+    std::vector<RoundCallback> waiters;
+  };
+  // Completed rounds of one stream kept to answer retries.
+  struct StreamHistory {
+    std::map<uint64_t, std::map<uint32_t, RoundMean>> by_step;
+    bool retired_any = false;
+    uint64_t newest_retired = 0;  // meaningful only when retired_any
+  };
+
+  // The mean of `key` if it is completed and retained, else null.
+  const RoundMean* FindRetainedLocked(const RoundKey& key) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // OK when a new round may be opened for `key` (the step window).
+  absl::Status CheckWindowLocked(const RoundKey& key, uint32_t rank) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Moves `key` from completing_ to the retained store, retires the
+  // stream's oldest steps beyond retained_rounds and returns the waiters.
+  std::vector<RoundCallback> FinishLocked(const RoundKey& key,
+                                          const RoundMean& mean)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const Options options_;
   mutable absl::Mutex mu_;
+  std::map<RoundKey, Round> open_ ABSL_GUARDED_BY(mu_);
+  std::map<RoundKey, CompletingRound> completing_ ABSL_GUARDED_BY(mu_);
+  std::map<int, StreamHistory> streams_ ABSL_GUARDED_BY(mu_);
+  bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+  std::string shutdown_reason_ ABSL_GUARDED_BY(mu_);
+  uint64_t rounds_completed_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t rounds_failed_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t newest_step_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace cserps

@@ -1,0 +1,304 @@
+#include "server/parameter_server_service.h"
+
+#include <algorithm>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/config.h"
+#include "common/float_bytes.h"
+#include "common/grpc_status.h"
+#include "common/model_spec.h"
+#include "common/status.h"
+
+namespace cserps {
+namespace {
+
+absl::Time DefaultNow() { return absl::Now(); }
+
+// Answers a unary call once with `status`.
+grpc::ServerUnaryReactor* FinishWith(grpc::CallbackServerContext* context,
+                                     const absl::Status& status) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
+}
+
+std::string StreamName(int stream) {
+  return v1::Stream_IsValid(stream) ? v1::Stream_Name(stream)
+                                    : absl::StrCat(stream);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ParameterServerService>>
+ParameterServerService::Create(const v1::JobConfig& config, uint32_t shard,
+                               Options options) {
+  RETURN_IF_ERROR(ValidateJobConfig(config, {.allow_port_zero = true}));
+  const uint32_t num_shards = config.cluster().servers_size();
+  if (shard >= num_shards) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "shard ", shard, " is out of range: cluster.servers lists ", num_shards,
+        " servers"));
+  }
+  ASSIGN_OR_RETURN(ModelSpec spec, MakeModelSpec(config.model()));
+  if (!options.now) options.now = DefaultNow;
+  return std::unique_ptr<ParameterServerService>(new ParameterServerService(
+      config, shard, spec.num_params, std::move(options)));
+}
+
+ParameterServerService::ParameterServerService(const v1::JobConfig& config,
+                                               uint32_t shard,
+                                               uint64_t num_params,
+                                               Options options)
+    : config_(config),
+      shard_(shard),
+      fingerprint_(JobFingerprint(config)),
+      layout_(num_params, config.algorithm().block_size(),
+              config.cluster().servers_size()),
+      all_blocks_(ShardPayload::AllBlocks(layout_, shard)),
+      chunk_floats_(ChunkFloats(config.cluster().max_message_bytes())),
+      options_(std::move(options)),
+      members_(config.cluster().num_workers()),
+      store_(layout_.ShardFirstFloat(shard), layout_.ShardSize(shard)),
+      rounds_(RoundTable::Options{
+          .world_size = config.cluster().num_workers(),
+          .max_step_lag = config.cluster().max_step_lag(),
+          .retained_rounds = config.cluster().retained_rounds(),
+          .timeout = absl::Seconds(config.cluster().round_timeout_s()),
+          .on_complete =
+              [this](const RoundKey& key, float lr,
+                     const std::vector<float>& mean) {
+                OnRoundComplete(key, lr, mean);
+              },
+      }) {
+  if (options_.expiry_thread) {
+    expiry_thread_ = std::thread([this] { ExpiryLoop(); });
+  }
+}
+
+ParameterServerService::~ParameterServerService() {
+  Shutdown();
+  if (expiry_thread_.joinable()) expiry_thread_.join();
+}
+
+void ParameterServerService::Shutdown() {
+  {
+    absl::MutexLock lock(&expiry_mu_);
+    if (stopping_) return;
+    stopping_ = true;
+  }
+  const absl::Status reason = absl::UnavailableError(
+      absl::StrCat("server shard ", shard_, " is shutting down"));
+  rounds_.FailAll(std::string(reason.message()));
+  store_.FailWaiters(reason);
+}
+
+void ParameterServerService::ExpiryLoop() {
+  absl::MutexLock lock(&expiry_mu_);
+  while (!stopping_) {
+    // Wake at the next deadline, and at least every second so that rounds
+    // opened after this wait began are noticed.
+    const absl::Time now = options_.now();
+    const absl::Duration wait =
+        std::clamp(rounds_.NextDeadline() - now, absl::Milliseconds(10),
+                   absl::Seconds(1));
+    expiry_mu_.AwaitWithTimeout(absl::Condition(&stopping_), wait);
+    if (stopping_) break;
+    expiry_mu_.Unlock();
+    rounds_.ExpireOverdue(options_.now());
+    expiry_mu_.Lock();
+  }
+}
+
+absl::Status ParameterServerService::CheckFingerprint(uint64_t fingerprint) const {
+  if (fingerprint != fingerprint_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "config fingerprint ", fingerprint, " does not match the job's ",
+        fingerprint_, " on shard ", shard_,
+        ": this worker runs a different job config; Register shows the "
+        "differing field"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParameterServerService::CheckMember(uint32_t rank) const {
+  if (rank >= members_.world_size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank ", rank, " is out of range: the job has ", members_.world_size(),
+        " workers"));
+  }
+  if (!members_.IsRegistered(rank)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rank ", rank, " has not registered with shard ", shard_,
+        ": call Register first"));
+  }
+  return absl::OkStatus();
+}
+
+void ParameterServerService::FillShardInfo(v1::ShardInfo* info) const {
+  info->set_shard(shard_);
+  info->set_num_shards(layout_.num_shards());
+  info->set_first_block(layout_.ShardFirstBlock(shard_));
+  info->set_end_block(layout_.ShardEndBlock(shard_));
+  info->set_first_float(layout_.ShardFirstFloat(shard_));
+  info->set_end_float(layout_.ShardEndFloat(shard_));
+}
+
+grpc::ServerUnaryReactor* ParameterServerService::Register(
+    grpc::CallbackServerContext* context, const v1::RegisterRequest* request,
+    v1::RegisterResponse* response) {
+  v1::JobConfig theirs = request->config();
+  ApplyDefaults(&theirs);
+  absl::Status same = CompareJobConfigs(config_, theirs, "server", "worker");
+  if (!same.ok()) return FinishWith(context, same);
+  absl::StatusOr<uint32_t> rank =
+      members_.Register(request->requested_rank(), request->worker_id());
+  if (!rank.ok()) return FinishWith(context, rank.status());
+  response->set_rank(*rank);
+  response->set_world_size(members_.world_size());
+  response->set_job_seed(config_.seed());
+  response->set_fingerprint(fingerprint_);
+  response->set_model_size(layout_.num_params());
+  response->set_block_size(layout_.block_size());
+  FillShardInfo(response->mutable_shard());
+  return FinishWith(context, absl::OkStatus());
+}
+
+void ParameterServerService::OnRoundComplete(const RoundKey& key, float lr,
+                                             const std::vector<float>& mean) {
+  store_.ApplyMean(key.stream == v1::MODEL, all_blocks_,
+                   key.chunk * chunk_floats_, mean, lr);
+}
+
+grpc::ServerUnaryReactor* ParameterServerService::PushPull(
+    grpc::CallbackServerContext* context, const v1::PushPullRequest* request,
+    v1::PushPullResponse* response) {
+  bytes_in_.fetch_add(request->ByteSizeLong(), std::memory_order_relaxed);
+  const std::string round = absl::StrCat(
+      "PushPull (step ", request->step(), ", stream ",
+      StreamName(request->stream()), ", chunk ", request->chunk(),
+      ") from rank ", request->rank());
+  auto refuse = [&](const absl::Status& status) {
+    return FinishWith(context, absl::Status(status.code(),
+                                            absl::StrCat(round, ": ", status.message())));
+  };
+  absl::Status ok = CheckFingerprint(request->fingerprint());
+  if (ok.ok()) ok = CheckMember(request->rank());
+  if (!ok.ok()) return refuse(ok);
+  if (request->stream() != v1::GRAD && request->stream() != v1::MODEL) {
+    return refuse(absl::InvalidArgumentError(
+        absl::StrCat("unknown stream ", request->stream(), " (known: GRAD, MODEL)")));
+  }
+  if (request->ratio() != 1) {
+    return refuse(absl::FailedPreconditionError(absl::StrCat(
+        "ratio ", request->ratio(), " is not the job's: algorithm ",
+        config_.algorithm().name(), " averages every block (ratio 1)")));
+  }
+  const uint32_t num_chunks = NumChunks(all_blocks_.size(), chunk_floats_);
+  if (request->chunk() >= num_chunks) {
+    return refuse(absl::InvalidArgumentError(absl::StrCat(
+        "chunk ", request->chunk(), " is out of range: this round has ",
+        num_chunks, " chunks")));
+  }
+  const uint64_t begin = request->chunk() * chunk_floats_;
+  std::vector<float> values(std::min(chunk_floats_, all_blocks_.size() - begin));
+  ok = BytesToFloats(request->values(), absl::MakeSpan(values), "values");
+  if (!ok.ok()) return refuse(ok);
+
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const RoundKey key{request->step(), request->stream(), request->chunk()};
+  response->set_step(key.step);
+  response->set_stream(request->stream());
+  response->set_chunk(key.chunk);
+  rounds_.Push(key, request->rank(), request->weight(), request->lr(), values,
+               options_.now(),
+               [this, reactor, response, round](absl::StatusOr<RoundMean> mean) {
+                 if (!mean.ok()) {
+                   reactor->Finish(ToGrpcStatus(absl::Status(
+                       mean.status().code(),
+                       absl::StrCat(round, ": ", mean.status().message()))));
+                   return;
+                 }
+                 response->set_mean(FloatsToBytes(**mean));
+                 bytes_out_.fetch_add(response->ByteSizeLong(),
+                                      std::memory_order_relaxed);
+                 reactor->Finish(grpc::Status::OK);
+               });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* ParameterServerService::PullModel(
+    grpc::CallbackServerContext* context, const v1::PullModelRequest* request,
+    v1::PullModelResponse* response) {
+  absl::Status ok = CheckFingerprint(request->fingerprint());
+  if (ok.ok() && request->count() > chunk_floats_) {
+    ok = absl::InvalidArgumentError(absl::StrCat(
+        "PullModel of ", request->count(), " floats exceeds the chunk limit of ",
+        chunk_floats_, " (cluster.max_message_bytes)"));
+  }
+  if (!ok.ok()) return FinishWith(context, ok);
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const uint64_t offset = request->offset();
+  const uint64_t count = request->count();
+  auto answer = [this, reactor, response, offset, count](absl::Status status) {
+    if (status.ok()) {
+      response->set_offset(offset);
+      status = store_.Read(offset, count, response->mutable_values());
+    }
+    if (status.ok()) {
+      bytes_out_.fetch_add(response->ByteSizeLong(), std::memory_order_relaxed);
+    }
+    reactor->Finish(ToGrpcStatus(status));
+  };
+  if (request->wait_for_init()) {
+    store_.WhenInitialised(std::move(answer));
+  } else if (!store_.initialised()) {
+    answer(absl::FailedPreconditionError(absl::StrCat(
+        "shard ", shard_, " has no model yet: rank 0 initialises it with PushModel")));
+  } else {
+    answer(absl::OkStatus());
+  }
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* ParameterServerService::PushModel(
+    grpc::CallbackServerContext* context, const v1::PushModelRequest* request,
+    v1::PushModelResponse* response) {
+  bytes_in_.fetch_add(request->ByteSizeLong(), std::memory_order_relaxed);
+  absl::Status ok = CheckFingerprint(request->fingerprint());
+  if (ok.ok()) ok = CheckMember(request->rank());
+  if (ok.ok()) ok = CheckFloatBytes(request->values(), "PushModel values");
+  if (!ok.ok()) return FinishWith(context, ok);
+  std::vector<float> values(request->values().size() / sizeof(float));
+  ok = BytesToFloats(request->values(), absl::MakeSpan(values), "values");
+  if (!ok.ok()) return FinishWith(context, ok);
+  absl::StatusOr<bool> initialised = store_.Write(request->offset(), values);
+  if (!initialised.ok()) {
+    return FinishWith(context, absl::Status(initialised.status().code(),
+                                            absl::StrCat("PushModel: ",
+                                                         initialised.status().message())));
+  }
+  response->set_shard_initialised(*initialised);
+  return FinishWith(context, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* ParameterServerService::GetStatus(
+    grpc::CallbackServerContext* context, const v1::GetStatusRequest* /*request*/,
+    v1::GetStatusResponse* response) {
+  FillShardInfo(response->mutable_shard());
+  response->set_fingerprint(fingerprint_);
+  response->set_world_size(members_.world_size());
+  response->set_registered(members_.registered());
+  response->set_model_initialised(store_.initialised());
+  response->set_rounds_completed(rounds_.rounds_completed());
+  response->set_rounds_failed(rounds_.rounds_failed());
+  response->set_open_rounds(rounds_.open_rounds());
+  response->set_newest_step(rounds_.newest_step());
+  response->set_bytes_in(bytes_in_.load(std::memory_order_relaxed));
+  response->set_bytes_out(bytes_out_.load(std::memory_order_relaxed));
+  return FinishWith(context, absl::OkStatus());
+}
+
+}  // namespace cserps

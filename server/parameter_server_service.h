@@ -1,0 +1,100 @@
+// The gRPC ParameterServer service of one shard (docs/protocol.md). Uses the
+// callback API: a PushPull waiting for its round parks a reactor, not a
+// thread. No exception escapes a handler; every refusal is a gRPC status
+// whose message says what is wrong.
+#ifndef CSERPS_SERVER_PARAMETER_SERVER_SERVICE_H_
+#define CSERPS_SERVER_PARAMETER_SERVER_SERVICE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/block_layout.h"
+#include "cserps/v1/parameter_server.grpc.pb.h"
+#include "server/member_registry.h"
+#include "server/round_table.h"
+#include "server/shard_store.h"
+
+namespace cserps {
+
+class ParameterServerService final : public v1::ParameterServer::CallbackService {
+ public:
+  struct Options {
+    // Injectable clock for round timeouts (tests); absl::Now by default.
+    std::function<absl::Time()> now;
+    // Run the thread that fails overdue rounds. Tests that drive timeouts
+    // through ExpireOverdueRounds turn it off.
+    bool expiry_thread = true;
+  };
+
+  // `config` must have defaults applied and be valid. Starts the expiry
+  // thread when asked.
+  static absl::StatusOr<std::unique_ptr<ParameterServerService>> Create(
+      const v1::JobConfig& config, uint32_t shard, Options options);
+  ~ParameterServerService() override;
+
+  // Fails every parked call with UNAVAILABLE and refuses new rounds; call
+  // before grpc::Server::Shutdown so that no reactor stays parked.
+  void Shutdown();
+
+  // Fails the rounds overdue at `now`; returns how many.
+  int ExpireOverdueRounds(absl::Time now) { return rounds_.ExpireOverdue(now); }
+
+  const BlockLayout& layout() const { return layout_; }
+  uint32_t shard() const { return shard_; }
+  uint64_t fingerprint() const { return fingerprint_; }
+
+  grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* context,
+                                     const v1::RegisterRequest* request,
+                                     v1::RegisterResponse* response) override;
+  grpc::ServerUnaryReactor* PushPull(grpc::CallbackServerContext* context,
+                                     const v1::PushPullRequest* request,
+                                     v1::PushPullResponse* response) override;
+  grpc::ServerUnaryReactor* PullModel(grpc::CallbackServerContext* context,
+                                      const v1::PullModelRequest* request,
+                                      v1::PullModelResponse* response) override;
+  grpc::ServerUnaryReactor* PushModel(grpc::CallbackServerContext* context,
+                                      const v1::PushModelRequest* request,
+                                      v1::PushModelResponse* response) override;
+  grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* context,
+                                      const v1::GetStatusRequest* request,
+                                      v1::GetStatusResponse* response) override;
+
+ private:
+  ParameterServerService(const v1::JobConfig& config, uint32_t shard,
+                         uint64_t num_params, Options options);
+
+  absl::Status CheckFingerprint(uint64_t fingerprint) const;
+  absl::Status CheckMember(uint32_t rank) const;
+  void OnRoundComplete(const RoundKey& key, float lr,
+                       const std::vector<float>& mean);
+  void ExpiryLoop();
+  void FillShardInfo(v1::ShardInfo* info) const;
+
+  const v1::JobConfig config_;
+  const uint32_t shard_;
+  const uint64_t fingerprint_;
+  const BlockLayout layout_;
+  const ShardPayload all_blocks_;
+  const uint64_t chunk_floats_;
+  const Options options_;
+  MemberRegistry members_;
+  ShardStore store_;
+  RoundTable rounds_;
+
+  std::atomic<uint64_t> bytes_in_{0};
+  std::atomic<uint64_t> bytes_out_{0};
+
+  absl::Mutex expiry_mu_;
+  bool stopping_ ABSL_GUARDED_BY(expiry_mu_) = false;
+  std::thread expiry_thread_;
+};
+
+}  // namespace cserps
+
+#endif  // CSERPS_SERVER_PARAMETER_SERVER_SERVICE_H_

@@ -1,0 +1,46 @@
+// A running gRPC server for one shard: the service plus its listening
+// socket. Used by cserps-server and by tests that run servers in-process.
+#ifndef CSERPS_SERVER_PS_SERVER_H_
+#define CSERPS_SERVER_PS_SERVER_H_
+
+#include <grpcpp/server.h>
+
+#include <atomic>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "server/parameter_server_service.h"
+
+namespace cserps {
+
+class PsServer {
+ public:
+  // Listens on `listen_address` ("host:port"; port 0 picks a free port).
+  static absl::StatusOr<std::unique_ptr<PsServer>> Start(
+      const v1::JobConfig& config, uint32_t shard,
+      const std::string& listen_address,
+      ParameterServerService::Options options = {});
+  ~PsServer();
+
+  // "host:port" with the port actually bound.
+  const std::string& address() const { return address_; }
+  ParameterServerService& service() { return *service_; }
+
+  // Fails parked calls, then stops the server. Idempotent.
+  void Shutdown();
+  // Blocks until Shutdown has been called (from another thread).
+  void Wait();
+
+ private:
+  PsServer() = default;
+
+  std::unique_ptr<ParameterServerService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::string address_;
+  std::atomic<bool> shut_down_{false};
+};
+
+}  // namespace cserps
+
+#endif  // CSERPS_SERVER_PS_SERVER_H_

@@ -1,0 +1,72 @@
+// cserps-server: one shard of the parameter server.
+#include <cstdio>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/synchronization/notification.h"
+#include "common/job_flags.h"
+#include "common/signals.h"
+#include "common/split_overrides.h"
+#include "server/ps_server.h"
+#include "spdlog/spdlog.h"
+
+ABSL_FLAG(std::string, config, "", "Job config file (text-format cserps.v1.JobConfig).");
+ABSL_FLAG(std::string, set, "",
+          "Config overrides 'field.path=value', separated by ';' "
+          "(e.g. --set='optimizer.lr=0.05;model.hidden=256,128').");
+ABSL_FLAG(int, shard, 0, "Shard index of this server (0-based).");
+ABSL_FLAG(std::string, listen, "",
+          "Address to listen on; default: cluster.servers[shard] from the "
+          "config. Port 0 picks a free port.");
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "cserps-server --config=job.textproto --shard=S [--listen=host:port]");
+  absl::ParseCommandLine(argc, argv);
+  // Lives as long as the signal thread, which is never joined.
+  auto* stop = new absl::Notification();
+  cserps::CallOnTerminationSignal([stop](int signo) {
+    spdlog::info("signal {}: shutting down", signo);
+    stop->Notify();
+  });
+
+  absl::StatusOr<cserps::v1::JobConfig> config = cserps::LoadJobWithOverrides(
+      absl::GetFlag(FLAGS_config), cserps::SplitOverrides(absl::GetFlag(FLAGS_set)),
+      {.allow_port_zero = true});
+  if (!config.ok()) {
+    spdlog::error("{}", config.status().ToString());
+    return 2;
+  }
+  const int shard = absl::GetFlag(FLAGS_shard);
+  if (shard < 0 || shard >= config->cluster().servers_size()) {
+    spdlog::error("--shard={} is out of range: cluster.servers lists {} servers",
+                  shard, config->cluster().servers_size());
+    return 2;
+  }
+  std::string listen = absl::GetFlag(FLAGS_listen);
+  if (listen.empty()) listen = config->cluster().servers(shard);
+
+  absl::StatusOr<std::unique_ptr<cserps::PsServer>> server =
+      cserps::PsServer::Start(*config, shard, listen);
+  if (!server.ok()) {
+    spdlog::error("{}", server.status().ToString());
+    return 1;
+  }
+  const cserps::BlockLayout& layout = (*server)->service().layout();
+  spdlog::info("shard {}/{}: blocks [{}, {}), floats [{}, {}) of {}; {} workers; fingerprint {:016x}",
+               shard, layout.num_shards(), layout.ShardFirstBlock(shard),
+               layout.ShardEndBlock(shard), layout.ShardFirstFloat(shard),
+               layout.ShardEndFloat(shard), layout.num_params(),
+               config->cluster().num_workers(), (*server)->service().fingerprint());
+  // The launcher reads this line to learn the port.
+  std::printf("cserps-server shard %d listening on %s\n", shard,
+              (*server)->address().c_str());
+  std::fflush(stdout);
+
+  stop->WaitForNotification();
+  (*server)->Shutdown();
+  spdlog::info("shard {} stopped", shard);
+  return 0;
+}

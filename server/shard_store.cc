@@ -1,0 +1,105 @@
+#include "server/shard_store.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/float_bytes.h"
+#include "common/status.h"
+
+namespace cserps {
+namespace {
+
+absl::Status CheckRange(uint64_t first, uint64_t size, uint64_t offset,
+                        uint64_t count) {
+  if (offset < first || offset - first > size || count > size - (offset - first)) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "floats [", offset, ", ", offset + count, ") are not inside this shard's [",
+        first, ", ", first + size, ")"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+ShardStore::ShardStore(uint64_t first_float, uint64_t size)
+    : first_(first_float),
+      size_(size),
+      values_(size, 0.0f),
+      written_(size, false),
+      unwritten_(size) {}
+
+absl::StatusOr<bool> ShardStore::Write(uint64_t offset,
+                                       absl::Span<const float> values) {
+  RETURN_IF_ERROR(CheckRange(first_, size_, offset, values.size()));
+  std::vector<InitCallback> ready;
+  bool initialised;
+  {
+    absl::MutexLock lock(&mu_);
+    const bool was_initialised = unwritten_ == 0;
+    const uint64_t base = offset - first_;
+    for (size_t i = 0; i < values.size(); ++i) {
+      values_[base + i] = values[i];
+      if (!written_[base + i]) {
+        written_[base + i] = true;
+        --unwritten_;
+      }
+    }
+    initialised = unwritten_ == 0;
+    if (initialised && !was_initialised) ready.swap(waiters_);
+  }
+  for (InitCallback& done : ready) done(absl::OkStatus());
+  return initialised;
+}
+
+absl::Status ShardStore::Read(uint64_t offset, uint64_t count,
+                              std::string* out) const {
+  RETURN_IF_ERROR(CheckRange(first_, size_, offset, count));
+  absl::MutexLock lock(&mu_);
+  AppendFloats(absl::MakeConstSpan(values_).subspan(offset - first_, count), out);
+  return absl::OkStatus();
+}
+
+void ShardStore::ApplyMean(bool is_model_stream, const ShardPayload& payload,
+                           uint64_t begin, absl::Span<const float> mean,
+                           float lr) {
+  absl::MutexLock lock(&mu_);
+  payload.ForEachPiece(begin, mean.size(), [&](uint64_t m, uint64_t p, uint64_t n) {
+    float* x = values_.data() + (m - first_);
+    const float* v = mean.data() + (p - begin);
+    if (is_model_stream) {
+      for (uint64_t i = 0; i < n; ++i) x[i] = v[i];
+    } else {
+      for (uint64_t i = 0; i < n; ++i) x[i] -= lr * v[i];
+    }
+  });
+}
+
+bool ShardStore::initialised() const {
+  absl::MutexLock lock(&mu_);
+  return unwritten_ == 0;
+}
+
+void ShardStore::WhenInitialised(InitCallback done) {
+  absl::Status status;
+  {
+    absl::MutexLock lock(&mu_);
+    if (unwritten_ != 0 && failed_.ok()) {
+      waiters_.push_back(std::move(done));
+      return;
+    }
+    status = failed_;
+  }
+  done(status);
+}
+
+void ShardStore::FailWaiters(const absl::Status& reason) {
+  std::vector<InitCallback> waiting;
+  {
+    absl::MutexLock lock(&mu_);
+    failed_ = reason;
+    waiting.swap(waiters_);
+  }
+  for (InitCallback& done : waiting) done(reason);
+}
+
+}  // namespace cserps

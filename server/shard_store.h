@@ -1,0 +1,65 @@
+// One shard's part of the global model: floats [first, first + size) of the
+// flat model, and whether PushModel has written all of them yet.
+//
+// Thread safety: every method may be called from any thread; callbacks run
+// without the store's lock held.
+#ifndef CSERPS_SERVER_SHARD_STORE_H_
+#define CSERPS_SERVER_SHARD_STORE_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
+#include "common/block_layout.h"
+
+namespace cserps {
+
+class ShardStore {
+ public:
+  using InitCallback = std::function<void(absl::Status)>;
+
+  ShardStore(uint64_t first_float, uint64_t size);
+
+  uint64_t first_float() const { return first_; }
+  uint64_t size() const { return size_; }
+
+  // Writes `values` at global float `offset` (PushModel). OUT_OF_RANGE when
+  // the range is not inside the shard. Returns whether every float of the
+  // shard has now been written; the write that completes initialisation
+  // answers the WhenInitialised waiters.
+  absl::StatusOr<bool> Write(uint64_t offset, absl::Span<const float> values);
+
+  // Appends floats [offset, offset + count) as little-endian bytes to `out`.
+  absl::Status Read(uint64_t offset, uint64_t count, std::string* out) const;
+
+  // Applies a round's mean for payload floats [begin, begin + mean.size()):
+  // MODEL streams set x = mean, GRAD streams x -= lr * mean.
+  void ApplyMean(bool is_model_stream, const ShardPayload& payload,
+                 uint64_t begin, absl::Span<const float> mean, float lr);
+
+  bool initialised() const;
+
+  // Calls `done(OK)` once the shard is initialised (at once when it is), or
+  // `done(reason)` when FailWaiters is called first.
+  void WhenInitialised(InitCallback done);
+  void FailWaiters(const absl::Status& reason);
+
+ private:
+  const uint64_t first_;
+  const uint64_t size_;
+  mutable absl::Mutex mu_;
+  std::vector<float> values_ ABSL_GUARDED_BY(mu_);
+  std::vector<bool> written_ ABSL_GUARDED_BY(mu_);
+  uint64_t unwritten_ ABSL_GUARDED_BY(mu_);
+  std::vector<InitCallback> waiters_ ABSL_GUARDED_BY(mu_);
+  absl::Status failed_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace cserps
+
+#endif  // CSERPS_SERVER_SHARD_STORE_H_

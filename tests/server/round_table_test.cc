@@ -1,0 +1,572 @@
+#include "server/round_table.h"
+
+#include <atomic>
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace cserps {
+namespace {
+
+using ::testing::ElementsAreArray;
+using ::testing::HasSubstr;
+
+const absl::Time kT0 = absl::FromUnixSeconds(1000);
+constexpr float kLr = 0.25f;
+
+// Captures the one answer a push gets, and how often it was called.
+struct Answer {
+  std::optional<absl::StatusOr<RoundMean>> result;
+  int calls = 0;
+
+  RoundCallback Callback() {
+    return [this](absl::StatusOr<RoundMean> r) {
+      ++calls;
+      result = std::move(r);
+    };
+  }
+  bool ok() const { return result.has_value() && result->ok(); }
+  const std::vector<float>& mean() const { return *result->value(); }
+  absl::Status status() const { return result->status(); }
+};
+
+RoundTable::Options SmallOptions(uint32_t world_size) {
+  RoundTable::Options o;
+  o.world_size = world_size;
+  o.max_step_lag = 8;
+  o.retained_rounds = 4;
+  o.timeout = absl::Seconds(60);
+  return o;
+}
+
+// sum_r w_r v_r[i] / sum_r w_r, in double, then rounded to float.
+std::vector<float> WeightedMean(const std::vector<std::vector<float>>& values,
+                                const std::vector<float>& weights) {
+  std::vector<float> out(values[0].size());
+  double total = 0;
+  for (float w : weights) total += w;
+  for (size_t i = 0; i < out.size(); ++i) {
+    double s = 0;
+    for (size_t r = 0; r < values.size(); ++r) {
+      s += static_cast<double>(weights[r]) * values[r][i];
+    }
+    out[i] = static_cast<float>(s / total);
+  }
+  return out;
+}
+
+TEST(RoundTableTest, WeightedMeanOfThreeRanks) {
+  RoundTable table(SmallOptions(3));
+  const std::vector<std::vector<float>> values = {
+      {1.0f, -2.0f, 0.1f}, {4.0f, 8.0f, 0.7f}, {-3.0f, 0.5f, 100.0f}};
+  const std::vector<float> weights = {1.0f, 2.5f, 0.25f};
+  const RoundKey key{3, 1, 2};
+  Answer a[3];
+  for (uint32_t r = 0; r < 3; ++r) {
+    table.Push(key, r, weights[r], kLr, values[r], kT0, a[r].Callback());
+    if (r < 2) {
+      EXPECT_EQ(a[0].calls, 0) << "answered before the last rank pushed";
+      EXPECT_EQ(table.open_rounds(), 1u);
+    }
+  }
+  const std::vector<float> expected = WeightedMean(values, weights);
+  for (uint32_t r = 0; r < 3; ++r) {
+    ASSERT_EQ(a[r].calls, 1) << "rank " << r;
+    ASSERT_TRUE(a[r].ok()) << a[r].status();
+    EXPECT_THAT(a[r].mean(), ElementsAreArray(expected));
+  }
+  // One shared mean for every answer.
+  EXPECT_EQ(a[0].result->value().get(), a[2].result->value().get());
+  EXPECT_EQ(table.rounds_completed(), 1u);
+  EXPECT_EQ(table.open_rounds(), 0u);
+  EXPECT_EQ(table.newest_step(), 3u);
+}
+
+TEST(RoundTableTest, OnCompleteCalledOnceBeforeWaiters) {
+  std::vector<std::string> events;
+  std::vector<float> applied;
+  RoundTable::Options o = SmallOptions(2);
+  o.on_complete = [&](const RoundKey& key, float lr, const std::vector<float>& mean) {
+    events.push_back("complete step " + std::to_string(key.step));
+    EXPECT_EQ(lr, kLr);
+    applied = mean;
+  };
+  RoundTable table(o);
+  const RoundKey key{1, 0, 0};
+  const std::vector<float> v0 = {2.0f, 4.0f}, v1 = {6.0f, 0.0f};
+  auto record = [&](int rank) {
+    return [&events, rank](absl::StatusOr<RoundMean> r) {
+      EXPECT_TRUE(r.ok()) << r.status();
+      events.push_back("answer " + std::to_string(rank));
+    };
+  };
+  table.Push(key, 0, 1.0f, kLr, v0, kT0, record(0));
+  EXPECT_TRUE(events.empty());
+  table.Push(key, 1, 1.0f, kLr, v1, kT0, record(1));
+  ASSERT_EQ(events.size(), 3u);
+  EXPECT_EQ(events[0], "complete step 1");
+  EXPECT_THAT(std::vector<std::string>(events.begin() + 1, events.end()),
+              ::testing::UnorderedElementsAre("answer 0", "answer 1"));
+  EXPECT_THAT(applied, ElementsAreArray({4.0f, 2.0f}));
+}
+
+TEST(RoundTableTest, RetryWhileOpenJoinsWaitersAndIsNotCountedTwice) {
+  int completions = 0;
+  RoundTable::Options o = SmallOptions(3);
+  o.on_complete = [&](const RoundKey&, float, const std::vector<float>&) {
+    ++completions;
+  };
+  RoundTable table(o);
+  const RoundKey key{2, 0, 0};
+  const std::vector<float> v0 = {3.0f}, v1 = {5.0f}, v2 = {10.0f};
+  Answer first, retry, a1, a2;
+  table.Push(key, 0, 1.0f, kLr, v0, kT0, first.Callback());
+  table.Push(key, 1, 1.0f, kLr, v1, kT0, a1.Callback());
+  // The retry carries other values: counted, it would both change the mean
+  // and (counting pushes instead of ranks) complete the round.
+  table.Push(key, 0, 1.0f, kLr, std::vector<float>{1000.0f}, kT0,
+             retry.Callback());
+  EXPECT_EQ(completions, 0);
+  EXPECT_EQ(first.calls + retry.calls + a1.calls, 0);
+  EXPECT_EQ(table.open_rounds(), 1u);
+
+  table.Push(key, 2, 1.0f, kLr, v2, kT0, a2.Callback());
+  EXPECT_EQ(completions, 1);
+  const std::vector<float> expected =
+      WeightedMean({v0, v1, v2}, {1.0f, 1.0f, 1.0f});
+  for (Answer* a : {&first, &retry, &a1, &a2}) {
+    ASSERT_EQ(a->calls, 1);
+    ASSERT_TRUE(a->ok()) << a->status();
+    EXPECT_THAT(a->mean(), ElementsAreArray(expected));
+  }
+}
+
+TEST(RoundTableTest, RetryAfterCompletionIsAnsweredFromRetainedMean) {
+  int completions = 0;
+  RoundTable::Options o = SmallOptions(2);
+  o.on_complete = [&](const RoundKey&, float, const std::vector<float>&) {
+    ++completions;
+  };
+  RoundTable table(o);
+  const RoundKey key{1, 0, 0};
+  Answer a0, a1, retry;
+  table.Push(key, 0, 1.0f, kLr, std::vector<float>{1.0f, 2.0f}, kT0,
+             a0.Callback());
+  table.Push(key, 1, 3.0f, kLr, std::vector<float>{5.0f, 6.0f}, kT0,
+             a1.Callback());
+  ASSERT_TRUE(a1.ok());
+  table.Push(key, 1, 3.0f, kLr, std::vector<float>{-7.0f, -7.0f}, kT0,
+             retry.Callback());
+  ASSERT_EQ(retry.calls, 1);
+  ASSERT_TRUE(retry.ok()) << retry.status();
+  EXPECT_EQ(retry.result->value().get(), a1.result->value().get());
+  EXPECT_THAT(retry.mean(), ElementsAreArray(WeightedMean(
+                                {{1.0f, 2.0f}, {5.0f, 6.0f}}, {1.0f, 3.0f})));
+  EXPECT_EQ(completions, 1);
+  EXPECT_EQ(table.rounds_completed(), 1u);
+  EXPECT_EQ(table.open_rounds(), 0u);
+}
+
+TEST(RoundTableTest, RetryDuringOnCompleteWaitsForItAndGetsTheSameMean) {
+  std::vector<std::string> events;
+  RoundTable* table_ptr = nullptr;
+  Answer retry;
+  const RoundKey key{1, 0, 0};
+  RoundTable::Options o = SmallOptions(1);
+  o.on_complete = [&](const RoundKey& k, float, const std::vector<float>&) {
+    events.push_back("complete");
+    // A retry arriving while the shard applies the mean: it must neither be
+    // answered yet nor open a new round (and the table's lock is not held,
+    // or this would deadlock).
+    table_ptr->Push(k, 0, 1.0f, kLr, std::vector<float>{9.0f}, kT0,
+                    retry.Callback());
+    EXPECT_EQ(retry.calls, 0);
+    EXPECT_EQ(table_ptr->open_rounds(), 0u);
+  };
+  RoundTable table(o);
+  table_ptr = &table;
+  Answer first;
+  table.Push(key, 0, 2.0f, kLr, std::vector<float>{4.0f}, kT0, first.Callback());
+  ASSERT_EQ(events.size(), 1u);
+  ASSERT_EQ(first.calls, 1);
+  ASSERT_EQ(retry.calls, 1);
+  ASSERT_TRUE(retry.ok()) << retry.status();
+  EXPECT_EQ(retry.result->value().get(), first.result->value().get());
+  EXPECT_THAT(retry.mean(), ElementsAreArray({4.0f}));
+  EXPECT_EQ(table.rounds_completed(), 1u);
+}
+
+TEST(RoundTableTest, CallbackMayPushAgainInline) {
+  RoundTable table(SmallOptions(1));
+  Answer second;
+  table.Push(RoundKey{1, 0, 0}, 0, 1.0f, kLr, std::vector<float>{1.0f}, kT0,
+             [&](absl::StatusOr<RoundMean> r) {
+               ASSERT_TRUE(r.ok());
+               table.Push(RoundKey{2, 0, 0}, 0, 1.0f, kLr,
+                          std::vector<float>{(*r.value())[0] + 1.0f}, kT0,
+                          second.Callback());
+             });
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_THAT(second.mean(), ElementsAreArray({2.0f}));
+  EXPECT_EQ(table.newest_step(), 2u);
+}
+
+TEST(RoundTableTest, RejectsRankOutOfRange) {
+  RoundTable table(SmallOptions(3));
+  Answer a;
+  table.Push(RoundKey{1, 0, 0}, 3, 1.0f, kLr, std::vector<float>{1.0f}, kT0,
+             a.Callback());
+  ASSERT_EQ(a.calls, 1);
+  EXPECT_EQ(a.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(a.status().message(), HasSubstr("rank 3"));
+  EXPECT_THAT(a.status().message(), HasSubstr("world_size 3"));
+  EXPECT_THAT(a.status().message(),
+              HasSubstr("(step 1, stream 0, chunk 0)"));
+  EXPECT_EQ(table.open_rounds(), 0u);
+}
+
+TEST(RoundTableTest, RejectsBadWeights) {
+  RoundTable table(SmallOptions(2));
+  const RoundKey key{1, 0, 0};
+  for (float w : {0.0f, -1.0f, std::numeric_limits<float>::quiet_NaN(),
+                  std::numeric_limits<float>::infinity()}) {
+    Answer a;
+    table.Push(key, 0, w, kLr, std::vector<float>{1.0f}, kT0, a.Callback());
+    ASSERT_EQ(a.calls, 1) << "weight " << w;
+    EXPECT_EQ(a.status().code(), absl::StatusCode::kInvalidArgument)
+        << "weight " << w;
+    EXPECT_THAT(a.status().message(), HasSubstr("weight"));
+    EXPECT_THAT(a.status().message(), HasSubstr("rank 0"));
+  }
+  // None of them joined the round: rank 0 still counts as missing.
+  EXPECT_EQ(table.open_rounds(), 0u);
+  Answer a0, a1;
+  table.Push(key, 1, 1.0f, kLr, std::vector<float>{2.0f}, kT0, a1.Callback());
+  EXPECT_EQ(a1.calls, 0);
+  table.Push(key, 0, 1.0f, kLr, std::vector<float>{4.0f}, kT0, a0.Callback());
+  ASSERT_TRUE(a1.ok());
+  EXPECT_THAT(a1.mean(), ElementsAreArray({3.0f}));
+}
+
+TEST(RoundTableTest, RejectsLengthMismatch) {
+  RoundTable table(SmallOptions(2));
+  const RoundKey key{1, 0, 0};
+  Answer a0, bad, a1, bad_retry;
+  table.Push(key, 0, 1.0f, kLr, std::vector<float>{1.0f, 2.0f}, kT0,
+             a0.Callback());
+  table.Push(key, 1, 1.0f, kLr, std::vector<float>{1.0f, 2.0f, 3.0f}, kT0,
+             bad.Callback());
+  ASSERT_EQ(bad.calls, 1);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.status().message(), HasSubstr("length 3"));
+  EXPECT_THAT(bad.status().message(), HasSubstr("length 2"));
+  EXPECT_THAT(bad.status().message(), HasSubstr("rank 1"));
+  EXPECT_EQ(a0.calls, 0) << "a refused push must not complete the round";
+
+  table.Push(key, 1, 1.0f, kLr, std::vector<float>{3.0f, 4.0f}, kT0,
+             a1.Callback());
+  ASSERT_TRUE(a1.ok());
+  // A retry of the completed round with another length is refused too.
+  table.Push(key, 1, 1.0f, kLr, std::vector<float>{3.0f}, kT0,
+             bad_retry.Callback());
+  ASSERT_EQ(bad_retry.calls, 1);
+  EXPECT_EQ(bad_retry.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad_retry.status().message(), HasSubstr("length 1"));
+}
+
+TEST(RoundTableTest, RejectsStepTooFarAhead) {
+  RoundTable::Options o = SmallOptions(1);
+  o.max_step_lag = 2;
+  RoundTable table(o);
+  Answer ahead;
+  table.Push(RoundKey{3, 0, 0}, 0, 1.0f, kLr, std::vector<float>{1.0f}, kT0,
+             ahead.Callback());
+  ASSERT_EQ(ahead.calls, 1);
+  EXPECT_EQ(ahead.status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_THAT(ahead.status().message(), HasSubstr("step 3 is too far ahead"));
+  EXPECT_THAT(ahead.status().message(),
+              HasSubstr("newest completed step is 0, max_step_lag 2"));
+
+  Answer at_limit;
+  table.Push(RoundKey{2, 0, 0}, 0, 1.0f, kLr, std::vector<float>{1.0f}, kT0,
+             at_limit.Callback());
+  ASSERT_TRUE(at_limit.ok()) << at_limit.status();
+  // The window moves with the newest completed step, over all streams.
+  Answer now_ok, still_ahead;
+  table.Push(RoundKey{4, 1, 0}, 0, 1.0f, kLr, std::vector<float>{1.0f}, kT0,
+             now_ok.Callback());
+  EXPECT_TRUE(now_ok.ok()) << now_ok.status();
+  table.Push(RoundKey{7, 0, 0}, 0, 1.0f, kLr, std::vector<float>{1.0f}, kT0,
+             still_ahead.Callback());
+  EXPECT_EQ(still_ahead.status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_THAT(still_ahead.status().message(),
+              HasSubstr("newest completed step is 4"));
+}
+
+TEST(RoundTableTest, RetirementKeepsOnlyRetainedStepsPerStream) {
+  RoundTable::Options o = SmallOptions(1);
+  o.retained_rounds = 3;
+  o.max_step_lag = 1;
+  RoundTable table(o);
+  constexpr uint64_t kSteps = 100;
+  // Every step has two chunks; the mean of step s chunk c is s * 10 + c.
+  for (uint64_t s = 1; s <= kSteps; ++s) {
+    for (uint32_t c = 0; c < 2; ++c) {
+      Answer a;
+      table.Push(RoundKey{s, 0, c}, 0, 1.0f, kLr,
+                 std::vector<float>{static_cast<float>(s * 10 + c)}, kT0,
+                 a.Callback());
+      ASSERT_TRUE(a.ok()) << a.status();
+    }
+  }
+  EXPECT_EQ(table.rounds_completed(), 2 * kSteps);
+
+  // The newest three steps are answered from the retained mean (not from
+  // the retry's values), all chunks of them.
+  for (uint64_t s = kSteps - 2; s <= kSteps; ++s) {
+    for (uint32_t c = 0; c < 2; ++c) {
+      Answer retry;
+      table.Push(RoundKey{s, 0, c}, 0, 1.0f, kLr, std::vector<float>{-1.0f}, kT0,
+                 retry.Callback());
+      ASSERT_TRUE(retry.ok()) << "step " << s << ": " << retry.status();
+      EXPECT_THAT(retry.mean(),
+                  ElementsAreArray({static_cast<float>(s * 10 + c)}));
+    }
+  }
+  // Older ones are retired: a retry, or a new chunk of such a step, is
+  // refused rather than starting a round that would never be answered.
+  for (uint64_t s : {uint64_t{1}, uint64_t{50}, kSteps - 3}) {
+    Answer retry;
+    table.Push(RoundKey{s, 0, 0}, 0, 1.0f, kLr, std::vector<float>{-1.0f}, kT0,
+               retry.Callback());
+    ASSERT_EQ(retry.calls, 1);
+    EXPECT_EQ(retry.status().code(), absl::StatusCode::kOutOfRange);
+    EXPECT_THAT(retry.status().message(),
+                HasSubstr("step " + std::to_string(s) +
+                          " of stream 0 is too far behind"));
+    EXPECT_THAT(retry.status().message(),
+                HasSubstr("rounds up to step " + std::to_string(kSteps - 3) +
+                          " are retired"));
+  }
+  Answer new_chunk;
+  table.Push(RoundKey{kSteps - 3, 0, 7}, 0, 1.0f, kLr, std::vector<float>{1.0f},
+             kT0, new_chunk.Callback());
+  EXPECT_EQ(new_chunk.status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(table.rounds_completed(), 2 * kSteps);
+  EXPECT_EQ(table.open_rounds(), 0u);
+
+  // Retirement is per stream: stream 1 has retired nothing, so an old step
+  // there is only limited by the "ahead" side.
+  Answer other_stream;
+  table.Push(RoundKey{50, 1, 0}, 0, 1.0f, kLr, std::vector<float>{1.0f}, kT0,
+             other_stream.Callback());
+  EXPECT_TRUE(other_stream.ok()) << other_stream.status();
+}
+
+TEST(RoundTableTest, ExpireOverdueNamesMissingRanks) {
+  RoundTable::Options o = SmallOptions(3);
+  o.timeout = absl::Seconds(10);
+  o.max_step_lag = 16;
+  int completions = 0;
+  o.on_complete = [&](const RoundKey&, float, const std::vector<float>&) {
+    ++completions;
+  };
+  RoundTable table(o);
+  const RoundKey key{12, 1, 0};
+  Answer a0, retry0;
+  table.Push(key, 0, 1.0f, kLr, std::vector<float>{1.0f}, kT0, a0.Callback());
+  // A retry later does not move the round's deadline.
+  table.Push(key, 0, 1.0f, kLr, std::vector<float>{1.0f}, kT0 + absl::Seconds(5),
+             retry0.Callback());
+  EXPECT_EQ(table.NextDeadline(), kT0 + absl::Seconds(10));
+
+  EXPECT_EQ(table.ExpireOverdue(kT0 + absl::Seconds(9)), 0);
+  EXPECT_EQ(a0.calls, 0);
+  EXPECT_EQ(table.ExpireOverdue(kT0 + absl::Seconds(10)), 1);
+  for (Answer* a : {&a0, &retry0}) {
+    ASSERT_EQ(a->calls, 1);
+    EXPECT_EQ(a->status().code(), absl::StatusCode::kDeadlineExceeded);
+    EXPECT_THAT(a->status().message(),
+                HasSubstr("round (step 12, stream 1, chunk 0) timed out"));
+    EXPECT_THAT(a->status().message(), HasSubstr("10s"));
+    EXPECT_THAT(a->status().message(), HasSubstr("missing ranks 1, 2"));
+  }
+  EXPECT_EQ(table.rounds_failed(), 1u);
+  EXPECT_EQ(table.open_rounds(), 0u);
+  EXPECT_EQ(table.NextDeadline(), absl::InfiniteFuture());
+  EXPECT_EQ(table.ExpireOverdue(kT0 + absl::Seconds(100)), 0);
+
+  // The failed round is forgotten: rank 0's earlier push does not count.
+  Answer b1, b2, b0;
+  table.Push(key, 1, 1.0f, kLr, std::vector<float>{2.0f}, kT0 + absl::Seconds(20),
+             b1.Callback());
+  table.Push(key, 2, 1.0f, kLr, std::vector<float>{4.0f}, kT0 + absl::Seconds(20),
+             b2.Callback());
+  EXPECT_EQ(b1.calls, 0);
+  EXPECT_EQ(completions, 0);
+  table.Push(key, 0, 1.0f, kLr, std::vector<float>{6.0f}, kT0 + absl::Seconds(21),
+             b0.Callback());
+  ASSERT_TRUE(b1.ok()) << b1.status();
+  EXPECT_THAT(b1.mean(), ElementsAreArray({4.0f}));
+  EXPECT_EQ(completions, 1);
+}
+
+TEST(RoundTableTest, NextDeadlineIsTheEarliestOpenRound) {
+  RoundTable::Options o = SmallOptions(2);
+  o.timeout = absl::Seconds(30);
+  RoundTable table(o);
+  EXPECT_EQ(table.NextDeadline(), absl::InfiniteFuture());
+  Answer a, b, c, d;
+  table.Push(RoundKey{2, 0, 0}, 0, 1.0f, kLr, std::vector<float>{1.0f},
+             kT0 + absl::Seconds(7), a.Callback());
+  table.Push(RoundKey{1, 0, 0}, 0, 1.0f, kLr, std::vector<float>{1.0f},
+             kT0 + absl::Seconds(3), b.Callback());
+  table.Push(RoundKey{1, 1, 0}, 1, 1.0f, kLr, std::vector<float>{1.0f},
+             kT0 + absl::Seconds(5), c.Callback());
+  EXPECT_EQ(table.NextDeadline(), kT0 + absl::Seconds(33));
+  // Completing the earliest round moves the deadline to the next one.
+  table.Push(RoundKey{1, 0, 0}, 1, 1.0f, kLr, std::vector<float>{1.0f},
+             kT0 + absl::Seconds(8), d.Callback());
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(table.NextDeadline(), kT0 + absl::Seconds(35));
+  EXPECT_EQ(table.ExpireOverdue(kT0 + absl::Seconds(36)), 1);
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(c.status().message(), HasSubstr("missing ranks 0"));
+  EXPECT_EQ(a.calls, 0);
+  EXPECT_EQ(table.NextDeadline(), kT0 + absl::Seconds(37));
+}
+
+TEST(RoundTableTest, FailAllAnswersWaitersAndLaterPushes) {
+  RoundTable table(SmallOptions(2));
+  Answer waiting, done0, done1;
+  table.Push(RoundKey{1, 0, 0}, 0, 1.0f, kLr, std::vector<float>{1.0f}, kT0,
+             done0.Callback());
+  table.Push(RoundKey{1, 0, 0}, 1, 1.0f, kLr, std::vector<float>{1.0f}, kT0,
+             done1.Callback());
+  ASSERT_TRUE(done0.ok());
+  table.Push(RoundKey{2, 0, 0}, 0, 1.0f, kLr, std::vector<float>{1.0f}, kT0,
+             waiting.Callback());
+  EXPECT_EQ(waiting.calls, 0);
+
+  table.FailAll("server shutting down");
+  ASSERT_EQ(waiting.calls, 1);
+  EXPECT_EQ(waiting.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(waiting.status().message(), HasSubstr("server shutting down"));
+  EXPECT_THAT(waiting.status().message(),
+              HasSubstr("(step 2, stream 0, chunk 0)"));
+  EXPECT_EQ(table.open_rounds(), 0u);
+  EXPECT_EQ(table.rounds_failed(), 1u);
+
+  // New rounds and retries of completed ones are refused the same way.
+  Answer fresh, retry;
+  table.Push(RoundKey{2, 0, 0}, 1, 1.0f, kLr, std::vector<float>{1.0f}, kT0,
+             fresh.Callback());
+  table.Push(RoundKey{1, 0, 0}, 1, 1.0f, kLr, std::vector<float>{1.0f}, kT0,
+             retry.Callback());
+  for (Answer* a : {&fresh, &retry}) {
+    ASSERT_EQ(a->calls, 1);
+    EXPECT_EQ(a->status().code(), absl::StatusCode::kUnavailable);
+    EXPECT_THAT(a->status().message(), HasSubstr("server shutting down"));
+    EXPECT_THAT(a->status().message(), HasSubstr("rank 1"));
+  }
+  EXPECT_EQ(table.open_rounds(), 0u);
+}
+
+TEST(RoundTableTest, ConcurrentPushesAnswerEveryCallbackOnceWithTheMean) {
+  constexpr uint32_t kWorld = 4;
+  constexpr uint64_t kSteps = 60;
+  constexpr uint32_t kChunks = 3;
+  constexpr size_t kLength = 5;
+  constexpr size_t kRounds = kSteps * kChunks;
+  // Integer values and weights make every partial sum exact in double, so
+  // the mean does not depend on the order the ranks arrive in.
+  auto value = [](uint32_t rank, uint64_t step, uint32_t chunk, size_t i) {
+    return static_cast<float>((rank * 31 + step * 7 + chunk * 3 + i) % 97);
+  };
+  auto weight = [](uint32_t rank) { return static_cast<float>(rank + 1); };
+  auto index = [](uint64_t step, uint32_t chunk) {
+    return static_cast<size_t>((step - 1) * kChunks + chunk);
+  };
+  std::vector<std::vector<float>> expected(kRounds);
+  for (uint64_t s = 1; s <= kSteps; ++s) {
+    for (uint32_t c = 0; c < kChunks; ++c) {
+      std::vector<std::vector<float>> values(kWorld);
+      std::vector<float> weights(kWorld);
+      for (uint32_t r = 0; r < kWorld; ++r) {
+        weights[r] = weight(r);
+        for (size_t i = 0; i < kLength; ++i) {
+          values[r].push_back(value(r, s, c, i));
+        }
+      }
+      expected[index(s, c)] = WeightedMean(values, weights);
+    }
+  }
+
+  std::vector<std::atomic<int>> completions(kRounds);
+  std::vector<std::atomic<int>> answers(kRounds * kWorld * 2);
+  std::atomic<int> wrong{0};
+  RoundTable::Options o;
+  o.world_size = kWorld;
+  o.max_step_lag = kSteps;
+  o.retained_rounds = kSteps;
+  o.timeout = absl::Hours(1);
+  o.on_complete = [&](const RoundKey& key, float, const std::vector<float>& mean) {
+    completions[index(key.step, key.chunk)].fetch_add(1);
+    if (mean != expected[index(key.step, key.chunk)]) wrong.fetch_add(1);
+  };
+  RoundTable table(o);
+
+  std::vector<std::thread> threads;
+  for (uint32_t r = 0; r < kWorld; ++r) {
+    threads.emplace_back([&, r] {
+      for (uint64_t s = 1; s <= kSteps; ++s) {
+        for (uint32_t c = 0; c < kChunks; ++c) {
+          std::vector<float> values(kLength);
+          for (size_t i = 0; i < kLength; ++i) values[i] = value(r, s, c, i);
+          // Every rank pushes each round twice (a retry).
+          for (int attempt = 0; attempt < 2; ++attempt) {
+            const size_t slot = (index(s, c) * kWorld + r) * 2 + attempt;
+            table.Push(RoundKey{s, 0, c}, r, weight(r), kLr, values, kT0,
+                       [&, s, c, slot](absl::StatusOr<RoundMean> mean) {
+                         answers[slot].fetch_add(1);
+                         if (!mean.ok() ||
+                             **mean != expected[index(s, c)]) {
+                           wrong.fetch_add(1);
+                         }
+                       });
+          }
+        }
+      }
+    });
+  }
+  // Polls the timers alongside; nothing is overdue within the hour.
+  threads.emplace_back([&] {
+    for (int i = 0; i < 2000; ++i) {
+      if (table.ExpireOverdue(kT0 + absl::Minutes(1)) != 0) wrong.fetch_add(1);
+      (void)table.NextDeadline();
+    }
+  });
+  for (std::thread& t : threads) t.join();
+
+  EXPECT_EQ(wrong.load(), 0);
+  for (size_t i = 0; i < kRounds; ++i) {
+    EXPECT_EQ(completions[i].load(), 1) << "round " << i;
+  }
+  for (size_t i = 0; i < answers.size(); ++i) {
+    EXPECT_EQ(answers[i].load(), 1) << "callback " << i;
+  }
+  EXPECT_EQ(table.rounds_completed(), kRounds);
+  EXPECT_EQ(table.rounds_failed(), 0u);
+  EXPECT_EQ(table.open_rounds(), 0u);
+  EXPECT_EQ(table.newest_step(), kSteps);
+}
+
+}  // namespace
+}  // namespace cserps

@@ -1,0 +1,105 @@
+#include "tools/launch/child_process.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+extern char** environ;
+
+namespace cserps {
+
+absl::StatusOr<ChildProcess> ChildProcess::Start(
+    const std::string& name, const std::vector<std::string>& argv,
+    const std::vector<std::string>& extra_env) {
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0) {
+    return absl::InternalError(absl::StrCat("pipe: ", std::strerror(errno)));
+  }
+  // Build argv and envp before fork: the child only calls async-signal-safe
+  // functions.
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  std::vector<char*> env;
+  for (char** e = environ; *e != nullptr; ++e) env.push_back(*e);
+  for (const std::string& e : extra_env) env.push_back(const_cast<char*>(e.c_str()));
+  env.push_back(nullptr);
+  const pid_t parent = getpid();
+
+  const pid_t pid = fork();
+  if (pid < 0) {
+    close(fds[0]);
+    close(fds[1]);
+    return absl::InternalError(absl::StrCat("fork: ", std::strerror(errno)));
+  }
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() != parent) _exit(127);  // the launcher died before prctl
+    setpgid(0, 0);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    dup2(fds[1], STDOUT_FILENO);
+    dup2(fds[1], STDERR_FILENO);
+    execve(args[0], args.data(), env.data());
+    const char msg[] = "exec failed\n";
+    (void)!write(STDERR_FILENO, msg, sizeof(msg) - 1);
+    _exit(127);
+  }
+  close(fds[1]);
+  fcntl(fds[0], F_SETFL, fcntl(fds[0], F_GETFL) | O_NONBLOCK);
+  ChildProcess child;
+  child.name_ = name;
+  child.pid_ = pid;
+  child.fd_ = fds[0];
+  return child;
+}
+
+std::vector<std::string> ChildProcess::ReadLines() {
+  std::vector<std::string> lines;
+  if (fd_ < 0) return lines;
+  char buffer[4096];
+  while (true) {
+    const ssize_t n = read(fd_, buffer, sizeof(buffer));
+    if (n > 0) {
+      partial_.append(buffer, n);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+    close(fd_);  // end of output (or a read error)
+    fd_ = -1;
+    break;
+  }
+  size_t start = 0;
+  for (size_t nl; (nl = partial_.find('\n', start)) != std::string::npos; start = nl + 1) {
+    lines.push_back(partial_.substr(start, nl - start));
+  }
+  partial_.erase(0, start);
+  if (fd_ < 0 && !partial_.empty()) {
+    lines.push_back(partial_);
+    partial_.clear();
+  }
+  return lines;
+}
+
+void ChildProcess::SetExited(int wait_status) {
+  if (WIFEXITED(wait_status)) {
+    exit_code_ = WEXITSTATUS(wait_status);
+  } else if (WIFSIGNALED(wait_status)) {
+    exit_code_ = 128 + WTERMSIG(wait_status);
+  }
+}
+
+void ChildProcess::Signal(int signo) const {
+  if (running() && pid_ > 0) kill(pid_, signo);
+}
+
+}  // namespace cserps

@@ -1,0 +1,314 @@
+// cserps-launch: a local cluster on 127.0.0.1 from one job config. Starts
+// the S servers (each picks a free port and reports it), then the n workers
+// pointed at them; prefixes and streams their output; stops everything when
+// one fails or on Ctrl-C; exits non-zero if any failed; prints a summary.
+#include <poll.h>
+#include <signal.h>
+#include <sys/signalfd.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "common/job_flags.h"
+#include "common/split_overrides.h"
+#include "tools/launch/child_process.h"
+
+ABSL_FLAG(std::string, config, "", "Job config file (text-format cserps.v1.JobConfig).");
+ABSL_FLAG(std::string, set, "", "Config overrides 'field.path=value', separated by ';'.");
+ABSL_FLAG(std::string, bin_dir, "",
+          "Directory holding cserps-server and cserps-worker; default: this "
+          "program's own directory.");
+ABSL_FLAG(int, startup_timeout_s, 60, "Seconds the servers have to start listening.");
+ABSL_FLAG(int, timeout_s, 0, "Stop everything and fail after this many seconds (0 = none).");
+
+namespace {
+
+using cserps::ChildProcess;
+
+constexpr absl::Duration kStopGrace = absl::Seconds(10);
+
+std::string SelfDir() {
+  std::error_code error;
+  const auto self = std::filesystem::read_symlink("/proc/self/exe", error);
+  return error ? "." : self.parent_path().string();
+}
+
+// A value of a flat JSON object written by the worker ("key": value).
+std::string JsonField(const std::string& json, const std::string& key) {
+  const std::string needle = absl::StrCat("\"", key, "\": ");
+  const size_t at = json.find(needle);
+  if (at == std::string::npos) return "?";
+  const size_t begin = at + needle.size();
+  const size_t end = json.find_first_of(",\n}", begin);
+  std::string value = json.substr(begin, end - begin);
+  if (!value.empty() && value.front() == '"') value = value.substr(1, value.size() - 2);
+  return value;
+}
+
+void PrintSummary(const cserps::v1::JobConfig& config) {
+  std::printf("\n== summary: job %s, algorithm %s, %d servers, %d workers ==\n",
+              config.name().c_str(), config.algorithm().name().c_str(),
+              config.cluster().servers_size(), config.cluster().num_workers());
+  std::printf("%-6s %10s %10s %10s %10s %12s %12s\n", "rank", "test_acc", "test_loss",
+              "steps", "seconds", "MB_pushed", "MB_pulled");
+  for (uint32_t r = 0; r < config.cluster().num_workers(); ++r) {
+    const std::string path =
+        (std::filesystem::path(config.output_dir()) / absl::StrCat("worker_", r, ".json")).string();
+    std::ifstream in(path);
+    std::stringstream text;
+    text << in.rdbuf();
+    const std::string json = text.str();
+    if (json.empty()) {
+      std::printf("%-6u (no summary at %s)\n", r, path.c_str());
+      continue;
+    }
+    double pushed = 0, pulled = 0;
+    (void)absl::SimpleAtod(JsonField(json, "bytes_pushed"), &pushed);
+    (void)absl::SimpleAtod(JsonField(json, "bytes_pulled"), &pulled);
+    std::printf("%-6u %10s %10s %10s %10s %12.1f %12.1f\n", r,
+                JsonField(json, "test_accuracy").c_str(), JsonField(json, "test_loss").c_str(),
+                JsonField(json, "steps").c_str(), JsonField(json, "wall_seconds").c_str(),
+                pushed / 1e6, pulled / 1e6);
+  }
+  std::printf("outputs: %s/worker_<rank>.json and .csv\n", config.output_dir().c_str());
+  std::fflush(stdout);
+}
+
+class Cluster {
+ public:
+  Cluster(cserps::v1::JobConfig config, std::string config_path, std::string overrides,
+          std::string bin_dir)
+      : config_(std::move(config)),
+        config_path_(std::move(config_path)),
+        overrides_(std::move(overrides)),
+        bin_dir_(std::move(bin_dir)) {}
+
+  int Run(int signal_fd) {
+    const int num_servers = config_.cluster().servers_size();
+    server_addresses_.resize(num_servers);
+    for (int s = 0; s < num_servers; ++s) {
+      if (!Spawn(absl::StrCat("server ", s), absl::StrCat(bin_dir_, "/cserps-server"),
+                 {absl::StrCat("--shard=", s), "--listen=127.0.0.1:0"}, overrides_)) {
+        return Finish();
+      }
+    }
+    const absl::Time start = absl::Now();
+    const absl::Time startup_deadline = start + absl::Seconds(absl::GetFlag(FLAGS_startup_timeout_s));
+    const int timeout_s = absl::GetFlag(FLAGS_timeout_s);
+    while (true) {
+      Poll(signal_fd);
+      const absl::Time now = absl::Now();
+      if (!workers_started_ && !stopping_) {
+        if (ready_servers_ == num_servers) {
+          StartWorkers();
+        } else if (now > startup_deadline) {
+          Fail(absl::StrCat("servers did not report a listening port within ",
+                            absl::GetFlag(FLAGS_startup_timeout_s), " s"));
+        }
+      }
+      if (timeout_s > 0 && !stopping_ && now > start + absl::Seconds(timeout_s)) {
+        Fail(absl::StrCat("--timeout_s=", timeout_s, " reached"));
+      }
+      CheckChildren();
+      if (stopping_ && now > stop_time_ + kStopGrace) {
+        for (ChildProcess& c : children_) c.Signal(SIGKILL);
+      }
+      if (AllDone()) break;
+    }
+    return Finish();
+  }
+
+ private:
+  bool Spawn(const std::string& name, const std::string& program,
+             std::vector<std::string> args, const std::string& overrides) {
+    std::vector<std::string> argv = {program, absl::StrCat("--config=", config_path_)};
+    if (!overrides.empty()) argv.push_back(absl::StrCat("--set=", overrides));
+    argv.insert(argv.end(), args.begin(), args.end());
+    // One BLAS thread per process: several share this machine's cores.
+    absl::StatusOr<ChildProcess> child =
+        ChildProcess::Start(name, argv, {"OPENBLAS_NUM_THREADS=1"});
+    if (!child.ok()) {
+      Fail(absl::StrCat("cannot start ", name, ": ", child.status().message()));
+      return false;
+    }
+    children_.push_back(std::move(*child));
+    return true;
+  }
+
+  void StartWorkers() {
+    workers_started_ = true;
+    std::string overrides = overrides_;
+    if (!overrides.empty()) overrides += ";";
+    overrides += absl::StrCat("cluster.servers=", absl::StrJoin(server_addresses_, ","));
+    std::printf("[launch] servers at %s; starting %u workers\n",
+                absl::StrJoin(server_addresses_, ", ").c_str(),
+                config_.cluster().num_workers());
+    std::fflush(stdout);
+    for (uint32_t r = 0; r < config_.cluster().num_workers(); ++r) {
+      if (!Spawn(absl::StrCat("worker ", r), absl::StrCat(bin_dir_, "/cserps-worker"),
+                 {absl::StrCat("--rank=", r)}, overrides)) {
+        return;
+      }
+      ++workers_;
+    }
+  }
+
+  void Poll(int signal_fd) {
+    std::vector<pollfd> fds = {{signal_fd, POLLIN, 0}};
+    std::vector<size_t> owner;
+    for (size_t i = 0; i < children_.size(); ++i) {
+      if (children_[i].output_fd() >= 0) {
+        fds.push_back({children_[i].output_fd(), POLLIN, 0});
+        owner.push_back(i);
+      }
+    }
+    if (poll(fds.data(), fds.size(), 200) <= 0) return;
+    if (fds[0].revents & POLLIN) {
+      signalfd_siginfo info;
+      while (read(signal_fd, &info, sizeof(info)) == sizeof(info)) {
+        if (info.ssi_signo == SIGINT || info.ssi_signo == SIGTERM) {
+          interrupted_ = true;
+          Fail(absl::StrCat("signal ", info.ssi_signo, ": stopping the cluster"));
+        }
+      }
+    }
+    for (size_t k = 1; k < fds.size(); ++k) {
+      if (fds[k].revents == 0) continue;
+      ChildProcess& child = children_[owner[k - 1]];
+      for (const std::string& line : child.ReadLines()) {
+        std::printf("[%s] %s\n", child.name().c_str(), line.c_str());
+        const std::string marker = "listening on ";
+        const size_t at = line.find(marker);
+        if (absl::StartsWith(child.name(), "server ") &&
+            absl::StartsWith(line, "cserps-server shard ") && at != std::string::npos) {
+          const int shard = std::stoi(child.name().substr(7));
+          if (server_addresses_[shard].empty()) ++ready_servers_;
+          server_addresses_[shard] = line.substr(at + marker.size());
+        }
+      }
+      std::fflush(stdout);
+    }
+  }
+
+  void CheckChildren() {
+    int wait_status = 0;
+    pid_t pid;
+    while ((pid = waitpid(-1, &wait_status, WNOHANG)) > 0) {
+      for (ChildProcess& c : children_) {
+        if (c.pid() != pid) continue;
+        c.SetExited(wait_status);
+        const bool is_worker = absl::StartsWith(c.name(), "worker ");
+        if (*c.exit_code() != 0 && !stopping_) {
+          Fail(absl::StrCat(c.name(), " exited with code ", *c.exit_code()));
+        } else if (!is_worker && !stopping_) {
+          Fail(absl::StrCat(c.name(), " exited while the job was running"));
+        } else if (is_worker && *c.exit_code() == 0) {
+          ++workers_done_;
+        }
+      }
+    }
+    if (!stopping_ && workers_started_ && workers_done_ == workers_ &&
+        workers_ == config_.cluster().num_workers()) {
+      succeeded_ = true;
+      StopAll();
+    }
+  }
+
+  void Fail(const std::string& why) {
+    if (stopping_) return;
+    failure_ = why;
+    std::printf("[launch] %s\n", why.c_str());
+    std::fflush(stdout);
+    StopAll();
+  }
+
+  void StopAll() {
+    stopping_ = true;
+    stop_time_ = absl::Now();
+    for (ChildProcess& c : children_) c.Signal(SIGTERM);
+  }
+
+  bool AllDone() const {
+    for (const ChildProcess& c : children_) {
+      if (c.running() || c.output_fd() >= 0) return false;
+    }
+    return stopping_;
+  }
+
+  int Finish() {
+    for (ChildProcess& c : children_) {
+      if (c.running()) {
+        c.Signal(SIGKILL);
+        int status = 0;
+        waitpid(c.pid(), &status, 0);
+        c.SetExited(status);
+      }
+    }
+    if (succeeded_) {
+      PrintSummary(config_);
+      return 0;
+    }
+    std::printf("[launch] failed: %s\n", failure_.c_str());
+    return interrupted_ ? 130 : 1;
+  }
+
+  const cserps::v1::JobConfig config_;
+  const std::string config_path_;
+  const std::string overrides_;
+  const std::string bin_dir_;
+  std::vector<ChildProcess> children_;
+  std::vector<std::string> server_addresses_;
+  int ready_servers_ = 0;
+  bool workers_started_ = false;
+  uint32_t workers_ = 0;
+  uint32_t workers_done_ = 0;
+  bool stopping_ = false;
+  bool succeeded_ = false;
+  bool interrupted_ = false;
+  absl::Time stop_time_;
+  std::string failure_;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "cserps-launch --config=configs/quickstart.textproto [--set='field=value;...']");
+  absl::ParseCommandLine(argc, argv);
+  sigset_t mask;
+  sigemptyset(&mask);
+  sigaddset(&mask, SIGINT);
+  sigaddset(&mask, SIGTERM);
+  sigaddset(&mask, SIGCHLD);
+  sigprocmask(SIG_BLOCK, &mask, nullptr);
+  const int signal_fd = signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
+
+  const std::string path = absl::GetFlag(FLAGS_config);
+  const std::string overrides = absl::GetFlag(FLAGS_set);
+  absl::StatusOr<cserps::v1::JobConfig> config = cserps::LoadJobWithOverrides(
+      path, cserps::SplitOverrides(overrides), {.allow_port_zero = true});
+  if (!config.ok()) {
+    std::fprintf(stderr, "cserps-launch: %s\n", config.status().ToString().c_str());
+    return 2;
+  }
+  std::string bin_dir = absl::GetFlag(FLAGS_bin_dir);
+  if (bin_dir.empty()) bin_dir = SelfDir();
+  Cluster cluster(*config, path, overrides, bin_dir);
+  return cluster.Run(signal_fd);
+}

@@ -1,0 +1,42 @@
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status.h"
+#include "worker/algorithms/algorithm.h"
+#include "worker/algorithms/ssgd.h"
+
+namespace cserps {
+
+absl::Status AlgorithmRegistry::Register(const std::string& name,
+                                         AlgorithmFactory factory) {
+  if (!factories_.emplace(name, std::move(factory)).second) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("algorithm \"", name, "\" is already registered"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Algorithm>> AlgorithmRegistry::Create(
+    const std::string& name, const AlgorithmContext& context) const {
+  auto it = factories_.find(name);
+  if (it == factories_.end()) {
+    std::vector<std::string> known;
+    for (const auto& [known_name, factory] : factories_) known.push_back(known_name);
+    return absl::NotFoundError(absl::StrCat("algorithm.name: unknown algorithm \"",
+                                            name, "\"; known: ",
+                                            absl::StrJoin(known, ", ")));
+  }
+  return it->second(context);
+}
+
+const AlgorithmRegistry& DefaultAlgorithms() {
+  static const AlgorithmRegistry* const registry = [] {
+    auto* r = new AlgorithmRegistry();
+    CSERPS_CHECK(r->Register("ssgd", MakeSsgd).ok());
+    return r;
+  }();
+  return *registry;
+}
+
+}  // namespace cserps

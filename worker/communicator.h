@@ -1,0 +1,46 @@
+// The averaging primitive every algorithm is written against
+// (ALGORITHMS.md, "Average"). PsClient implements it over gRPC; tests may
+// implement it in-process.
+#ifndef CSERPS_WORKER_COMMUNICATOR_H_
+#define CSERPS_WORKER_COMMUNICATOR_H_
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+#include "cserps/v1/parameter_server.pb.h"
+
+namespace cserps {
+
+// An average in flight; Wait() returns once every shard has answered.
+class PendingAverage {
+ public:
+  virtual ~PendingAverage() = default;
+  // Writes the mean into the `mean` buffer given to StartAverage. Call once.
+  virtual absl::Status Wait() = 0;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  // Starts averaging `values` (a full model-sized vector; the round covers
+  // every block) with `weight` on round (step, stream); `lr` is what the
+  // servers apply on GRAD rounds. `values` may be reused when this returns;
+  // `mean` (model-sized) must stay alive until Wait() returns, and receives
+  // the weighted mean of every member's values.
+  virtual std::unique_ptr<PendingAverage> StartAverage(
+      v1::Stream stream, uint64_t step, absl::Span<const float> values,
+      float weight, float lr, absl::Span<float> mean) = 0;
+
+  absl::Status AverageBlocks(v1::Stream stream, uint64_t step,
+                             absl::Span<const float> values, float weight,
+                             float lr, absl::Span<float> mean) {
+    return StartAverage(stream, step, values, weight, lr, mean)->Wait();
+  }
+};
+
+}  // namespace cserps
+
+#endif  // CSERPS_WORKER_COMMUNICATOR_H_

@@ -1,0 +1,323 @@
+#include "worker/ps_client.h"
+
+#include <grpcpp/create_channel.h>
+#include <grpcpp/security/credentials.h>
+#include <grpcpp/support/channel_arguments.h>
+
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/config.h"
+#include "common/float_bytes.h"
+#include "common/grpc_status.h"
+#include "common/status.h"
+
+namespace cserps {
+namespace {
+
+// gRPC retries calls that fail UNAVAILABLE (a shard restarting, a
+// connection reset); the server answers retried pushes from the round.
+constexpr char kServiceConfig[] = R"({
+  "methodConfig": [{
+    "name": [{"service": "cserps.v1.ParameterServer"}],
+    "retryPolicy": {
+      "maxAttempts": 5,
+      "initialBackoff": "0.1s",
+      "maxBackoff": "2s",
+      "backoffMultiplier": 2,
+      "retryableStatusCodes": ["UNAVAILABLE"]
+    }
+  }]
+})";
+
+// Counts the RPCs of one operation and keeps the first error.
+class CallBatch {
+ public:
+  void Add() {
+    absl::MutexLock lock(&mu_);
+    ++outstanding_;
+  }
+  void Done(absl::Status status) {
+    absl::MutexLock lock(&mu_);
+    if (!status.ok() && first_error_.ok()) first_error_ = std::move(status);
+    --outstanding_;
+  }
+  absl::Status Wait() {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](int* n) { return *n == 0; }, &outstanding_));
+    return first_error_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  int outstanding_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Status first_error_ ABSL_GUARDED_BY(mu_);
+};
+
+void SetDeadline(grpc::ClientContext* context, absl::Duration timeout) {
+  context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  context->set_wait_for_ready(true);
+}
+
+struct PushPullCall {
+  grpc::ClientContext context;
+  v1::PushPullRequest request;
+  v1::PushPullResponse response;
+  uint32_t shard = 0;
+  uint64_t begin = 0;  // payload offset of the chunk
+  uint64_t count = 0;
+};
+
+class PendingPushPull final : public PendingAverage {
+ public:
+  PendingPushPull(const BlockLayout& layout, absl::Span<float> mean,
+                  std::atomic<uint64_t>* bytes_pulled)
+      : layout_(layout), mean_(mean), bytes_pulled_(bytes_pulled) {}
+  ~PendingPushPull() override {
+    if (!waited_) batch_.Wait().IgnoreError();
+  }
+
+  CallBatch& batch() { return batch_; }
+  std::vector<std::unique_ptr<PushPullCall>>& calls() { return calls_; }
+
+  absl::Status Wait() override {
+    waited_ = true;
+    RETURN_IF_ERROR(batch_.Wait());
+    for (const auto& call : calls_) {
+      const std::string& bytes = call->response.mean();
+      if (bytes.size() != call->count * sizeof(float)) {
+        return absl::DataLossError(absl::StrCat(
+            "shard ", call->shard, " answered step ", call->request.step(),
+            " chunk ", call->request.chunk(), " with ", bytes.size(),
+            " bytes; expected ", call->count * sizeof(float)));
+      }
+      bytes_pulled_->fetch_add(call->response.ByteSizeLong());
+      const ShardPayload payload = ShardPayload::AllBlocks(layout_, call->shard);
+      payload.ForEachPiece(call->begin, call->count,
+                           [&](uint64_t m, uint64_t p, uint64_t n) {
+                             std::memcpy(mean_.data() + m,
+                                         bytes.data() + (p - call->begin) * sizeof(float),
+                                         n * sizeof(float));
+                           });
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  const BlockLayout& layout_;
+  absl::Span<float> mean_;
+  std::atomic<uint64_t>* bytes_pulled_;
+  CallBatch batch_;
+  std::vector<std::unique_ptr<PushPullCall>> calls_;
+  bool waited_ = false;
+};
+
+}  // namespace
+
+PsClient::PsClient(const v1::JobConfig& config, uint64_t num_params,
+                   PsClientOptions options)
+    : config_(config),
+      options_(options),
+      layout_(num_params, config.algorithm().block_size(),
+              config.cluster().servers_size()),
+      chunk_floats_(ChunkFloats(config.cluster().max_message_bytes())),
+      fingerprint_(JobFingerprint(config)) {}
+
+absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(
+    const v1::JobConfig& config, uint64_t num_params, PsClientOptions options) {
+  if (config.cluster().servers_size() == 0) {
+    return absl::InvalidArgumentError("cluster.servers: no server addresses");
+  }
+  std::unique_ptr<PsClient> client(new PsClient(config, num_params, options));
+  for (const std::string& address : config.cluster().servers()) {
+    grpc::ChannelArguments args;
+    const int max_bytes = static_cast<int>(config.cluster().max_message_bytes());
+    args.SetMaxReceiveMessageSize(max_bytes);
+    args.SetMaxSendMessageSize(max_bytes);
+    args.SetInt("grpc.per_rpc_retry_buffer_size", max_bytes);
+    args.SetServiceConfigJSON(kServiceConfig);
+    client->addresses_.push_back(address);
+    client->stubs_.push_back(v1::ParameterServer::NewStub(grpc::CreateCustomChannel(
+        address, grpc::InsecureChannelCredentials(), args)));
+  }
+  return client;
+}
+
+absl::StatusOr<uint32_t> PsClient::Register(int requested_rank,
+                                            const std::string& worker_id) {
+  int rank = requested_rank;
+  for (uint32_t s = 0; s < stubs_.size(); ++s) {
+    v1::RegisterRequest request;
+    *request.mutable_config() = config_;
+    request.set_requested_rank(rank);
+    request.set_worker_id(worker_id);
+    v1::RegisterResponse response;
+    grpc::ClientContext context;
+    SetDeadline(&context, options_.setup_timeout);
+    RETURN_IF_ERROR(FromGrpcStatus(
+        stubs_[s]->Register(&context, request, &response),
+        absl::StrCat("Register with shard ", s, " at ", addresses_[s])));
+    if (response.model_size() != layout_.num_params() ||
+        response.shard().shard() != s) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "shard ", s, " at ", addresses_[s], " reports shard ",
+          response.shard().shard(), " with a model of ", response.model_size(),
+          " floats; this worker expects shard ", s, " of a model of ",
+          layout_.num_params(), " floats: check the order of cluster.servers"));
+    }
+    rank = static_cast<int>(response.rank());
+  }
+  rank_ = static_cast<uint32_t>(rank);
+  return rank_;
+}
+
+std::unique_ptr<PendingAverage> PsClient::StartAverage(
+    v1::Stream stream, uint64_t step, absl::Span<const float> values,
+    float weight, float lr, absl::Span<float> mean) {
+  auto pending = std::make_unique<PendingPushPull>(layout_, mean, &bytes_pulled_);
+  for (uint32_t s = 0; s < stubs_.size(); ++s) {
+    const ShardPayload payload = ShardPayload::AllBlocks(layout_, s);
+    const uint32_t chunks = NumChunks(payload.size(), chunk_floats_);
+    for (uint32_t c = 0; c < chunks; ++c) {
+      auto call = std::make_unique<PushPullCall>();
+      call->shard = s;
+      call->begin = c * chunk_floats_;
+      call->count = std::min(chunk_floats_, payload.size() - call->begin);
+      v1::PushPullRequest& request = call->request;
+      request.set_fingerprint(fingerprint_);
+      request.set_rank(rank_);
+      request.set_step(step);
+      request.set_stream(stream);
+      request.set_ratio(1);
+      request.set_chunk(c);
+      request.set_weight(weight);
+      request.set_lr(lr);
+      std::string* bytes = request.mutable_values();
+      bytes->resize(call->count * sizeof(float));
+      payload.ForEachPiece(call->begin, call->count,
+                           [&](uint64_t m, uint64_t p, uint64_t n) {
+                             std::memcpy(bytes->data() + (p - call->begin) * sizeof(float),
+                                         values.data() + m, n * sizeof(float));
+                           });
+      bytes_pushed_.fetch_add(request.ByteSizeLong());
+      SetDeadline(&call->context,
+                  absl::Seconds(config_.cluster().round_timeout_s()) + options_.rpc_slack);
+      pending->calls().push_back(std::move(call));
+    }
+  }
+  // Start the calls only once `calls` is complete: callbacks may run at once.
+  for (auto& call : pending->calls()) {
+    pending->batch().Add();
+    CallBatch* batch = &pending->batch();
+    const std::string context =
+        absl::StrCat("PushPull to shard ", call->shard, " at ", addresses_[call->shard]);
+    stubs_[call->shard]->async()->PushPull(
+        &call->context, &call->request, &call->response,
+        [batch, context](grpc::Status status) {
+          batch->Done(FromGrpcStatus(status, context));
+        });
+  }
+  return pending;
+}
+
+absl::Status PsClient::PushModel(absl::Span<const float> model) {
+  if (model.size() != layout_.num_params()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "PushModel: model has ", model.size(), " floats, the job's has ",
+        layout_.num_params()));
+  }
+  struct Call {
+    grpc::ClientContext context;
+    v1::PushModelRequest request;
+    v1::PushModelResponse response;
+  };
+  std::vector<std::unique_ptr<Call>> calls;
+  CallBatch batch;
+  for (uint32_t s = 0; s < stubs_.size(); ++s) {
+    for (uint64_t off = layout_.ShardFirstFloat(s); off < layout_.ShardEndFloat(s);
+         off += chunk_floats_) {
+      const uint64_t n = std::min(chunk_floats_, layout_.ShardEndFloat(s) - off);
+      auto call = std::make_unique<Call>();
+      call->request.set_fingerprint(fingerprint_);
+      call->request.set_rank(rank_);
+      call->request.set_offset(off);
+      AppendFloats(model.subspan(off, n), call->request.mutable_values());
+      bytes_pushed_.fetch_add(call->request.ByteSizeLong());
+      SetDeadline(&call->context, options_.setup_timeout);
+      batch.Add();
+      const std::string context = absl::StrCat("PushModel to shard ", s, " at ", addresses_[s]);
+      stubs_[s]->async()->PushModel(&call->context, &call->request, &call->response,
+                                    [&batch, context](grpc::Status status) {
+                                      batch.Done(FromGrpcStatus(status, context));
+                                    });
+      calls.push_back(std::move(call));
+    }
+  }
+  return batch.Wait();
+}
+
+absl::Status PsClient::PullModel(absl::Span<float> model, bool wait_for_init) {
+  if (model.size() != layout_.num_params()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "PullModel: model has ", model.size(), " floats, the job's has ",
+        layout_.num_params()));
+  }
+  struct Call {
+    grpc::ClientContext context;
+    v1::PullModelRequest request;
+    v1::PullModelResponse response;
+    uint32_t shard = 0;
+  };
+  std::vector<std::unique_ptr<Call>> calls;
+  CallBatch batch;
+  for (uint32_t s = 0; s < stubs_.size(); ++s) {
+    for (uint64_t off = layout_.ShardFirstFloat(s); off < layout_.ShardEndFloat(s);
+         off += chunk_floats_) {
+      auto call = std::make_unique<Call>();
+      call->shard = s;
+      call->request.set_fingerprint(fingerprint_);
+      call->request.set_offset(off);
+      call->request.set_count(std::min(chunk_floats_, layout_.ShardEndFloat(s) - off));
+      call->request.set_wait_for_init(wait_for_init);
+      SetDeadline(&call->context, options_.setup_timeout);
+      calls.push_back(std::move(call));
+    }
+  }
+  for (auto& call : calls) {
+    batch.Add();
+    const std::string context = absl::StrCat("PullModel from shard ", call->shard,
+                                             " at ", addresses_[call->shard]);
+    stubs_[call->shard]->async()->PullModel(
+        &call->context, &call->request, &call->response,
+        [&batch, context](grpc::Status status) {
+          batch.Done(FromGrpcStatus(status, context));
+        });
+  }
+  RETURN_IF_ERROR(batch.Wait());
+  for (const auto& call : calls) {
+    bytes_pulled_.fetch_add(call->response.ByteSizeLong());
+    RETURN_IF_ERROR(BytesToFloats(
+        call->response.values(),
+        model.subspan(call->request.offset(), call->request.count()),
+        absl::StrCat("PullModel reply from shard ", call->shard)));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::GetStatusResponse> PsClient::GetStatus(uint32_t shard) {
+  if (shard >= stubs_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("no shard ", shard));
+  }
+  grpc::ClientContext context;
+  SetDeadline(&context, options_.setup_timeout);
+  v1::GetStatusResponse response;
+  RETURN_IF_ERROR(FromGrpcStatus(
+      stubs_[shard]->GetStatus(&context, v1::GetStatusRequest(), &response),
+      absl::StrCat("GetStatus of shard ", shard, " at ", addresses_[shard])));
+  return response;
+}
+
+}  // namespace cserps

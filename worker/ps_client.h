@@ -1,0 +1,83 @@
+// The worker's client of the sharded parameter server: the whole API a
+// training algorithm needs to talk to the servers (ps-lite's KVWorker in
+// spirit: Register, PushPull, Push/Pull of the model).
+//
+// Each call sends one RPC per shard and chunk, all in parallel, and returns
+// when every shard has answered. UNAVAILABLE calls are retried by gRPC
+// (pushes are idempotent on the server). Thread safety: one thread at a time
+// per client, except that a started average may be awaited on another.
+#ifndef CSERPS_WORKER_PS_CLIENT_H_
+#define CSERPS_WORKER_PS_CLIENT_H_
+
+#include <grpcpp/channel.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "common/block_layout.h"
+#include "cserps/v1/parameter_server.grpc.pb.h"
+#include "worker/communicator.h"
+
+namespace cserps {
+
+struct PsClientOptions {
+  // Extra time a PushPull may take beyond the round timeout.
+  absl::Duration rpc_slack = absl::Seconds(30);
+  // Deadline of Register, PushModel and PullModel calls (which wait for the
+  // servers to come up and for rank 0 to initialise the model).
+  absl::Duration setup_timeout = absl::Seconds(120);
+};
+
+class PsClient final : public Communicator {
+ public:
+
+  // `config` has defaults applied and is valid; `num_params` is the model's d.
+  static absl::StatusOr<std::unique_ptr<PsClient>> Connect(
+      const v1::JobConfig& config, uint64_t num_params, PsClientOptions options = {});
+
+  // Joins the job on every shard; shard 0 assigns the rank when
+  // `requested_rank` < 0. Returns the rank.
+  absl::StatusOr<uint32_t> Register(int requested_rank, const std::string& worker_id);
+
+  std::unique_ptr<PendingAverage> StartAverage(v1::Stream stream, uint64_t step,
+                                               absl::Span<const float> values,
+                                               float weight, float lr,
+                                               absl::Span<float> mean) override;
+
+  // Writes the whole model to the servers (rank 0 initialising the job).
+  absl::Status PushModel(absl::Span<const float> model);
+  // Reads the whole model; with `wait_for_init`, waits until it was pushed.
+  absl::Status PullModel(absl::Span<float> model, bool wait_for_init);
+
+  absl::StatusOr<v1::GetStatusResponse> GetStatus(uint32_t shard);
+
+  uint32_t rank() const { return rank_; }
+  const BlockLayout& layout() const { return layout_; }
+  // Serialized request / reply bytes of PushPull, PushModel and PullModel.
+  uint64_t bytes_pushed() const { return bytes_pushed_.load(); }
+  uint64_t bytes_pulled() const { return bytes_pulled_.load(); }
+
+ private:
+  PsClient(const v1::JobConfig& config, uint64_t num_params, PsClientOptions options);
+
+  const v1::JobConfig config_;
+  const PsClientOptions options_;
+  const BlockLayout layout_;
+  const uint64_t chunk_floats_;
+  const uint64_t fingerprint_;
+  std::vector<std::string> addresses_;
+  std::vector<std::unique_ptr<v1::ParameterServer::Stub>> stubs_;
+  uint32_t rank_ = 0;
+  std::atomic<uint64_t> bytes_pushed_{0};
+  std::atomic<uint64_t> bytes_pulled_{0};
+};
+
+}  // namespace cserps
+
+#endif  // CSERPS_WORKER_PS_CLIENT_H_

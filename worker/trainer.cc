@@ -1,0 +1,188 @@
+#include "worker/trainer.h"
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/config.h"
+#include "common/status.h"
+#include "spdlog/spdlog.h"
+#include "worker/data/partition.h"
+
+namespace cserps {
+
+absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
+    const v1::JobConfig& config, PsClient* client, const Dataset* train,
+    const Dataset* test) {
+  const std::vector<uint32_t> batch_sizes = RankBatchSizes(config);
+  const uint32_t rank = client->rank();
+  if (rank >= batch_sizes.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank ", rank, " has no batch size: the job has ", batch_sizes.size(),
+        " workers"));
+  }
+  const size_t steps_per_epoch = StepsPerEpoch(train->size, batch_sizes);
+  if (steps_per_epoch == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "data: ", train->size, " training examples are too few for ",
+        batch_sizes.size(), " workers with batch sizes of up to ",
+        *std::max_element(batch_sizes.begin(), batch_sizes.end()),
+        ": not one step per epoch"));
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<Model> model, MakeCpuModel(config.model()));
+  if (model->spec().input_dim != train->dim) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model.input_dim is ", model->spec().input_dim, " but the data has ",
+        train->dim, " features per example"));
+  }
+  if (model->spec().num_params != client->layout().num_params()) {
+    return absl::InternalError("model and client disagree on the model size");
+  }
+  std::unique_ptr<Trainer> trainer(new Trainer(
+      config, client, train, test, steps_per_epoch,
+      RankRange(train->size, batch_sizes, rank), batch_sizes[rank], std::move(model)));
+  AlgorithmContext context{.config = &trainer->config_,
+                           .comm = client,
+                           .direction = &trainer->direction_,
+                           .num_params = trainer->x_.size(),
+                           .weight = static_cast<float>(batch_sizes[rank])};
+  ASSIGN_OR_RETURN(trainer->algorithm_,
+                   DefaultAlgorithms().Create(config.algorithm().name(), context));
+  return trainer;
+}
+
+Trainer::Trainer(const v1::JobConfig& config, PsClient* client,
+                 const Dataset* train, const Dataset* test,
+                 size_t steps_per_epoch, Range range, uint32_t batch_size,
+                 std::unique_ptr<Model> model)
+    : config_(config),
+      client_(client),
+      test_(test),
+      rank_(client->rank()),
+      steps_per_epoch_(steps_per_epoch),
+      batch_size_(batch_size),
+      model_(std::move(model)),
+      batcher_(*train, range, batch_size, config.seed(), client->rank()),
+      direction_(config.optimizer(), model_->spec().num_params),
+      schedule_(config.optimizer(), steps_per_epoch, config.epochs()),
+      x_(model_->spec().num_params),
+      grad_(model_->spec().num_params) {}
+
+absl::Status Trainer::InitializeModel() {
+  if (rank_ == 0) {
+    model_->Initialize(config_.seed(), absl::MakeSpan(x_));
+    RETURN_IF_ERROR(client_->PushModel(x_));
+  }
+  return client_->PullModel(absl::MakeSpan(x_), /*wait_for_init=*/true);
+}
+
+absl::StatusOr<float> Trainer::Step() {
+  const uint64_t index = step_ % steps_per_epoch_;
+  if (index == 0) batcher_.StartEpoch(step_ / steps_per_epoch_);
+  const Batch batch = batcher_.Get(index);
+  const float loss = model_->LossAndGradient(x_, batch, absl::MakeSpan(grad_));
+  if (!std::isfinite(loss)) {
+    return absl::InternalError(absl::StrCat(
+        "rank ", rank_, " step ", step_, ": training loss is ", loss,
+        " (diverged: lower optimizer.lr?)"));
+  }
+  RETURN_IF_ERROR(algorithm_->Step(step_, schedule_.At(step_), grad_,
+                                   absl::MakeSpan(x_)));
+  ++step_;
+  return loss;
+}
+
+EvalSums Trainer::EvaluateTest() {
+  EvalSums total;
+  SequentialBatches batches(*test_, 1000);
+  for (size_t i = 0; i < batches.count(); ++i) {
+    const EvalSums part = model_->Evaluate(x_, batches.Get(i));
+    total.loss_sum += part.loss_sum;
+    total.correct += part.correct;
+    total.count += part.count;
+  }
+  return total;
+}
+
+absl::Status Trainer::Run() {
+  RETURN_IF_ERROR(InitializeModel());
+  const absl::Time start = absl::Now();
+  const uint32_t log_every = config_.log_every_steps();
+  absl::Time window_start = start;
+  uint64_t window_steps = 0;
+  for (uint64_t epoch = 0; epoch < config_.epochs(); ++epoch) {
+    double loss_sum = 0;
+    for (size_t i = 0; i < steps_per_epoch_; ++i) {
+      ASSIGN_OR_RETURN(float loss, Step());
+      loss_sum += loss;
+      ++window_steps;
+      if (log_every != 0 && step_ % log_every == 0) {
+        const absl::Time now = absl::Now();
+        const double seconds = absl::ToDoubleSeconds(now - window_start);
+        spdlog::info("step {} epoch {} loss {:.4f} lr {:.4g} samples/s {:.0f} pushed {:.1f} MB pulled {:.1f} MB",
+                     step_, epoch, loss, schedule_.At(step_ - 1),
+                     seconds > 0 ? window_steps * batch_size_ / seconds : 0.0,
+                     client_->bytes_pushed() / 1e6, client_->bytes_pulled() / 1e6);
+        window_start = now;
+        window_steps = 0;
+      }
+    }
+    const EvalSums test = EvaluateTest();
+    CurvePoint point;
+    point.epoch = epoch + 1;
+    point.step = step_;
+    point.train_loss = loss_sum / steps_per_epoch_;
+    point.test_loss = test.loss_sum / std::max<size_t>(1, test.count);
+    point.test_accuracy = static_cast<double>(test.correct) / std::max<size_t>(1, test.count);
+    point.wall_seconds = absl::ToDoubleSeconds(absl::Now() - start);
+    point.bytes_pushed = client_->bytes_pushed();
+    point.bytes_pulled = client_->bytes_pulled();
+    curve_.push_back(point);
+    spdlog::info("epoch {} done: train loss {:.4f} test loss {:.4f} test accuracy {:.2f}% ({:.1f} s)",
+                 point.epoch, point.train_loss, point.test_loss,
+                 100 * point.test_accuracy, point.wall_seconds);
+  }
+  return WriteOutputs(absl::ToDoubleSeconds(absl::Now() - start));
+}
+
+absl::Status Trainer::WriteOutputs(double wall_seconds) const {
+  const std::filesystem::path dir(config_.output_dir());
+  std::error_code error;
+  std::filesystem::create_directories(dir, error);
+  if (error) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "output_dir: cannot create ", dir.string(), ": ", error.message()));
+  }
+  const std::string base = absl::StrCat("worker_", rank_);
+  {
+    std::ofstream csv(dir / (base + ".csv"));
+    csv << "epoch,step,train_loss,test_loss,test_accuracy,wall_seconds,bytes_pushed,bytes_pulled\n";
+    for (const CurvePoint& p : curve_) {
+      csv << absl::StrFormat("%d,%d,%.6f,%.6f,%.6f,%.3f,%d,%d\n", p.epoch, p.step,
+                             p.train_loss, p.test_loss, p.test_accuracy,
+                             p.wall_seconds, p.bytes_pushed, p.bytes_pulled);
+    }
+    if (!csv) return absl::DataLossError(absl::StrCat("cannot write ", (dir / (base + ".csv")).string()));
+  }
+  const CurvePoint last = curve_.empty() ? CurvePoint() : curve_.back();
+  std::ofstream json(dir / (base + ".json"));
+  json << absl::StrFormat(
+      "{\n  \"job\": \"%s\",\n  \"rank\": %d,\n  \"algorithm\": \"%s\",\n"
+      "  \"num_params\": %d,\n  \"epochs\": %d,\n  \"steps\": %d,\n"
+      "  \"batch_size\": %d,\n  \"train_loss\": %.6f,\n  \"test_loss\": %.6f,\n"
+      "  \"test_accuracy\": %.6f,\n  \"wall_seconds\": %.3f,\n"
+      "  \"samples_per_second\": %.1f,\n  \"bytes_pushed\": %d,\n"
+      "  \"bytes_pulled\": %d\n}\n",
+      config_.name(), rank_, config_.algorithm().name(), x_.size(),
+      config_.epochs(), step_, batch_size_, last.train_loss, last.test_loss,
+      last.test_accuracy, wall_seconds,
+      wall_seconds > 0 ? step_ * batch_size_ / wall_seconds : 0.0,
+      client_->bytes_pushed(), client_->bytes_pulled());
+  if (!json) return absl::DataLossError(absl::StrCat("cannot write ", (dir / (base + ".json")).string()));
+  return absl::OkStatus();
+}
+
+}  // namespace cserps
