@@ -63,8 +63,9 @@ void ShardStore::ApplyMean(bool is_model_stream, const ShardPayload& payload,
                            uint64_t begin, absl::Span<const float> mean,
                            float lr) {
   absl::MutexLock lock(&mu_);
+  float* const shard = values_.data();  // the lambda runs under the lock
   payload.ForEachPiece(begin, mean.size(), [&](uint64_t m, uint64_t p, uint64_t n) {
-    float* x = values_.data() + (m - first_);
+    float* x = shard + (m - first_);
     const float* v = mean.data() + (p - begin);
     if (is_model_stream) {
       for (uint64_t i = 0; i < n; ++i) x[i] = v[i];

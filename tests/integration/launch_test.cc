@@ -1,0 +1,104 @@
+// cserps-launch end to end: real server and worker processes on 127.0.0.1
+// training on the installed Fashion-MNIST files.
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+
+namespace {
+
+constexpr char kDataDir[] = "/usr/share/datasets/fashion-mnist";
+
+struct Result {
+  int exit_code = -1;
+  std::string output;
+};
+
+// Runs cserps-launch on configs/tiny.textproto with `overrides`; bounded by
+// the launcher's own --timeout_s.
+Result Launch(const std::string& overrides) {
+  const std::string command = absl::StrCat(
+      CSERPS_LAUNCH_BIN, " --config=", CSERPS_SOURCE_DIR,
+      "/configs/tiny.textproto --timeout_s=120 --set='", overrides, "' 2>&1");
+  Result result;
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return result;
+  char buffer[4096];
+  size_t n;
+  while ((n = fread(buffer, 1, sizeof(buffer), pipe)) > 0) result.output.append(buffer, n);
+  const int status = pclose(pipe);
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return result;
+}
+
+std::string ReadFile(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+double JsonNumber(const std::string& json, const std::string& key) {
+  const std::string needle = absl::StrCat("\"", key, "\": ");
+  const size_t at = json.find(needle);
+  if (at == std::string::npos) return -1;
+  double value = -1;
+  const size_t begin = at + needle.size();
+  if (!absl::SimpleAtod(json.substr(begin, json.find_first_of(",\n", begin) - begin), &value)) {
+    return -1;
+  }
+  return value;
+}
+
+class LaunchTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    if (!std::filesystem::exists(kDataDir)) {
+      GTEST_SKIP() << kDataDir << " is missing (Debian package dataset-fashion-mnist)";
+    }
+    out_ = std::filesystem::path(testing::TempDir()) / "launch_test_out";
+    std::filesystem::remove_all(out_);
+  }
+  std::filesystem::path out_;
+};
+
+TEST_F(LaunchTest, TinyJobTrainsAndWritesSummaries) {
+  const Result r = Launch(absl::StrCat("output_dir=", out_.string()));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("== summary"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("[server 0] cserps-server shard 0 listening on 127.0.0.1:"),
+            std::string::npos) << r.output;
+  double accuracy[2];
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::string json = ReadFile(out_ / absl::StrCat("worker_", rank, ".json"));
+    ASSERT_FALSE(json.empty()) << "no summary of rank " << rank;
+    accuracy[rank] = JsonNumber(json, "test_accuracy");
+    EXPECT_EQ(JsonNumber(json, "steps"), 15);  // floor(1000 / 64) per rank
+    EXPECT_GT(JsonNumber(json, "bytes_pushed"), 0);
+    const std::string csv = ReadFile(out_ / absl::StrCat("worker_", rank, ".csv"));
+    EXPECT_EQ(csv.rfind("epoch,step,train_loss,test_loss,test_accuracy", 0), 0u) << csv;
+  }
+  // Softmax regression on 2000 examples for one epoch: far above chance
+  // (10%), and the same model on both ranks.
+  EXPECT_GT(accuracy[0], 0.6);
+  EXPECT_EQ(accuracy[0], accuracy[1]);
+}
+
+TEST_F(LaunchTest, FailingWorkerStopsTheClusterWithAnError) {
+  const Result r = Launch(absl::StrCat("output_dir=", out_.string(), ";data.dir=",
+                                       (out_ / "no-such-dir").string()));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("no-such-dir"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("exited with code 1"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("[launch] failed:"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("[server 0]"), std::string::npos) << r.output;
+}
+
+}  // namespace

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Installs what is missing, builds cserps and every test, and runs them all
+# through ctest. A second, library-only build with clang checks the
+# thread-safety annotations (-Wthread-safety; g++ ignores them).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+tools/setup.sh
+BUILD_DIR=${BUILD_DIR:-build}
+jobs=$(nproc)
+
+cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo
+cmake --build "$BUILD_DIR" -j"$jobs"
+
+cmake -S . -B "$BUILD_DIR-clang" -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang \
+  -DCSERPS_CUDA=OFF -DCMAKE_BUILD_TYPE=Debug
+cmake --build "$BUILD_DIR-clang" -j"$jobs" --target cserps_server cserps_worker cserps-launch
+
+ctest --test-dir "$BUILD_DIR" --output-on-failure -j"$jobs"
