@@ -12,8 +12,9 @@
 namespace cserps {
 
 // d floats in blocks of `block_size` (the last may be shorter); shard s of S
-// owns blocks [s*ceil(B/S), min(B, (s+1)*ceil(B/S))). A shard may be empty
-// when S > B.
+// owns blocks [s*ceil(B/S), min(B, (s+1)*ceil(B/S))). The last shards may be
+// empty (S > B, or e.g. B = 9, S = 4: ceil(9/4) = 3 leaves shard 3 nothing);
+// clients send nothing to an empty shard.
 class BlockLayout {
  public:
   BlockLayout(uint64_t num_params, uint32_t block_size, uint32_t num_shards);

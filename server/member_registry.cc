@@ -19,7 +19,11 @@ absl::StatusOr<uint32_t> MemberRegistry::Register(int64_t requested,
   }
   absl::MutexLock lock(&mu_);
   for (uint32_t r = 0; r < world_size_; ++r) {
-    if (holder_[r] == worker_id && (requested < 0 || requested == r)) return r;
+    if (holder_[r] != worker_id) continue;
+    if (requested < 0 || requested == r) return r;
+    return absl::AlreadyExistsError(absl::StrCat(
+        "worker \"", worker_id, "\" already holds rank ", r,
+        " and cannot also take rank ", requested));
   }
   if (requested >= 0) {
     std::string& holder = holder_[requested];

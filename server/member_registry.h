@@ -20,7 +20,8 @@ class MemberRegistry {
   // Gives `worker_id` the rank `requested` (or the lowest free rank when
   // requested < 0). The same worker_id registering again gets its rank back.
   // INVALID_ARGUMENT: requested >= world size. ALREADY_EXISTS: the rank is
-  // held by another worker id (named). RESOURCE_EXHAUSTED: every rank taken.
+  // held by another worker id (named), or worker_id already holds another
+  // rank. RESOURCE_EXHAUSTED: every rank taken.
   absl::StatusOr<uint32_t> Register(int64_t requested, absl::string_view worker_id);
 
   bool IsRegistered(uint32_t rank) const;

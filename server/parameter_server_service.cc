@@ -1,6 +1,7 @@
 #include "server/parameter_server_service.h"
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 #include <utility>
 #include <vector>
@@ -190,6 +191,10 @@ grpc::ServerUnaryReactor* ParameterServerService::PushPull(
   if (request->stream() != v1::GRAD && request->stream() != v1::MODEL) {
     return refuse(absl::InvalidArgumentError(
         absl::StrCat("unknown stream ", request->stream(), " (known: GRAD, MODEL)")));
+  }
+  if (!std::isfinite(request->lr()) || request->lr() < 0) {
+    return refuse(absl::InvalidArgumentError(absl::StrCat(
+        "lr ", request->lr(), " must be finite and >= 0")));
   }
   if (request->ratio() != 1) {
     return refuse(absl::FailedPreconditionError(absl::StrCat(
