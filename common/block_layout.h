@@ -94,6 +94,7 @@ uint32_t NumChunks(uint64_t payload_floats, uint64_t chunk_floats);
 
 template <typename Fn>
 void ShardPayload::ForEachPiece(uint64_t begin, uint64_t count, Fn fn) const {
+  if (count == 0) return;
   const uint64_t end = begin + count;
   for (const Segment& s : segments_) {
     const uint64_t s_end = s.payload_offset + s.length;

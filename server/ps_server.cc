@@ -38,10 +38,15 @@ PsServer::~PsServer() { Shutdown(); }
 
 void PsServer::Shutdown() {
   if (shut_down_.exchange(true)) return;
-  service_->Shutdown();
-  server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  // Start() may have failed half-way.
+  if (service_ != nullptr) service_->Shutdown();
+  if (server_ != nullptr) {
+    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  }
 }
 
-void PsServer::Wait() { server_->Wait(); }
+void PsServer::Wait() {
+  if (server_ != nullptr) server_->Wait();
+}
 
 }  // namespace cserps
