@@ -1,29 +1,219 @@
 #include "common/algorithm_catalog.h"
 
-#include "absl/status/status.h"
+#include <algorithm>
+#include <vector>
+
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 
 namespace cserps {
+namespace {
 
-const std::vector<AlgorithmInfo>& KnownAlgorithms() {
+// Stream values of cserps.v1.Stream (parameter_server.proto), which this
+// file does not include to keep common/ free of the service definitions.
+constexpr int kGrad = 1;
+constexpr int kModel = 2;
+
+enum Param { kPeriod, kRatioC1, kRatioC2, kRatio };
+
+struct Entry {
+  AlgorithmInfo info;
+  std::vector<Param> params;  // the AlgorithmConfig fields it reads
+};
+
+const std::vector<Entry>& Entries() {
   // Leaked on purpose: no destructor runs at exit while another thread may
   // still read it.
-  static const auto* const kAlgorithms = new std::vector<AlgorithmInfo>{
-      {"ssgd",
-       "synchronous SGD: every step the servers average the full gradient of "
-       "all workers (streams: GRAD; overall compression ratio 1)"},
+  static const auto* const kEntries = new std::vector<Entry>{
+      {{"cser",
+        "CSER: local steps with error reset; per step the model (MODEL_BLOCKS) "
+        "or the update (GRADIENT_BLOCKS) is averaged on R_C2-sparse blocks, "
+        "every H steps the model on R_C1-sparse blocks"},
+       {kPeriod, kRatioC1, kRatioC2}},
+      {{"cser-pl",
+        "CSER-PL: local steps; every H steps the model is averaged on "
+        "R_C1-sparse blocks (R_C = H*R_C1)"},
+       {kPeriod, kRatioC1}},
+      {{"csea",
+        "CSEA: every step the model is averaged on R_C1-sparse blocks "
+        "(R_C = R_C1)"},
+       {kRatioC1}},
+      {{"ef-sgd",
+        "EF-SGD: one shared model; the update plus the local error is averaged "
+        "on R-sparse blocks, the rest kept as error (R_C = R)"},
+       {kRatio}},
+      {{"local-sgd",
+        "local SGD: local steps; every H steps the full model is averaged "
+        "(R_C = H)"},
+       {kPeriod}},
+      {{"m-cser", "M-CSER: CSER with Nesterov momentum kept local"},
+       {kPeriod, kRatioC1, kRatioC2}},
+      {{"qsparse-local-sgd",
+        "QSparse-local-SGD: H local steps, then the drift plus memory is "
+        "averaged on R-sparse blocks (R_C = H*R)"},
+       {kPeriod, kRatio}},
+      {{"ssgd",
+        "synchronous SGD: every step the servers average the full update of "
+        "all workers (streams: GRAD; overall compression ratio 1)"},
+       {}},
   };
-  return *kAlgorithms;
+  return *kEntries;
+}
+
+const Entry* FindEntry(absl::string_view name) {
+  for (const Entry& e : Entries()) {
+    if (e.info.name == name) return &e;
+  }
+  return nullptr;
+}
+
+const char* ParamName(Param p) {
+  switch (p) {
+    case kPeriod:
+      return "period";
+    case kRatioC1:
+      return "ratio_c1";
+    case kRatioC2:
+      return "ratio_c2";
+    case kRatio:
+      return "ratio";
+  }
+  return "?";
+}
+
+uint32_t ParamValue(const v1::AlgorithmConfig& a, Param p) {
+  switch (p) {
+    case kPeriod:
+      return a.period();
+    case kRatioC1:
+      return a.ratio_c1();
+    case kRatioC2:
+      return a.ratio_c2();
+    case kRatio:
+      return a.ratio();
+  }
+  return 0;
+}
+
+bool IsCser(absl::string_view name) { return name == "cser" || name == "m-cser"; }
+
+bool ModelBlocks(const v1::AlgorithmConfig& a) {
+  return a.cser_variant() != v1::AlgorithmConfig::GRADIENT_BLOCKS;
+}
+
+// The (stream, ratio) pairs the algorithm's steps use.
+std::vector<std::pair<int, uint32_t>> RoundRatios(const v1::AlgorithmConfig& a) {
+  const std::string& n = a.name();
+  if (n == "ssgd") return {{kGrad, 1}};
+  if (n == "ef-sgd" || n == "qsparse-local-sgd") return {{kGrad, a.ratio()}};
+  if (n == "local-sgd") return {{kModel, 1}};
+  if (n == "cser-pl" || n == "csea") return {{kModel, a.ratio_c1()}};
+  if (IsCser(n)) {
+    if (ModelBlocks(a)) return {{kModel, a.ratio_c1()}, {kModel, a.ratio_c2()}};
+    return {{kGrad, a.ratio_c2()}, {kModel, a.ratio_c1()}};
+  }
+  return {};
+}
+
+}  // namespace
+
+const std::vector<AlgorithmInfo>& KnownAlgorithms() {
+  static const auto* const kInfos = [] {
+    auto* infos = new std::vector<AlgorithmInfo>();
+    for (const Entry& e : Entries()) infos->push_back(e.info);
+    return infos;
+  }();
+  return *kInfos;
 }
 
 absl::StatusOr<AlgorithmInfo> FindAlgorithm(absl::string_view name) {
-  std::string known;
-  for (const AlgorithmInfo& info : KnownAlgorithms()) {
-    if (info.name == name) return info;
-    absl::StrAppend(&known, known.empty() ? "" : ", ", info.name);
+  if (const Entry* e = FindEntry(name)) return e->info;
+  std::vector<std::string> known;
+  for (const Entry& e : Entries()) known.push_back(e.info.name);
+  return absl::NotFoundError(absl::StrCat("algorithm.name: unknown algorithm \"",
+                                          name, "\"; known: ",
+                                          absl::StrJoin(known, ", ")));
+}
+
+absl::Status ValidateAlgorithm(const v1::AlgorithmConfig& algorithm,
+                               const v1::OptimizerConfig& optimizer) {
+  const Entry* entry = FindEntry(algorithm.name());
+  if (entry == nullptr) return FindAlgorithm(algorithm.name()).status();
+  for (Param p : {kPeriod, kRatioC1, kRatioC2, kRatio}) {
+    const bool used = std::find(entry->params.begin(), entry->params.end(), p) !=
+                      entry->params.end();
+    const uint32_t value = ParamValue(algorithm, p);
+    if (used && value < 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "algorithm.", ParamName(p), ": ", algorithm.name(), " needs it >= 1 (got 0)"));
+    }
+    if (!used && value != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "algorithm.", ParamName(p), ": ", algorithm.name(),
+          " does not use it (got ", value, "); leave it unset"));
+    }
   }
-  return absl::NotFoundError(absl::StrCat(
-      "algorithm.name: unknown algorithm \"", name, "\"; known: ", known));
+  if (algorithm.cser_variant() != v1::AlgorithmConfig::VARIANT_UNSPECIFIED &&
+      !IsCser(algorithm.name())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "algorithm.cser_variant: only cser and m-cser have variants, not ",
+        algorithm.name()));
+  }
+  if (!v1::AlgorithmConfig::CserVariant_IsValid(algorithm.cser_variant())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "algorithm.cser_variant: unknown value ", algorithm.cser_variant()));
+  }
+  if (algorithm.name() == "m-cser" &&
+      optimizer.momentum_kind() != v1::OptimizerConfig::NESTEROV) {
+    return absl::InvalidArgumentError(
+        "optimizer.momentum_kind: m-cser is CSER with Nesterov momentum; set "
+        "NESTEROV (or use cser)");
+  }
+  return absl::OkStatus();
+}
+
+double OverallRatio(const v1::AlgorithmConfig& a) {
+  const std::string& n = a.name();
+  const double h = a.period(), r = a.ratio(), r1 = a.ratio_c1(), r2 = a.ratio_c2();
+  if (n == "ef-sgd") return r;
+  if (n == "local-sgd") return h;
+  if (n == "qsparse-local-sgd") return h * r;
+  if (n == "cser-pl") return h * r1;
+  if (n == "csea") return r1;
+  if (IsCser(n)) return 1.0 / (1.0 / r2 + 1.0 / (r1 * h));
+  return 1.0;
+}
+
+std::string DescribeAlgorithm(const v1::AlgorithmConfig& a) {
+  const Entry* entry = FindEntry(a.name());
+  if (entry == nullptr) return a.name();
+  std::string text = a.name();
+  if (IsCser(a.name())) {
+    absl::StrAppend(&text, ModelBlocks(a) ? " (MODEL_BLOCKS)" : " (GRADIENT_BLOCKS)");
+  }
+  std::vector<std::string> params;
+  for (Param p : entry->params) {
+    static constexpr const char* kShown[] = {"H", "R_C1", "R_C2", "R"};
+    params.push_back(absl::StrCat(kShown[p], "=", ParamValue(a, p)));
+  }
+  if (!params.empty()) absl::StrAppend(&text, ": ", absl::StrJoin(params, ", "));
+  absl::StrAppend(&text, absl::StrFormat(" -> overall R_C = %.4g", OverallRatio(a)));
+  return text;
+}
+
+absl::Status CheckRoundRatio(const v1::AlgorithmConfig& algorithm, int stream,
+                             uint32_t ratio) {
+  if (stream == kModel && ratio == 1) return absl::OkStatus();
+  std::vector<std::string> used;
+  for (const auto& [s, r] : RoundRatios(algorithm)) {
+    if (s == stream && r == ratio) return absl::OkStatus();
+    used.push_back(absl::StrCat(s == kGrad ? "GRAD" : "MODEL", " at ratio ", r));
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "ratio ", ratio, " on stream ", stream == kGrad ? "GRAD" : "MODEL",
+      " is not the job's: algorithm ", algorithm.name(), " uses ",
+      absl::StrJoin(used, ", "), " (and MODEL at ratio 1 to finish)"));
 }
 
 }  // namespace cserps

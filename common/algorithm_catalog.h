@@ -1,16 +1,21 @@
-// The algorithm names a job config may choose (algorithm.name), known to both
-// servers and workers so that each side can reject an unknown name at start-up
-// instead of at the first push.
+// The algorithms a job config may choose (algorithm.name), known to both
+// servers and workers: which parameters each reads, which (stream, ratio)
+// rounds it uses, and its overall compression ratio R_C against S-SGD
+// (ALGORITHMS.md). The worker-side implementations are registered by the
+// same names in worker/algorithms/.
 //
 // Thread-safe: the catalog is immutable.
 #ifndef CSERPS_COMMON_ALGORITHM_CATALOG_H_
 #define CSERPS_COMMON_ALGORITHM_CATALOG_H_
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "cserps/v1/config.pb.h"
 
 namespace cserps {
 
@@ -24,9 +29,29 @@ struct AlgorithmInfo {
 const std::vector<AlgorithmInfo>& KnownAlgorithms();
 
 // The entry named `name` (exact, case-sensitive match), or NOT_FOUND
-// "algorithm.name: unknown algorithm "x"; known: ssgd" listing every known
-// name.
+// "algorithm.name: unknown algorithm "x"; known: cser, csea, ..." listing
+// every known name.
 absl::StatusOr<AlgorithmInfo> FindAlgorithm(absl::string_view name);
+
+// Checks the parameters of the chosen algorithm: the ones it reads are set
+// and sane, the ones it does not read are 0 (a set but unused field is a
+// misunderstanding worth reporting). INVALID_ARGUMENT naming the field.
+absl::Status ValidateAlgorithm(const v1::AlgorithmConfig& algorithm,
+                               const v1::OptimizerConfig& optimizer);
+
+// R_C: S-SGD's floats per step over the algorithm's, from its parameters
+// (cser: 1 / (1/R_C2 + 1/(R_C1·H))). The achieved ratio differs slightly
+// because GRBS rounds the number of blocks.
+double OverallRatio(const v1::AlgorithmConfig& algorithm);
+
+// "cser (MODEL_BLOCKS): H=16, R_C1=4, R_C2=64 -> overall R_C = 32".
+std::string DescribeAlgorithm(const v1::AlgorithmConfig& algorithm);
+
+// Whether a round of `ratio` on `stream` (a cserps.v1.Stream value) belongs to
+// the job; MODEL at ratio 1 (the full average that ends training) always
+// does. The error names what the algorithm uses instead.
+absl::Status CheckRoundRatio(const v1::AlgorithmConfig& algorithm, int stream,
+                             uint32_t ratio);
 
 }  // namespace cserps
 

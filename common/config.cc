@@ -752,7 +752,7 @@ absl::Status ValidateJobConfig(const v1::JobConfig& config,
   if (config.algorithm().block_size() < 1) {
     return Invalid("algorithm.block_size", "must be >= 1 (got 0)");
   }
-  return absl::OkStatus();
+  return ValidateAlgorithm(config.algorithm(), config.optimizer());
 }
 
 std::vector<uint32_t> RankBatchSizes(const v1::JobConfig& config) {

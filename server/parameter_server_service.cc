@@ -7,7 +7,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/algorithm_catalog.h"
 #include "common/config.h"
+#include "common/grbs.h"
 #include "common/float_bytes.h"
 #include "common/grpc_status.h"
 #include "common/model_spec.h"
@@ -167,9 +169,17 @@ grpc::ServerUnaryReactor* ParameterServerService::Register(
   return FinishWith(context, absl::OkStatus());
 }
 
+ShardPayload ParameterServerService::PayloadOf(const RoundKey& key) const {
+  if (key.ratio == 1) return all_blocks_;
+  return ShardPayload::SelectedBlocks(
+      layout_, shard_,
+      SelectBlocks(config_.seed(), key.stream, key.step, key.ratio,
+                   layout_.num_blocks()));
+}
+
 void ParameterServerService::OnRoundComplete(const RoundKey& key, float lr,
                                              const std::vector<float>& mean) {
-  store_.ApplyMean(key.stream == v1::MODEL, all_blocks_,
+  store_.ApplyMean(key.stream == v1::MODEL, PayloadOf(key),
                    key.chunk * chunk_floats_, mean, lr);
 }
 
@@ -196,30 +206,35 @@ grpc::ServerUnaryReactor* ParameterServerService::PushPull(
     return refuse(absl::InvalidArgumentError(absl::StrCat(
         "lr ", request->lr(), " must be finite and >= 0")));
   }
-  if (request->ratio() != 1) {
-    return refuse(absl::FailedPreconditionError(absl::StrCat(
-        "ratio ", request->ratio(), " is not the job's: algorithm ",
-        config_.algorithm().name(), " averages every block (ratio 1)")));
+  if (request->ratio() < 1) {
+    return refuse(absl::InvalidArgumentError("ratio must be >= 1 (1 selects every block)"));
   }
-  const uint32_t num_chunks = NumChunks(all_blocks_.size(), chunk_floats_);
+  ok = CheckRoundRatio(config_.algorithm(), request->stream(), request->ratio());
+  if (!ok.ok()) return refuse(ok);
+  const RoundKey key{request->step(), request->stream(), request->chunk(),
+                     request->ratio()};
+  const ShardPayload payload = PayloadOf(key);
+  const uint32_t num_chunks = NumChunks(payload.size(), chunk_floats_);
   if (request->chunk() >= num_chunks) {
     return refuse(absl::InvalidArgumentError(absl::StrCat(
         "chunk ", request->chunk(), " is out of range: this round has ",
         num_chunks, " chunks")));
   }
   const uint64_t begin = request->chunk() * chunk_floats_;
-  std::vector<float> values(std::min(chunk_floats_, all_blocks_.size() - begin));
+  std::vector<float> values(std::min(chunk_floats_, payload.size() - begin));
   ok = BytesToFloats(request->values(), absl::MakeSpan(values), "values");
   if (!ok.ok()) return refuse(ok);
 
+  const int stream = request->stream();
+  stream_bytes_in_[stream].fetch_add(request->ByteSizeLong(), std::memory_order_relaxed);
+  stream_floats_in_[stream].fetch_add(values.size(), std::memory_order_relaxed);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  const RoundKey key{request->step(), request->stream(), request->chunk()};
   response->set_step(key.step);
   response->set_stream(request->stream());
   response->set_chunk(key.chunk);
   rounds_.Push(key, request->rank(), request->weight(), request->lr(), values,
                options_.now(),
-               [this, reactor, response, round](absl::StatusOr<RoundMean> mean) {
+               [this, reactor, response, round, stream](absl::StatusOr<RoundMean> mean) {
                  if (!mean.ok()) {
                    reactor->Finish(ToGrpcStatus(absl::Status(
                        mean.status().code(),
@@ -227,8 +242,9 @@ grpc::ServerUnaryReactor* ParameterServerService::PushPull(
                    return;
                  }
                  response->set_mean(FloatsToBytes(**mean));
-                 bytes_out_.fetch_add(response->ByteSizeLong(),
-                                      std::memory_order_relaxed);
+                 const uint64_t bytes = response->ByteSizeLong();
+                 bytes_out_.fetch_add(bytes, std::memory_order_relaxed);
+                 stream_bytes_out_[stream].fetch_add(bytes, std::memory_order_relaxed);
                  reactor->Finish(grpc::Status::OK);
                });
   return reactor;
@@ -303,6 +319,13 @@ grpc::ServerUnaryReactor* ParameterServerService::GetStatus(
   response->set_newest_step(rounds_.newest_step());
   response->set_bytes_in(bytes_in_.load(std::memory_order_relaxed));
   response->set_bytes_out(bytes_out_.load(std::memory_order_relaxed));
+  for (int s : {v1::GRAD, v1::MODEL}) {
+    v1::StreamTraffic* traffic = response->add_streams();
+    traffic->set_stream(static_cast<v1::Stream>(s));
+    traffic->set_bytes_in(stream_bytes_in_[s].load(std::memory_order_relaxed));
+    traffic->set_bytes_out(stream_bytes_out_[s].load(std::memory_order_relaxed));
+    traffic->set_floats_in(stream_floats_in_[s].load(std::memory_order_relaxed));
+  }
   return FinishWith(context, absl::OkStatus());
 }
 

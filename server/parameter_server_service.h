@@ -71,6 +71,8 @@ class ParameterServerService final : public v1::ParameterServer::CallbackService
 
   absl::Status CheckFingerprint(uint64_t fingerprint) const;
   absl::Status CheckMember(uint32_t rank) const;
+  // The floats of this shard that round `key` covers, in payload order.
+  ShardPayload PayloadOf(const RoundKey& key) const;
   void OnRoundComplete(const RoundKey& key, float lr,
                        const std::vector<float>& mean);
   void ExpiryLoop();
@@ -89,6 +91,11 @@ class ParameterServerService final : public v1::ParameterServer::CallbackService
 
   std::atomic<uint64_t> bytes_in_{0};
   std::atomic<uint64_t> bytes_out_{0};
+  // PushPull traffic by stream, indexed by the v1::Stream value.
+  static constexpr int kStreams = 3;
+  std::atomic<uint64_t> stream_bytes_in_[kStreams] = {};
+  std::atomic<uint64_t> stream_bytes_out_[kStreams] = {};
+  std::atomic<uint64_t> stream_floats_in_[kStreams] = {};
 
   absl::Mutex expiry_mu_;
   bool stopping_ ABSL_GUARDED_BY(expiry_mu_) = false;

@@ -14,7 +14,8 @@ namespace {
 
 std::string RoundName(const RoundKey& key) {
   return absl::StrCat("round (step ", key.step, ", stream ", key.stream,
-                      ", chunk ", key.chunk, ")");
+                      ", chunk ", key.chunk,
+                      key.ratio == 1 ? "" : absl::StrCat(", ratio ", key.ratio), ")");
 }
 
 std::string PushName(const RoundKey& key, uint32_t rank) {
@@ -39,7 +40,7 @@ const RoundMean* RoundTable::FindRetainedLocked(const RoundKey& key) const {
   if (stream == streams_.end()) return nullptr;
   auto step = stream->second.by_step.find(key.step);
   if (step == stream->second.by_step.end()) return nullptr;
-  auto chunk = step->second.find(key.chunk);
+  auto chunk = step->second.find({key.ratio, key.chunk});
   if (chunk == step->second.end()) return nullptr;
   return &chunk->second;
 }
@@ -75,7 +76,7 @@ std::vector<RoundCallback> RoundTable::FinishLocked(const RoundKey& key,
   std::vector<RoundCallback> waiters = std::move(node.mapped().waiters);
 
   StreamHistory& history = streams_[key.stream];
-  history.by_step[key.step][key.chunk] = mean;
+  history.by_step[key.step][{key.ratio, key.chunk}] = mean;
   while (history.by_step.size() > options_.retained_rounds) {
     auto oldest = history.by_step.begin();
     history.newest_retired = history.retired_any

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <utility>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -35,13 +36,17 @@ struct RoundKey {
   uint64_t step = 0;
   int stream = 0;  // a cserps.v1.Stream value
   uint32_t chunk = 0;
+  // The block selection ratio: pushes of one step and stream at different
+  // ratios cover different blocks and so are different rounds.
+  uint32_t ratio = 1;
 
   friend bool operator<(const RoundKey& a, const RoundKey& b) {
-    return std::tie(a.step, a.stream, a.chunk) <
-           std::tie(b.step, b.stream, b.chunk);
+    return std::tie(a.step, a.stream, a.ratio, a.chunk) <
+           std::tie(b.step, b.stream, b.ratio, b.chunk);
   }
   friend bool operator==(const RoundKey& a, const RoundKey& b) {
-    return a.step == b.step && a.stream == b.stream && a.chunk == b.chunk;
+    return a.step == b.step && a.stream == b.stream && a.ratio == b.ratio &&
+           a.chunk == b.chunk;
   }
 };
 
@@ -137,7 +142,8 @@ class RoundTable {
   };
   // Completed rounds of one stream kept to answer retries.
   struct StreamHistory {
-    std::map<uint64_t, std::map<uint32_t, RoundMean>> by_step;
+    // step -> (ratio, chunk) -> mean
+    std::map<uint64_t, std::map<std::pair<uint32_t, uint32_t>, RoundMean>> by_step;
     bool retired_any = false;
     uint64_t newest_retired = 0;  // meaningful only when retired_any
   };

@@ -25,19 +25,22 @@ class Communicator {
  public:
   virtual ~Communicator() = default;
 
-  // Starts averaging `values` (a full model-sized vector; the round covers
-  // every block) with `weight` on round (step, stream); `lr` is what the
-  // servers apply on GRAD rounds. `values` may be reused when this returns;
-  // `mean` (model-sized) must stay alive until Wait() returns, and receives
-  // the weighted mean of every member's values.
+  // Starts averaging `values` (a full model-sized vector) with `weight` over
+  // the blocks GRBS(stream, step, ratio) (ratio 1: every block); `lr` is
+  // what the servers apply on GRAD rounds. `values` is read before this
+  // returns and may then be reused. `mean` (model-sized) must stay alive
+  // until Wait() returns; Wait writes the weighted mean of every member's
+  // values into the selected floats of `mean` and leaves the others as they
+  // are. `mean` may be the same buffer as `values`.
   virtual std::unique_ptr<PendingAverage> StartAverage(
-      v1::Stream stream, uint64_t step, absl::Span<const float> values,
-      float weight, float lr, absl::Span<float> mean) = 0;
+      v1::Stream stream, uint64_t step, uint32_t ratio,
+      absl::Span<const float> values, float weight, float lr,
+      absl::Span<float> mean) = 0;
 
-  absl::Status AverageBlocks(v1::Stream stream, uint64_t step,
+  absl::Status AverageBlocks(v1::Stream stream, uint64_t step, uint32_t ratio,
                              absl::Span<const float> values, float weight,
                              float lr, absl::Span<float> mean) {
-    return StartAverage(stream, step, values, weight, lr, mean)->Wait();
+    return StartAverage(stream, step, ratio, values, weight, lr, mean)->Wait();
   }
 };
 

@@ -11,6 +11,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/config.h"
 #include "common/float_bytes.h"
+#include "common/grbs.h"
 #include "common/grpc_status.h"
 #include "common/status.h"
 
@@ -73,13 +74,18 @@ struct PushPullCall {
 
 class PendingPushPull final : public PendingAverage {
  public:
-  PendingPushPull(const BlockLayout& layout, absl::Span<float> mean,
-                  std::atomic<uint64_t>* bytes_pulled)
-      : layout_(layout), mean_(mean), bytes_pulled_(bytes_pulled) {}
+  PendingPushPull(std::vector<ShardPayload> payloads, absl::Span<float> mean,
+                  std::atomic<uint64_t>* bytes_pulled,
+                  std::atomic<uint64_t>* stream_bytes_pulled)
+      : payloads_(std::move(payloads)),
+        mean_(mean),
+        bytes_pulled_(bytes_pulled),
+        stream_bytes_pulled_(stream_bytes_pulled) {}
   ~PendingPushPull() override {
     if (!waited_) batch_.Wait().IgnoreError();
   }
 
+  const ShardPayload& payload(uint32_t shard) const { return payloads_[shard]; }
   CallBatch& batch() { return batch_; }
   std::vector<std::unique_ptr<PushPullCall>>& calls() { return calls_; }
 
@@ -95,21 +101,22 @@ class PendingPushPull final : public PendingAverage {
             " bytes; expected ", call->count * sizeof(float)));
       }
       bytes_pulled_->fetch_add(call->response.ByteSizeLong());
-      const ShardPayload payload = ShardPayload::AllBlocks(layout_, call->shard);
-      payload.ForEachPiece(call->begin, call->count,
-                           [&](uint64_t m, uint64_t p, uint64_t n) {
-                             std::memcpy(mean_.data() + m,
-                                         bytes.data() + (p - call->begin) * sizeof(float),
-                                         n * sizeof(float));
-                           });
+      stream_bytes_pulled_->fetch_add(call->response.ByteSizeLong());
+      payloads_[call->shard].ForEachPiece(
+          call->begin, call->count, [&](uint64_t m, uint64_t p, uint64_t n) {
+            std::memcpy(mean_.data() + m,
+                        bytes.data() + (p - call->begin) * sizeof(float),
+                        n * sizeof(float));
+          });
     }
     return absl::OkStatus();
   }
 
  private:
-  const BlockLayout& layout_;
+  const std::vector<ShardPayload> payloads_;
   absl::Span<float> mean_;
   std::atomic<uint64_t>* bytes_pulled_;
+  std::atomic<uint64_t>* stream_bytes_pulled_;
   CallBatch batch_;
   std::vector<std::unique_ptr<PushPullCall>> calls_;
   bool waited_ = false;
@@ -174,12 +181,32 @@ absl::StatusOr<uint32_t> PsClient::Register(int requested_rank,
   return rank_;
 }
 
+PsClient::StreamTraffic PsClient::traffic(v1::Stream stream) const {
+  const StreamCounters& c = streams_[stream];
+  return {c.bytes_pushed.load(), c.bytes_pulled.load(), c.floats_pushed.load()};
+}
+
 std::unique_ptr<PendingAverage> PsClient::StartAverage(
-    v1::Stream stream, uint64_t step, absl::Span<const float> values,
-    float weight, float lr, absl::Span<float> mean) {
-  auto pending = std::make_unique<PendingPushPull>(layout_, mean, &bytes_pulled_);
+    v1::Stream stream, uint64_t step, uint32_t ratio,
+    absl::Span<const float> values, float weight, float lr,
+    absl::Span<float> mean) {
+  std::vector<ShardPayload> payloads;
+  if (ratio == 1) {
+    for (uint32_t s = 0; s < stubs_.size(); ++s) {
+      payloads.push_back(ShardPayload::AllBlocks(layout_, s));
+    }
+  } else {
+    const std::vector<uint64_t> blocks = SelectBlocks(
+        config_.seed(), stream, step, ratio, layout_.num_blocks());
+    for (uint32_t s = 0; s < stubs_.size(); ++s) {
+      payloads.push_back(ShardPayload::SelectedBlocks(layout_, s, blocks));
+    }
+  }
+  StreamCounters& counters = streams_[stream];
+  auto pending = std::make_unique<PendingPushPull>(
+      std::move(payloads), mean, &bytes_pulled_, &counters.bytes_pulled);
   for (uint32_t s = 0; s < stubs_.size(); ++s) {
-    const ShardPayload payload = ShardPayload::AllBlocks(layout_, s);
+    const ShardPayload& payload = pending->payload(s);
     const uint32_t chunks = NumChunks(payload.size(), chunk_floats_);
     for (uint32_t c = 0; c < chunks; ++c) {
       auto call = std::make_unique<PushPullCall>();
@@ -191,7 +218,7 @@ std::unique_ptr<PendingAverage> PsClient::StartAverage(
       request.set_rank(rank_);
       request.set_step(step);
       request.set_stream(stream);
-      request.set_ratio(1);
+      request.set_ratio(ratio);
       request.set_chunk(c);
       request.set_weight(weight);
       request.set_lr(lr);
@@ -203,6 +230,8 @@ std::unique_ptr<PendingAverage> PsClient::StartAverage(
                                          values.data() + m, n * sizeof(float));
                            });
       bytes_pushed_.fetch_add(request.ByteSizeLong());
+      counters.bytes_pushed.fetch_add(request.ByteSizeLong());
+      counters.floats_pushed.fetch_add(call->count);
       SetDeadline(&call->context,
                   absl::Seconds(config_.cluster().round_timeout_s()) + options_.rpc_slack);
       pending->calls().push_back(std::move(call));

@@ -46,6 +46,7 @@ class PsClient final : public Communicator {
   absl::StatusOr<uint32_t> Register(int requested_rank, const std::string& worker_id);
 
   std::unique_ptr<PendingAverage> StartAverage(v1::Stream stream, uint64_t step,
+                                               uint32_t ratio,
                                                absl::Span<const float> values,
                                                float weight, float lr,
                                                absl::Span<float> mean) override;
@@ -62,6 +63,13 @@ class PsClient final : public Communicator {
   // Serialized request / reply bytes of PushPull, PushModel and PullModel.
   uint64_t bytes_pushed() const { return bytes_pushed_.load(); }
   uint64_t bytes_pulled() const { return bytes_pulled_.load(); }
+  // PushPull traffic of one stream.
+  struct StreamTraffic {
+    uint64_t bytes_pushed = 0;
+    uint64_t bytes_pulled = 0;
+    uint64_t floats_pushed = 0;  // payload values only
+  };
+  StreamTraffic traffic(v1::Stream stream) const;
 
  private:
   PsClient(const v1::JobConfig& config, uint64_t num_params, PsClientOptions options);
@@ -76,6 +84,13 @@ class PsClient final : public Communicator {
   uint32_t rank_ = 0;
   std::atomic<uint64_t> bytes_pushed_{0};
   std::atomic<uint64_t> bytes_pulled_{0};
+  // By v1::Stream value.
+  struct StreamCounters {
+    std::atomic<uint64_t> bytes_pushed{0};
+    std::atomic<uint64_t> bytes_pulled{0};
+    std::atomic<uint64_t> floats_pushed{0};
+  };
+  StreamCounters streams_[3];
 };
 
 }  // namespace cserps

@@ -7,12 +7,20 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/algorithm_catalog.h"
 #include "common/config.h"
 #include "common/status.h"
 #include "spdlog/spdlog.h"
 #include "worker/data/partition.h"
 
 namespace cserps {
+namespace {
+
+double Accuracy(const EvalSums& sums) {
+  return static_cast<double>(sums.correct) / std::max<size_t>(1, sums.count);
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
     const v1::JobConfig& config, PsClient* client, const Dataset* train,
@@ -44,11 +52,12 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
   std::unique_ptr<Trainer> trainer(new Trainer(
       config, client, train, test, steps_per_epoch,
       RankRange(train->size, batch_sizes, rank), batch_sizes[rank], std::move(model)));
-  AlgorithmContext context{.config = &trainer->config_,
-                           .comm = client,
-                           .direction = &trainer->direction_,
-                           .num_params = trainer->x_.size(),
-                           .weight = static_cast<float>(batch_sizes[rank])};
+  AlgorithmContext context;
+  context.config = &trainer->config_;
+  context.comm = client;
+  context.direction = &trainer->direction_;
+  context.layout = &client->layout();
+  context.weight = static_cast<float>(batch_sizes[rank]);
   ASSIGN_OR_RETURN(trainer->algorithm_,
                    DefaultAlgorithms().Create(config.algorithm().name(), context));
   return trainer;
@@ -95,11 +104,13 @@ absl::StatusOr<float> Trainer::Step() {
   return loss;
 }
 
-EvalSums Trainer::EvaluateTest() {
+EvalSums Trainer::EvaluateTest() { return Evaluate(x_); }
+
+EvalSums Trainer::Evaluate(absl::Span<const float> params) {
   EvalSums total;
   SequentialBatches batches(*test_, 1000);
   for (size_t i = 0; i < batches.count(); ++i) {
-    const EvalSums part = model_->Evaluate(x_, batches.Get(i));
+    const EvalSums part = model_->Evaluate(params, batches.Get(i));
     total.loss_sum += part.loss_sum;
     total.correct += part.correct;
     total.count += part.count;
@@ -145,7 +156,26 @@ absl::Status Trainer::Run() {
                  point.epoch, point.train_loss, point.test_loss,
                  100 * point.test_accuracy, point.wall_seconds);
   }
+  RETURN_IF_ERROR(FinishTraining());
+  spdlog::info("final: local model {:.2f}%, global model {:.2f}%, achieved compression {:.1f}x",
+               100 * final_.local_accuracy, 100 * final_.global_accuracy,
+               final_.achieved_compression);
   return WriteOutputs(absl::ToDoubleSeconds(absl::Now() - start));
+}
+
+absl::Status Trainer::FinishTraining() {
+  // Traffic of the training steps alone, against S-SGD's d floats per step.
+  uint64_t floats = 0;
+  for (v1::Stream s : {v1::GRAD, v1::MODEL}) floats += client_->traffic(s).floats_pushed;
+  final_.training_floats_pushed = floats;
+  final_.achieved_compression =
+      floats == 0 ? 0.0 : static_cast<double>(step_) * x_.size() / floats;
+  final_.local_accuracy = Accuracy(EvaluateTest());
+  RETURN_IF_ERROR(algorithm_->Finish(step_, absl::MakeSpan(x_)));
+  std::vector<float> global(x_.size());
+  RETURN_IF_ERROR(client_->PullModel(absl::MakeSpan(global), /*wait_for_init=*/false));
+  final_.global_accuracy = Accuracy(Evaluate(global));
+  return absl::OkStatus();
 }
 
 absl::Status Trainer::WriteOutputs(double wall_seconds) const {
@@ -169,18 +199,28 @@ absl::Status Trainer::WriteOutputs(double wall_seconds) const {
   }
   const CurvePoint last = curve_.empty() ? CurvePoint() : curve_.back();
   std::ofstream json(dir / (base + ".json"));
+  const PsClient::StreamTraffic grad = client_->traffic(v1::GRAD);
+  const PsClient::StreamTraffic model = client_->traffic(v1::MODEL);
   json << absl::StrFormat(
       "{\n  \"job\": \"%s\",\n  \"rank\": %d,\n  \"algorithm\": \"%s\",\n"
       "  \"num_params\": %d,\n  \"epochs\": %d,\n  \"steps\": %d,\n"
       "  \"batch_size\": %d,\n  \"train_loss\": %.6f,\n  \"test_loss\": %.6f,\n"
       "  \"test_accuracy\": %.6f,\n  \"wall_seconds\": %.3f,\n"
       "  \"samples_per_second\": %.1f,\n  \"bytes_pushed\": %d,\n"
-      "  \"bytes_pulled\": %d\n}\n",
+      "  \"bytes_pulled\": %d,\n"
+      "  \"grad_bytes_pushed\": %d,\n  \"grad_bytes_pulled\": %d,\n"
+      "  \"model_bytes_pushed\": %d,\n  \"model_bytes_pulled\": %d,\n"
+      "  \"training_floats_pushed\": %d,\n  \"overall_ratio\": %.6g,\n"
+      "  \"achieved_compression\": %.6g,\n"
+      "  \"test_accuracy_local\": %.6f,\n  \"test_accuracy_global\": %.6f\n}\n",
       config_.name(), rank_, config_.algorithm().name(), x_.size(),
       config_.epochs(), step_, batch_size_, last.train_loss, last.test_loss,
       last.test_accuracy, wall_seconds,
       wall_seconds > 0 ? step_ * batch_size_ / wall_seconds : 0.0,
-      client_->bytes_pushed(), client_->bytes_pulled());
+      client_->bytes_pushed(), client_->bytes_pulled(), grad.bytes_pushed,
+      grad.bytes_pulled, model.bytes_pushed, model.bytes_pulled,
+      final_.training_floats_pushed, OverallRatio(config_.algorithm()),
+      final_.achieved_compression, final_.local_accuracy, final_.global_accuracy);
   if (!json) return absl::DataLossError(absl::StrCat("cannot write ", (dir / (base + ".json")).string()));
   return absl::OkStatus();
 }

@@ -34,6 +34,14 @@ struct CurvePoint {
   uint64_t bytes_pulled = 0;
 };
 
+// What the end of training measured.
+struct FinalReport {
+  double local_accuracy = 0;   // this worker's model after the last step
+  double global_accuracy = 0;  // the servers' model after the final average
+  uint64_t training_floats_pushed = 0;  // PushPull values of the steps
+  double achieved_compression = 0;      // steps * d / training_floats_pushed
+};
+
 class Trainer {
  public:
   // `config` has defaults applied and is valid; `client` is registered
@@ -50,6 +58,9 @@ class Trainer {
   absl::StatusOr<float> Step();
   // Loss and accuracy of the local model on the test set.
   EvalSums EvaluateTest();
+  // After the last step: measures the local model, runs the algorithm's
+  // final average and measures the servers' (global) model.
+  absl::Status FinishTraining();
   // InitializeModel, then every epoch's steps with progress lines every
   // log_every_steps and a test evaluation at the end of each epoch; finally
   // writes <output_dir>/worker_<rank>.json and .csv.
@@ -59,12 +70,14 @@ class Trainer {
   uint64_t step() const { return step_; }
   size_t steps_per_epoch() const { return steps_per_epoch_; }
   const std::vector<CurvePoint>& curve() const { return curve_; }
+  const FinalReport& final_report() const { return final_; }
 
  private:
   Trainer(const v1::JobConfig& config, PsClient* client, const Dataset* train,
           const Dataset* test, size_t steps_per_epoch, Range range,
           uint32_t batch_size, std::unique_ptr<Model> model);
   absl::Status WriteOutputs(double wall_seconds) const;
+  EvalSums Evaluate(absl::Span<const float> params);
 
   const v1::JobConfig config_;
   PsClient* const client_;
@@ -81,6 +94,7 @@ class Trainer {
   std::vector<float> grad_;
   uint64_t step_ = 0;
   std::vector<CurvePoint> curve_;
+  FinalReport final_;
 };
 
 }  // namespace cserps

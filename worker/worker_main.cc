@@ -8,6 +8,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "common/algorithm_catalog.h"
 #include "common/job_flags.h"
 #include "common/status.h"
 #include "common/model_spec.h"
@@ -55,7 +56,7 @@ absl::Status RunWorker() {
   ASSIGN_OR_RETURN(uint32_t rank, client->Register(absl::GetFlag(FLAGS_rank), worker_id));
   spdlog::info("rank {}/{}: {} parameters, {} training and {} test examples, algorithm {}",
                rank, config.cluster().num_workers(), spec.num_params, train.size,
-               test.size, config.algorithm().name());
+               test.size, cserps::DescribeAlgorithm(config.algorithm()));
   ASSIGN_OR_RETURN(std::unique_ptr<cserps::Trainer> trainer,
                    cserps::Trainer::Create(config, client.get(), &train, &test));
   return trainer->Run();

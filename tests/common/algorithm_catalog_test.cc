@@ -31,7 +31,8 @@ TEST(AlgorithmCatalogTest, UnknownNameIsNotFoundListingKnownNames) {
   ASSERT_FALSE(info.ok());
   EXPECT_EQ(info.status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(info.status().message(),
-            "algorithm.name: unknown algorithm \"x\"; known: ssgd");
+            "algorithm.name: unknown algorithm \"x\"; known: cser, cser-pl, csea, ef-sgd, "
+            "local-sgd, m-cser, qsparse-local-sgd, ssgd");
 }
 
 TEST(AlgorithmCatalogTest, MatchIsExact) {

@@ -14,6 +14,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "common/block_layout.h"
+#include "common/grbs.h"
 #include "cserps/v1/config.pb.h"
 #include "worker/communicator.h"
 #include "worker/optim/direction.h"
@@ -25,19 +27,49 @@ struct AlgorithmContext {
   const v1::JobConfig* config = nullptr;
   Communicator* comm = nullptr;
   Direction* direction = nullptr;  // this worker's momentum state
-  size_t num_params = 0;
+  const BlockLayout* layout = nullptr;
   float weight = 1.0f;  // this member's weight in averages: its batch size
+
+  size_t num_params() const { return layout->num_params(); }
+  const v1::AlgorithmConfig& algorithm() const { return config->algorithm(); }
 };
 
 class Algorithm {
  public:
+  explicit Algorithm(const AlgorithmContext& context) : context_(context) {}
   virtual ~Algorithm() = default;
 
-  // One training step t: `grad` is the stochastic gradient at `params` (this
-  // worker's local model), which the step updates in place.
+  // One training step t (0-based): `grad` is the stochastic gradient at
+  // `params` (this worker's local model), which the step updates in place.
   virtual absl::Status Step(uint64_t step, float lr, absl::Span<const float> grad,
                             absl::Span<float> params) = 0;
+
+  // After the last step (numbered `step`): a full model average (an error
+  // reset with C1 = identity), after which every worker and the servers hold
+  // the same, exact global model. S-SGD needs none.
+  virtual absl::Status Finish(uint64_t step, absl::Span<float> params);
+
+ protected:
+  const AlgorithmContext context_;
 };
+
+// Steps after which the local methods sync: t with (t + 1) % H == 0, i.e.
+// after every H-th step.
+inline bool IsSyncStep(uint64_t step, uint32_t period) {
+  return (step + 1) % period == 0;
+}
+
+// Calls fn(begin, end) for the float range of every block that
+// GRBS(stream, step, ratio) selects, in ascending order.
+template <typename Fn>
+void ForEachSelectedRange(const AlgorithmContext& context, v1::Stream stream,
+                          uint64_t step, uint32_t ratio, Fn fn) {
+  const BlockLayout& layout = *context.layout;
+  for (uint64_t b : SelectBlocks(context.config->seed(), stream, step, ratio,
+                                 layout.num_blocks())) {
+    fn(layout.BlockBegin(b), layout.BlockEnd(b));
+  }
+}
 
 using AlgorithmFactory = std::function<absl::StatusOr<std::unique_ptr<Algorithm>>(
     const AlgorithmContext&)>;

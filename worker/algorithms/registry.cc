@@ -4,7 +4,7 @@
 #include "absl/strings/str_join.h"
 #include "common/status.h"
 #include "worker/algorithms/algorithm.h"
-#include "worker/algorithms/ssgd.h"
+#include "worker/algorithms/factories.h"
 
 namespace cserps {
 
@@ -30,10 +30,22 @@ absl::StatusOr<std::unique_ptr<Algorithm>> AlgorithmRegistry::Create(
   return it->second(context);
 }
 
+absl::Status Algorithm::Finish(uint64_t step, absl::Span<float> params) {
+  return context_.comm->AverageBlocks(v1::MODEL, step, /*ratio=*/1, params,
+                                      context_.weight, /*lr=*/0, params);
+}
+
 const AlgorithmRegistry& DefaultAlgorithms() {
   static const AlgorithmRegistry* const registry = [] {
     auto* r = new AlgorithmRegistry();
     CSERPS_CHECK(r->Register("ssgd", MakeSsgd).ok());
+    CSERPS_CHECK(r->Register("ef-sgd", MakeEfSgd).ok());
+    CSERPS_CHECK(r->Register("local-sgd", MakeLocalSgd).ok());
+    CSERPS_CHECK(r->Register("qsparse-local-sgd", MakeQsparseLocalSgd).ok());
+    CSERPS_CHECK(r->Register("cser", MakeCser).ok());
+    CSERPS_CHECK(r->Register("m-cser", MakeCser).ok());
+    CSERPS_CHECK(r->Register("cser-pl", MakeCserPl).ok());
+    CSERPS_CHECK(r->Register("csea", MakeCsea).ok());
     return r;
   }();
   return *registry;

@@ -1,8 +1,8 @@
-#include "worker/algorithms/ssgd.h"
-
+// S-SGD (ALGORITHMS.md, "Baselines of the CSER paper").
 #include <vector>
 
 #include "common/status.h"
+#include "worker/algorithms/factories.h"
 
 namespace cserps {
 namespace {
@@ -10,22 +10,24 @@ namespace {
 class Ssgd final : public Algorithm {
  public:
   explicit Ssgd(const AlgorithmContext& context)
-      : context_(context), p_(context.num_params), mean_(context.num_params) {}
+      : Algorithm(context), p_(context.num_params()), mean_(context.num_params()) {}
 
-  absl::Status Step(uint64_t step, float lr, absl::Span<const float> grad,
+  absl::Status Step(uint64_t t, float lr, absl::Span<const float> g,
                     absl::Span<float> x) override {
     // p_i = Direction(g_i), with this worker's own momentum buffer.
-    context_.direction->Compute(grad, x, absl::MakeSpan(p_));
+    context_.direction->Compute(g, x, absl::MakeSpan(p_));
     // Every worker (and the server) applies x ← x − η·AVG(p).
-    RETURN_IF_ERROR(context_.comm->AverageBlocks(v1::GRAD, step, p_,
+    RETURN_IF_ERROR(context_.comm->AverageBlocks(v1::GRAD, t, /*ratio=*/1, p_,
                                                  context_.weight, lr,
                                                  absl::MakeSpan(mean_)));
     for (size_t j = 0; j < x.size(); ++j) x[j] -= lr * mean_[j];
     return absl::OkStatus();
   }
 
+  // Every worker and the servers already hold the same model.
+  absl::Status Finish(uint64_t, absl::Span<float>) override { return absl::OkStatus(); }
+
  private:
-  const AlgorithmContext context_;
   std::vector<float> p_;
   std::vector<float> mean_;
 };
