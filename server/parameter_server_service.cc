@@ -67,7 +67,10 @@ ParameterServerService::ParameterServerService(const v1::JobConfig& config,
       store_(layout_.ShardFirstFloat(shard), layout_.ShardSize(shard)),
       rounds_(RoundTable::Options{
           .world_size = config.cluster().num_workers(),
-          .max_step_lag = config.cluster().max_step_lag(),
+          // Periodic algorithms push only every H steps: the window counts
+          // sync periods.
+          .max_step_lag = uint64_t{config.cluster().max_step_lag()} *
+                          std::max<uint32_t>(1, config.algorithm().period()),
           .retained_rounds = config.cluster().retained_rounds(),
           .timeout = absl::Seconds(config.cluster().round_timeout_s()),
           .on_complete =
