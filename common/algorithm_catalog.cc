@@ -26,6 +26,10 @@ const std::vector<Entry>& Entries() {
   // Leaked on purpose: no destructor runs at exit while another thread may
   // still read it.
   static const auto* const kEntries = new std::vector<Entry>{
+      {{"csea",
+        "CSEA: every step the model is averaged on R_C1-sparse blocks "
+        "(R_C = R_C1)"},
+       {kRatioC1}},
       {{"cser",
         "CSER: local steps with error reset; per step the model (MODEL_BLOCKS) "
         "or the update (GRADIENT_BLOCKS) is averaged on R_C2-sparse blocks, "
@@ -35,10 +39,6 @@ const std::vector<Entry>& Entries() {
         "CSER-PL: local steps; every H steps the model is averaged on "
         "R_C1-sparse blocks (R_C = H*R_C1)"},
        {kPeriod, kRatioC1}},
-      {{"csea",
-        "CSEA: every step the model is averaged on R_C1-sparse blocks "
-        "(R_C = R_C1)"},
-       {kRatioC1}},
       {{"ef-sgd",
         "EF-SGD: one shared model; the update plus the local error is averaged "
         "on R-sparse blocks, the rest kept as error (R_C = R)"},
@@ -181,7 +181,13 @@ double OverallRatio(const v1::AlgorithmConfig& a) {
   if (n == "qsparse-local-sgd") return h * r;
   if (n == "cser-pl") return h * r1;
   if (n == "csea") return r1;
-  if (IsCser(n)) return 1.0 / (1.0 / r2 + 1.0 / (r1 * h));
+  if (IsCser(n)) {
+    // GRADIENT_BLOCKS sends an R_C2 round every step and an R_C1 round every
+    // H steps (the paper's formula); MODEL_BLOCKS sends R_C1 instead of R_C2
+    // on the sync step.
+    if (!ModelBlocks(a)) return 1.0 / (1.0 / r2 + 1.0 / (r1 * h));
+    return h / ((h - 1) / r2 + 1.0 / r1);
+  }
   return 1.0;
 }
 

@@ -39,9 +39,11 @@ absl::StatusOr<AlgorithmInfo> FindAlgorithm(absl::string_view name);
 absl::Status ValidateAlgorithm(const v1::AlgorithmConfig& algorithm,
                                const v1::OptimizerConfig& optimizer);
 
-// R_C: S-SGD's floats per step over the algorithm's, from its parameters
-// (cser: 1 / (1/R_C2 + 1/(R_C1·H))). The achieved ratio differs slightly
-// because GRBS rounds the number of blocks.
+// R_C: S-SGD's floats per step over the algorithm's, from its parameters:
+// cser GRADIENT_BLOCKS 1 / (1/R_C2 + 1/(R_C1·H)) (the paper's); cser
+// MODEL_BLOCKS H / ((H−1)/R_C2 + 1/R_C1), since its sync step sends the R_C1
+// round instead of the R_C2 one (33.0 instead of 32 for (4, 64, 16)). The
+// achieved ratio differs slightly because GRBS rounds the number of blocks.
 double OverallRatio(const v1::AlgorithmConfig& algorithm);
 
 // "cser (MODEL_BLOCKS): H=16, R_C1=4, R_C2=64 -> overall R_C = 32".

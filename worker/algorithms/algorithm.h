@@ -44,7 +44,9 @@ class Algorithm {
   virtual absl::Status Step(uint64_t step, float lr, absl::Span<const float> grad,
                             absl::Span<float> params) = 0;
 
-  // After the last step (numbered `step`): a full model average (an error
+  // After the last step; `step` is the number of steps trained (one past the
+  // last step's number), so the round cannot collide with a step's. A full
+  // model average (an error
   // reset with C1 = identity), after which every worker and the servers hold
   // the same, exact global model. S-SGD needs none.
   virtual absl::Status Finish(uint64_t step, absl::Span<float> params);
