@@ -12,7 +12,6 @@
 #include "common/grbs.h"
 #include "common/float_bytes.h"
 #include "common/grpc_status.h"
-#include "common/model_spec.h"
 #include "common/status.h"
 
 namespace cserps {
@@ -36,43 +35,29 @@ std::string StreamName(int stream) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ParameterServerService>>
-ParameterServerService::Create(const v1::JobConfig& config, uint32_t shard,
-                               Options options) {
-  RETURN_IF_ERROR(ValidateJobConfig(config, {.allow_port_zero = true}));
-  const uint32_t num_shards = config.cluster().servers_size();
-  if (shard >= num_shards) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "shard ", shard, " is out of range: cluster.servers lists ", num_shards,
-        " servers"));
-  }
-  ASSIGN_OR_RETURN(ModelSpec spec, MakeModelSpec(config.model()));
+ParameterServerService::Create(ShardContext* shard, Options options) {
   if (!options.now) options.now = DefaultNow;
-  return std::unique_ptr<ParameterServerService>(new ParameterServerService(
-      config, shard, spec.num_params, std::move(options)));
+  return std::unique_ptr<ParameterServerService>(
+      new ParameterServerService(shard, std::move(options)));
 }
 
-ParameterServerService::ParameterServerService(const v1::JobConfig& config,
-                                               uint32_t shard,
-                                               uint64_t num_params,
-                                               Options options)
-    : config_(config),
-      shard_(shard),
-      fingerprint_(JobFingerprint(config)),
-      layout_(num_params, config.algorithm().block_size(),
-              config.cluster().servers_size()),
-      all_blocks_(ShardPayload::AllBlocks(layout_, shard)),
-      chunk_floats_(ChunkFloats(config.cluster().max_message_bytes())),
+ParameterServerService::ParameterServerService(ShardContext* shard, Options options)
+    : shard_(*shard),
+      config_(shard->config()),
+      layout_(shard->layout()),
+      all_blocks_(ShardPayload::AllBlocks(layout_, shard->shard())),
+      chunk_floats_(shard->chunk_floats()),
       options_(std::move(options)),
-      members_(config.cluster().num_workers()),
-      store_(layout_.ShardFirstFloat(shard), layout_.ShardSize(shard)),
+      members_(shard->members()),
+      store_(shard->store()),
       rounds_(RoundTable::Options{
-          .world_size = config.cluster().num_workers(),
+          .world_size = config_.cluster().num_workers(),
           // Periodic algorithms push only every H steps: the window counts
           // sync periods.
-          .max_step_lag = uint64_t{config.cluster().max_step_lag()} *
-                          std::max<uint32_t>(1, config.algorithm().period()),
-          .retained_rounds = config.cluster().retained_rounds(),
-          .timeout = absl::Seconds(config.cluster().round_timeout_s()),
+          .max_step_lag = uint64_t{config_.cluster().max_step_lag()} *
+                          std::max<uint32_t>(1, config_.algorithm().period()),
+          .retained_rounds = config_.cluster().retained_rounds(),
+          .timeout = absl::Seconds(config_.cluster().round_timeout_s()),
           .on_complete =
               [this](const RoundKey& key, float lr,
                      const std::vector<float>& mean) {
@@ -96,7 +81,7 @@ void ParameterServerService::Shutdown() {
     stopping_ = true;
   }
   const absl::Status reason = absl::UnavailableError(
-      absl::StrCat("server shard ", shard_, " is shutting down"));
+      absl::StrCat("server shard ", shard_.shard(), " is shutting down"));
   rounds_.FailAll(std::string(reason.message()));
   store_.FailWaiters(reason);
 }
@@ -118,38 +103,13 @@ void ParameterServerService::ExpiryLoop() {
   }
 }
 
-absl::Status ParameterServerService::CheckFingerprint(uint64_t fingerprint) const {
-  if (fingerprint != fingerprint_) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "config fingerprint ", fingerprint, " does not match the job's ",
-        fingerprint_, " on shard ", shard_,
-        ": this worker runs a different job config; Register shows the "
-        "differing field"));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status ParameterServerService::CheckMember(uint32_t rank) const {
-  if (rank >= members_.world_size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "rank ", rank, " is out of range: the job has ", members_.world_size(),
-        " workers"));
-  }
-  if (!members_.IsRegistered(rank)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "rank ", rank, " has not registered with shard ", shard_,
-        ": call Register first"));
-  }
-  return absl::OkStatus();
-}
-
 void ParameterServerService::FillShardInfo(v1::ShardInfo* info) const {
-  info->set_shard(shard_);
+  info->set_shard(shard_.shard());
   info->set_num_shards(layout_.num_shards());
-  info->set_first_block(layout_.ShardFirstBlock(shard_));
-  info->set_end_block(layout_.ShardEndBlock(shard_));
-  info->set_first_float(layout_.ShardFirstFloat(shard_));
-  info->set_end_float(layout_.ShardEndFloat(shard_));
+  info->set_first_block(layout_.ShardFirstBlock(shard_.shard()));
+  info->set_end_block(layout_.ShardEndBlock(shard_.shard()));
+  info->set_first_float(layout_.ShardFirstFloat(shard_.shard()));
+  info->set_end_float(layout_.ShardEndFloat(shard_.shard()));
 }
 
 grpc::ServerUnaryReactor* ParameterServerService::Register(
@@ -165,7 +125,7 @@ grpc::ServerUnaryReactor* ParameterServerService::Register(
   response->set_rank(*rank);
   response->set_world_size(members_.world_size());
   response->set_job_seed(config_.seed());
-  response->set_fingerprint(fingerprint_);
+  response->set_fingerprint(shard_.fingerprint());
   response->set_model_size(layout_.num_params());
   response->set_block_size(layout_.block_size());
   FillShardInfo(response->mutable_shard());
@@ -175,7 +135,7 @@ grpc::ServerUnaryReactor* ParameterServerService::Register(
 ShardPayload ParameterServerService::PayloadOf(const RoundKey& key) const {
   if (key.ratio == 1) return all_blocks_;
   return ShardPayload::SelectedBlocks(
-      layout_, shard_,
+      layout_, shard_.shard(),
       SelectBlocks(config_.seed(), key.stream, key.step, key.ratio,
                    layout_.num_blocks()));
 }
@@ -198,8 +158,8 @@ grpc::ServerUnaryReactor* ParameterServerService::PushPull(
     return FinishWith(context, absl::Status(status.code(),
                                             absl::StrCat(round, ": ", status.message())));
   };
-  absl::Status ok = CheckFingerprint(request->fingerprint());
-  if (ok.ok()) ok = CheckMember(request->rank());
+  absl::Status ok = shard_.CheckFingerprint(request->fingerprint());
+  if (ok.ok()) ok = shard_.CheckMember(request->rank());
   if (!ok.ok()) return refuse(ok);
   if (request->stream() != v1::GRAD && request->stream() != v1::MODEL) {
     return refuse(absl::InvalidArgumentError(
@@ -256,7 +216,7 @@ grpc::ServerUnaryReactor* ParameterServerService::PushPull(
 grpc::ServerUnaryReactor* ParameterServerService::PullModel(
     grpc::CallbackServerContext* context, const v1::PullModelRequest* request,
     v1::PullModelResponse* response) {
-  absl::Status ok = CheckFingerprint(request->fingerprint());
+  absl::Status ok = shard_.CheckFingerprint(request->fingerprint());
   if (ok.ok() && request->count() > chunk_floats_) {
     ok = absl::InvalidArgumentError(absl::StrCat(
         "PullModel of ", request->count(), " floats exceeds the chunk limit of ",
@@ -280,7 +240,7 @@ grpc::ServerUnaryReactor* ParameterServerService::PullModel(
     store_.WhenInitialised(std::move(answer));
   } else if (!store_.initialised()) {
     answer(absl::FailedPreconditionError(absl::StrCat(
-        "shard ", shard_, " has no model yet: rank 0 initialises it with PushModel")));
+        "shard ", shard_.shard(), " has no model yet: rank 0 initialises it with PushModel")));
   } else {
     answer(absl::OkStatus());
   }
@@ -291,8 +251,8 @@ grpc::ServerUnaryReactor* ParameterServerService::PushModel(
     grpc::CallbackServerContext* context, const v1::PushModelRequest* request,
     v1::PushModelResponse* response) {
   bytes_in_.fetch_add(request->ByteSizeLong(), std::memory_order_relaxed);
-  absl::Status ok = CheckFingerprint(request->fingerprint());
-  if (ok.ok()) ok = CheckMember(request->rank());
+  absl::Status ok = shard_.CheckFingerprint(request->fingerprint());
+  if (ok.ok()) ok = shard_.CheckMember(request->rank());
   if (ok.ok()) ok = CheckFloatBytes(request->values(), "PushModel values");
   if (!ok.ok()) return FinishWith(context, ok);
   std::vector<float> values(request->values().size() / sizeof(float));
@@ -312,7 +272,7 @@ grpc::ServerUnaryReactor* ParameterServerService::GetStatus(
     grpc::CallbackServerContext* context, const v1::GetStatusRequest* /*request*/,
     v1::GetStatusResponse* response) {
   FillShardInfo(response->mutable_shard());
-  response->set_fingerprint(fingerprint_);
+  response->set_fingerprint(shard_.fingerprint());
   response->set_world_size(members_.world_size());
   response->set_registered(members_.registered());
   response->set_model_initialised(store_.initialised());

@@ -18,6 +18,7 @@
 #include "cserps/v1/parameter_server.grpc.pb.h"
 #include "server/member_registry.h"
 #include "server/round_table.h"
+#include "server/shard_context.h"
 #include "server/shard_store.h"
 
 namespace cserps {
@@ -32,10 +33,9 @@ class ParameterServerService final : public v1::ParameterServer::CallbackService
     bool expiry_thread = true;
   };
 
-  // `config` must have defaults applied and be valid. Starts the expiry
-  // thread when asked.
+  // Starts the expiry thread when asked. `shard` outlives the service.
   static absl::StatusOr<std::unique_ptr<ParameterServerService>> Create(
-      const v1::JobConfig& config, uint32_t shard, Options options);
+      ShardContext* shard, Options options);
   ~ParameterServerService() override;
 
   // Fails every parked call with UNAVAILABLE and refuses new rounds; call
@@ -46,8 +46,8 @@ class ParameterServerService final : public v1::ParameterServer::CallbackService
   int ExpireOverdueRounds(absl::Time now) { return rounds_.ExpireOverdue(now); }
 
   const BlockLayout& layout() const { return layout_; }
-  uint32_t shard() const { return shard_; }
-  uint64_t fingerprint() const { return fingerprint_; }
+  uint32_t shard() const { return shard_.shard(); }
+  uint64_t fingerprint() const { return shard_.fingerprint(); }
 
   grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* context,
                                      const v1::RegisterRequest* request,
@@ -66,11 +66,8 @@ class ParameterServerService final : public v1::ParameterServer::CallbackService
                                       v1::GetStatusResponse* response) override;
 
  private:
-  ParameterServerService(const v1::JobConfig& config, uint32_t shard,
-                         uint64_t num_params, Options options);
+  ParameterServerService(ShardContext* shard, Options options);
 
-  absl::Status CheckFingerprint(uint64_t fingerprint) const;
-  absl::Status CheckMember(uint32_t rank) const;
   // The floats of this shard that round `key` covers, in payload order.
   ShardPayload PayloadOf(const RoundKey& key) const;
   void OnRoundComplete(const RoundKey& key, float lr,
@@ -78,15 +75,14 @@ class ParameterServerService final : public v1::ParameterServer::CallbackService
   void ExpiryLoop();
   void FillShardInfo(v1::ShardInfo* info) const;
 
-  const v1::JobConfig config_;
-  const uint32_t shard_;
-  const uint64_t fingerprint_;
-  const BlockLayout layout_;
+  ShardContext& shard_;
+  const v1::JobConfig& config_;
+  const BlockLayout& layout_;
   const ShardPayload all_blocks_;
   const uint64_t chunk_floats_;
   const Options options_;
-  MemberRegistry members_;
-  ShardStore store_;
+  MemberRegistry& members_;
+  ShardStore& store_;
   RoundTable rounds_;
 
   std::atomic<uint64_t> bytes_in_{0};

@@ -15,8 +15,9 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(
     const std::string& listen_address,
     ParameterServerService::Options options) {
   std::unique_ptr<PsServer> server(new PsServer());
+  ASSIGN_OR_RETURN(server->shard_, ShardContext::Create(config, shard));
   ASSIGN_OR_RETURN(server->service_,
-                   ParameterServerService::Create(config, shard, std::move(options)));
+                   ParameterServerService::Create(server->shard_.get(), std::move(options)));
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(listen_address, grpc::InsecureServerCredentials(), &port);

@@ -11,6 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "server/parameter_server_service.h"
+#include "server/shard_context.h"
 
 namespace cserps {
 
@@ -35,6 +36,8 @@ class PsServer {
  private:
   PsServer() = default;
 
+  std::unique_ptr<ShardContext> shard_;
+  // Every service of the shard; declared after shard_, which they use.
   std::unique_ptr<ParameterServerService> service_;
   std::unique_ptr<grpc::Server> server_;
   std::string address_;

@@ -1,0 +1,61 @@
+#include "server/shard_context.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/config.h"
+#include "common/model_spec.h"
+#include "common/status.h"
+
+namespace cserps {
+
+absl::StatusOr<std::unique_ptr<ShardContext>> ShardContext::Create(
+    const v1::JobConfig& config, uint32_t shard) {
+  ValidateOptions options;
+  options.allow_port_zero = true;
+  RETURN_IF_ERROR(ValidateJobConfig(config, options));
+  const uint32_t num_shards = config.cluster().servers_size();
+  if (shard >= num_shards) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "shard ", shard, " is out of range: cluster.servers lists ", num_shards,
+        " servers"));
+  }
+  ASSIGN_OR_RETURN(ModelSpec spec, MakeModelSpec(config.model()));
+  return std::unique_ptr<ShardContext>(new ShardContext(config, shard, spec.num_params));
+}
+
+ShardContext::ShardContext(const v1::JobConfig& config, uint32_t shard,
+                           uint64_t num_params)
+    : config_(config),
+      shard_(shard),
+      fingerprint_(JobFingerprint(config)),
+      layout_(num_params, config.algorithm().block_size(),
+              config.cluster().servers_size()),
+      chunk_floats_(ChunkFloats(config.cluster().max_message_bytes())),
+      members_(config.cluster().num_workers()),
+      store_(layout_.ShardFirstFloat(shard), layout_.ShardSize(shard)) {}
+
+absl::Status ShardContext::CheckFingerprint(uint64_t fingerprint) const {
+  if (fingerprint != fingerprint_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "config fingerprint ", fingerprint, " does not match the job's ",
+        fingerprint_, " on shard ", shard_,
+        ": this worker runs a different job config; Register shows the "
+        "differing field"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ShardContext::CheckMember(uint32_t rank) const {
+  if (rank >= members_.world_size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank ", rank, " is out of range: the job has ", members_.world_size(),
+        " workers"));
+  }
+  if (!members_.IsRegistered(rank)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rank ", rank, " has not registered with shard ", shard_,
+        ": call Register first"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace cserps

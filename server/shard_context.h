@@ -1,0 +1,55 @@
+// What every gRPC service of one server shard shares: the job config, the
+// block layout, the registered members and the shard's part of the model.
+// Built once by PsServer; outlives the services.
+#ifndef CSERPS_SERVER_SHARD_CONTEXT_H_
+#define CSERPS_SERVER_SHARD_CONTEXT_H_
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "common/block_layout.h"
+#include "cserps/v1/config.pb.h"
+#include "server/member_registry.h"
+#include "server/shard_store.h"
+
+namespace cserps {
+
+class ShardContext {
+ public:
+  // Validates `config` (defaults applied; port 0 allowed) and `shard`.
+  static absl::StatusOr<std::unique_ptr<ShardContext>> Create(
+      const v1::JobConfig& config, uint32_t shard);
+
+  const v1::JobConfig& config() const { return config_; }
+  uint32_t shard() const { return shard_; }
+  uint64_t fingerprint() const { return fingerprint_; }
+  const BlockLayout& layout() const { return layout_; }
+  // Floats per chunk of a payload (cluster.max_message_bytes).
+  uint64_t chunk_floats() const { return chunk_floats_; }
+  MemberRegistry& members() { return members_; }
+  const MemberRegistry& members() const { return members_; }
+  ShardStore& store() { return store_; }
+  const ShardStore& store() const { return store_; }
+
+  // FAILED_PRECONDITION when a request's fingerprint is not the job's.
+  absl::Status CheckFingerprint(uint64_t fingerprint) const;
+  // INVALID_ARGUMENT for a rank out of range, FAILED_PRECONDITION for one
+  // that has not registered with this shard.
+  absl::Status CheckMember(uint32_t rank) const;
+
+ private:
+  ShardContext(const v1::JobConfig& config, uint32_t shard, uint64_t num_params);
+
+  const v1::JobConfig config_;
+  const uint32_t shard_;
+  const uint64_t fingerprint_;
+  const BlockLayout layout_;
+  const uint64_t chunk_floats_;
+  MemberRegistry members_;
+  ShardStore store_;
+};
+
+}  // namespace cserps
+
+#endif  // CSERPS_SERVER_SHARD_CONTEXT_H_
