@@ -18,12 +18,17 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(
   ASSIGN_OR_RETURN(server->shard_, ShardContext::Create(config, shard));
   ASSIGN_OR_RETURN(server->service_,
                    ParameterServerService::Create(server->shard_.get(), std::move(options)));
+  ASSIGN_OR_RETURN(server->sparse_service_,
+                   SparseExchangeService::Create(server->shard_.get()));
+  ASSIGN_OR_RETURN(server->async_service_, AsyncService::Create(server->shard_.get()));
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(listen_address, grpc::InsecureServerCredentials(), &port);
   builder.SetMaxReceiveMessageSize(static_cast<int>(config.cluster().max_message_bytes()));
   builder.SetMaxSendMessageSize(static_cast<int>(config.cluster().max_message_bytes()));
   builder.RegisterService(server->service_.get());
+  builder.RegisterService(server->sparse_service_.get());
+  builder.RegisterService(server->async_service_.get());
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr || port == 0) {
     return absl::UnavailableError(absl::StrCat(
@@ -41,6 +46,8 @@ void PsServer::Shutdown() {
   if (shut_down_.exchange(true)) return;
   // Start() may have failed half-way.
   if (service_ != nullptr) service_->Shutdown();
+  if (sparse_service_ != nullptr) sparse_service_->Shutdown();
+  if (async_service_ != nullptr) async_service_->Shutdown();
   if (server_ != nullptr) {
     server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
   }

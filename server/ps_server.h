@@ -10,7 +10,9 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "server/async_service.h"
 #include "server/parameter_server_service.h"
+#include "server/sparse_exchange_service.h"
 #include "server/shard_context.h"
 
 namespace cserps {
@@ -39,6 +41,8 @@ class PsServer {
   std::unique_ptr<ShardContext> shard_;
   // Every service of the shard; declared after shard_, which they use.
   std::unique_ptr<ParameterServerService> service_;
+  std::unique_ptr<SparseExchangeService> sparse_service_;
+  std::unique_ptr<AsyncService> async_service_;
   std::unique_ptr<grpc::Server> server_;
   std::string address_;
   std::atomic<bool> shut_down_{false};
