@@ -55,6 +55,20 @@ std::string DescribeAlgorithm(const v1::AlgorithmConfig& algorithm);
 absl::Status CheckRoundRatio(const v1::AlgorithmConfig& algorithm, int stream,
                              uint32_t ratio);
 
+// gtopk-ssgd and topk-ssgd: the algorithms that use the sparse exchange.
+bool IsSparseTopk(absl::string_view name);
+
+// k of the sparse methods: max(1, round(density * d)) (round half away from
+// zero, in double), at most d; 0 when d is 0.
+uint64_t SparseK(const v1::AlgorithmConfig& algorithm, uint64_t num_params);
+
+// k_s, the entries per member on a shard of `shard_size` floats of a model of
+// d = `num_params`: max(1, floor((2·k·size + d) / (2·d))), i.e. k·size/d
+// rounded half up, in exact integer arithmetic; at most `shard_size`; 0 for
+// an empty shard (docs/protocol.md 14.2). The k_s of all shards need not sum
+// to k.
+uint64_t ShardSparseK(uint64_t k, uint64_t shard_size, uint64_t num_params);
+
 }  // namespace cserps
 
 #endif  // CSERPS_COMMON_ALGORITHM_CATALOG_H_

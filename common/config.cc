@@ -1,5 +1,6 @@
 #include "common/config.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -335,11 +336,43 @@ absl::Status ValidateModel(const v1::ModelConfig& model) {
   return absl::OkStatus();
 }
 
+// A per-rank list: empty, or one finite value >= `min` per worker.
+absl::Status ValidatePerRank(const google::protobuf::RepeatedField<float>& values,
+                             const std::string& field, uint32_t num_workers,
+                             float min, bool min_exclusive) {
+  if (values.empty()) return absl::OkStatus();
+  if (static_cast<uint32_t>(values.size()) != num_workers) {
+    return Invalid(field, absl::StrCat("must have one entry per worker: has ",
+                                       values.size(), ", cluster.num_workers is ",
+                                       num_workers));
+  }
+  for (int i = 0; i < values.size(); ++i) {
+    const float v = values[i];
+    if (!std::isfinite(v) || v < min || (min_exclusive && v == min)) {
+      return Invalid(absl::StrCat(field, "[", i, "]"),
+                     absl::StrCat("must be finite and ", min_exclusive ? "> " : ">= ",
+                                  min, " (got ", v, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateData(const v1::DataConfig& data, uint32_t num_workers) {
+  RETURN_IF_ERROR(ValidatePerRank(data.rank_slowdown(), "data.rank_slowdown",
+                                  num_workers, 1.0f, false));
+  RETURN_IF_ERROR(ValidatePerRank(data.rank_speeds(), "data.rank_speeds",
+                                  num_workers, 0.0f, true));
+  if (data.rank_speeds_size() > 0 && data.rank_batch_sizes_size() > 0) {
+    return Invalid("data.rank_speeds",
+                   "set either rank_speeds or rank_batch_sizes, not both");
+  }
   if (data.rank_batch_sizes_size() == 0) {
     if (data.batch_size() < 1) {
       return Invalid("data.batch_size",
                      "must be >= 1 (got 0) unless data.rank_batch_sizes is set");
+    }
+    if (data.rank_speeds_size() > 0 && data.batch_size() * num_workers < num_workers) {
+      return Invalid("data.batch_size", "too small to give every rank an example");
     }
     return absl::OkStatus();
   }
@@ -759,6 +792,28 @@ std::vector<uint32_t> RankBatchSizes(const v1::JobConfig& config) {
   const v1::DataConfig& data = config.data();
   if (data.rank_batch_sizes_size() > 0) {
     return {data.rank_batch_sizes().begin(), data.rank_batch_sizes().end()};
+  }
+  if (data.rank_speeds_size() > 0) {
+    // Proportional sampling: the total of num_workers * batch_size split in
+    // proportion to the speeds by largest remainder (ties to the lower rank),
+    // each rank at least 1.
+    const uint32_t n = config.cluster().num_workers();
+    const uint64_t total = uint64_t{data.batch_size()} * n;
+    double speed_sum = 0;
+    for (float s : data.rank_speeds()) speed_sum += s;
+    std::vector<uint32_t> sizes(n);
+    std::vector<std::pair<double, uint32_t>> remainders;
+    uint64_t given = 0;
+    for (uint32_t r = 0; r < n; ++r) {
+      const double exact = total * (data.rank_speeds(r) / speed_sum);
+      sizes[r] = static_cast<uint32_t>(exact);
+      given += sizes[r];
+      remainders.push_back({-(exact - sizes[r]), r});
+    }
+    std::sort(remainders.begin(), remainders.end());
+    for (uint64_t i = 0; given < total; ++i, ++given) ++sizes[remainders[i % n].second];
+    for (uint32_t& s : sizes) s = std::max<uint32_t>(s, 1);
+    return sizes;
   }
   return std::vector<uint32_t>(config.cluster().num_workers(),
                                data.batch_size());

@@ -1,11 +1,188 @@
 #include "server/async_service.h"
 
-namespace cserps {
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <utility>
 
-absl::StatusOr<std::unique_ptr<AsyncService>> AsyncService::Create(ShardContext* shard) {
-  return std::unique_ptr<AsyncService>(new AsyncService(shard));
+#include "absl/strings/str_cat.h"
+#include "common/float_bytes.h"
+#include "common/grpc_status.h"
+#include "common/status.h"
+
+namespace cserps {
+namespace {
+
+absl::Time DefaultNow() { return absl::Now(); }
+
+std::string Describe(const v1::AsyncPushPullRequest& request) {
+  return absl::StrCat("AsyncPushPull (step ", request.step(), ", offset ",
+                      request.offset(), ") from rank ", request.rank());
 }
 
-void AsyncService::Shutdown() {}
+absl::Status Prefixed(const v1::AsyncPushPullRequest& request,
+                      const absl::Status& status) {
+  if (status.ok()) return status;
+  return absl::Status(status.code(),
+                      absl::StrCat(Describe(request), ": ", status.message()));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<AsyncService>> AsyncService::Create(ShardContext* shard) {
+  return Create(shard, Options{});
+}
+
+absl::StatusOr<std::unique_ptr<AsyncService>> AsyncService::Create(ShardContext* shard,
+                                                                   Options options) {
+  if (!options.now) options.now = DefaultNow;
+  return std::unique_ptr<AsyncService>(new AsyncService(shard, std::move(options)));
+}
+
+AsyncService::AsyncService(ShardContext* shard, Options options)
+    : shard_(*shard),
+      options_(std::move(options)),
+      all_blocks_(ShardPayload::AllBlocks(shard->layout(), shard->shard())),
+      gate_(StalenessGate::Options{
+          .world_size = shard->config().cluster().num_workers(),
+          .staleness = shard->config().algorithm().staleness(),
+          .silence_timeout = absl::Seconds(shard->config().cluster().round_timeout_s()),
+      }) {
+  const auto kind = shard_.config().optimizer().momentum_kind();
+  if (kind == v1::OptimizerConfig::HEAVY_BALL || kind == v1::OptimizerConfig::NESTEROV) {
+    absl::MutexLock lock(&update_mu_);
+    momentum_.assign(shard_.store().size(), 0.0f);
+  }
+  if (options_.expiry_thread) {
+    expiry_thread_ = std::thread([this] { ExpiryLoop(); });
+  }
+}
+
+AsyncService::~AsyncService() {
+  Shutdown();
+  if (expiry_thread_.joinable()) expiry_thread_.join();
+}
+
+void AsyncService::Shutdown() {
+  {
+    absl::MutexLock lock(&expiry_mu_);
+    if (stopping_) return;
+    stopping_ = true;
+  }
+  gate_.FailAll(absl::UnavailableError(
+      absl::StrCat("server shard ", shard_.shard(), " is shutting down")));
+}
+
+void AsyncService::ExpiryLoop() {
+  // A rank is declared dead at most this late after its timeout.
+  const absl::Duration period = std::clamp(
+      absl::Seconds(shard_.config().cluster().round_timeout_s()) / 4,
+      absl::Milliseconds(10), absl::Seconds(1));
+  absl::MutexLock lock(&expiry_mu_);
+  while (!stopping_) {
+    expiry_mu_.AwaitWithTimeout(absl::Condition(&stopping_), period);
+    if (stopping_) break;
+    expiry_mu_.Unlock();
+    gate_.ExpireSilentRanks(options_.now());
+    expiry_mu_.Lock();
+  }
+}
+
+absl::Status AsyncService::Validate(const v1::AsyncPushPullRequest& request) const {
+  RETURN_IF_ERROR(shard_.CheckFingerprint(request.fingerprint()));
+  RETURN_IF_ERROR(shard_.CheckMember(request.rank()));
+  if (!std::isfinite(request.lr()) || request.lr() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("lr ", request.lr(), " must be finite and >= 0"));
+  }
+  RETURN_IF_ERROR(CheckFloatBytes(request.gradient(), "gradient"));
+  const uint64_t count = request.gradient().size() / sizeof(float);
+  if (count == 0) return absl::InvalidArgumentError("gradient is empty");
+  if (count > shard_.chunk_floats()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "gradient of ", count, " floats exceeds the chunk limit of ",
+        shard_.chunk_floats(), " (cluster.max_message_bytes)"));
+  }
+  const ShardStore& store = shard_.store();
+  const uint64_t first = store.first_float();
+  const uint64_t end = first + store.size();
+  if (request.offset() < first || request.offset() >= end ||
+      count > end - request.offset()) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "floats [", request.offset(), ", ", request.offset() + count,
+        ") are not inside shard ", shard_.shard(), "'s [", first, ", ", end, ")"));
+  }
+  if (!store.initialised()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "shard ", shard_.shard(),
+        " has no model yet: rank 0 initialises it with PushModel"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status AsyncService::Apply(const v1::AsyncPushPullRequest& request,
+                                 v1::AsyncPushPullResponse* response) {
+  ShardStore& store = shard_.store();
+  const uint64_t offset = request.offset();
+  const uint64_t count = request.gradient().size() / sizeof(float);
+  response->set_step(request.step());
+  response->set_offset(offset);
+  absl::MutexLock lock(&update_mu_);
+  const auto key = std::make_pair(request.rank(), offset);
+  auto applied = applied_.find(key);
+  if (applied == applied_.end() || request.step() > applied->second) {
+    std::vector<float> g(count);
+    RETURN_IF_ERROR(BytesToFloats(request.gradient(), absl::MakeSpan(g), "gradient"));
+    std::string x_bytes;
+    RETURN_IF_ERROR(store.Read(offset, count, &x_bytes));
+    std::vector<float> x(count);
+    RETURN_IF_ERROR(BytesToFloats(x_bytes, absl::MakeSpan(x), "model"));
+    // p = Direction(g) at x, in place of g (worker/optim/direction.h).
+    const v1::OptimizerConfig& opt = shard_.config().optimizer();
+    const float lambda = opt.weight_decay();
+    const float beta = opt.momentum();
+    float* m = momentum_.empty() ? nullptr : momentum_.data() + (offset - store.first_float());
+    switch (opt.momentum_kind()) {
+      case v1::OptimizerConfig::HEAVY_BALL:
+        for (uint64_t i = 0; i < count; ++i) {
+          m[i] = beta * m[i] + (g[i] + lambda * x[i]);
+          g[i] = m[i];
+        }
+        break;
+      case v1::OptimizerConfig::NESTEROV:
+        for (uint64_t i = 0; i < count; ++i) {
+          const float d = g[i] + lambda * x[i];
+          m[i] = beta * m[i] + d;
+          g[i] = d + beta * m[i];
+        }
+        break;
+      default:
+        for (uint64_t i = 0; i < count; ++i) g[i] += lambda * x[i];
+        break;
+    }
+    // GRAD rule of the store: x -= lr * p.
+    store.ApplyMean(/*is_model_stream=*/false, all_blocks_,
+                    offset - store.first_float(), g, request.lr());
+    applied_[key] = request.step();
+  }
+  return store.Read(offset, count, response->mutable_model());
+}
+
+grpc::ServerUnaryReactor* AsyncService::AsyncPushPull(
+    grpc::CallbackServerContext* context, const v1::AsyncPushPullRequest* request,
+    v1::AsyncPushPullResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const absl::Status valid = Validate(*request);
+  if (!valid.ok()) {
+    reactor->Finish(ToGrpcStatus(Prefixed(*request, valid)));
+    return reactor;
+  }
+  gate_.Arrive(request->rank(), request->step(), options_.now(),
+               [this, reactor, request, response](absl::Status status) {
+                 if (status.ok()) status = Apply(*request, response);
+                 reactor->Finish(ToGrpcStatus(Prefixed(*request, status)));
+               });
+  return reactor;
+}
 
 }  // namespace cserps

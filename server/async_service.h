@@ -1,28 +1,97 @@
-// The AsyncParameterServer gRPC service of one shard (docs/protocol.md).
+// The AsyncParameterServer gRPC service of one shard (docs/protocol.md,
+// "Asynchronous SGD"): AsyncPushPull applies x <- x - lr * Direction(g) to a
+// chunk of the shard at once, with one server-side momentum buffer per shard
+// (optimizer.momentum_kind, momentum, weight_decay; the rule of
+// worker/optim/direction.h, evaluated at x as it is when the push is
+// applied), and answers with the updated chunk. algorithm.staleness bounds
+// how far a rank may run ahead of the slowest live one
+// (server/async_staleness_gate.h): such a push parks its reactor, no thread.
+//
+// Pushes are applied one at a time per shard. Dense rounds (PushPull) must
+// not write the same floats concurrently; async-sgd uses none while training.
 #ifndef CSERPS_SERVER_ASYNC_SERVICE_H_
 #define CSERPS_SERVER_ASYNC_SERVICE_H_
 
+#include <cstddef>
+#include <cstdint>
+#include <functional>
 #include <memory>
+#include <thread>
+#include <utility>
+#include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/block_layout.h"
 #include "cserps/v1/async_sgd.grpc.pb.h"
+#include "server/async_staleness_gate.h"
 #include "server/shard_context.h"
 
 namespace cserps {
 
 class AsyncService final : public v1::AsyncParameterServer::CallbackService {
  public:
-  // `shard` outlives the service.
+  struct Options {
+    // Injectable clock for the liveness rule (tests); absl::Now by default.
+    std::function<absl::Time()> now;
+    // Run the thread that declares silent ranks dead. Tests that drive
+    // liveness through ExpireSilentRanks turn it off.
+    bool expiry_thread = true;
+  };
+
+  // `shard` outlives the service. The first form uses the default Options.
   static absl::StatusOr<std::unique_ptr<AsyncService>> Create(ShardContext* shard);
+  static absl::StatusOr<std::unique_ptr<AsyncService>> Create(ShardContext* shard,
+                                                              Options options);
+  ~AsyncService() override;
 
   // Answers every parked call with UNAVAILABLE and refuses new ones; called
   // before grpc::Server::Shutdown.
   void Shutdown();
 
+  // Declares the ranks silent for cluster.round_timeout_s at `now` dead and
+  // releases the pushes they held back; returns how many ranks.
+  int ExpireSilentRanks(absl::Time now) { return gate_.ExpireSilentRanks(now); }
+
+  // Pushes waiting for the slowest rank. WaitForParkedPushes waits (no
+  // polling) until at least `count` are parked; false on timeout.
+  size_t parked_pushes() const { return gate_.parked(); }
+  bool WaitForParkedPushes(size_t count, absl::Duration timeout) const {
+    return gate_.WaitForParked(count, timeout);
+  }
+
+  grpc::ServerUnaryReactor* AsyncPushPull(grpc::CallbackServerContext* context,
+                                          const v1::AsyncPushPullRequest* request,
+                                          v1::AsyncPushPullResponse* response) override;
+
  private:
-  explicit AsyncService(ShardContext* shard) : shard_(*shard) {}
+  AsyncService(ShardContext* shard, Options options);
+
+  // Checks everything but the staleness bound.
+  absl::Status Validate(const v1::AsyncPushPullRequest& request) const;
+  // Applies the push (unless it is a retry) and fills `response`.
+  absl::Status Apply(const v1::AsyncPushPullRequest& request,
+                     v1::AsyncPushPullResponse* response);
+  void ExpiryLoop();
 
   ShardContext& shard_;
+  const Options options_;
+  const ShardPayload all_blocks_;
+  StalenessGate gate_;
+
+  absl::Mutex update_mu_;
+  // Over the shard's floats; empty for momentum NONE.
+  std::vector<float> momentum_ ABSL_GUARDED_BY(update_mu_);
+  // (rank, offset) -> newest step applied: a push at that step or older is a
+  // retry.
+  absl::flat_hash_map<std::pair<uint32_t, uint64_t>, uint64_t> applied_
+      ABSL_GUARDED_BY(update_mu_);
+
+  absl::Mutex expiry_mu_;
+  bool stopping_ ABSL_GUARDED_BY(expiry_mu_) = false;
+  std::thread expiry_thread_;
 };
 
 }  // namespace cserps

@@ -1,11 +1,228 @@
 #include "server/sparse_exchange_service.h"
 
-namespace cserps {
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
 
-absl::StatusOr<std::unique_ptr<SparseExchangeService>> SparseExchangeService::Create(ShardContext* shard) {
-  return std::unique_ptr<SparseExchangeService>(new SparseExchangeService(shard));
+#include "absl/strings/str_cat.h"
+#include "common/algorithm_catalog.h"
+#include "common/block_layout.h"
+#include "common/grpc_status.h"
+#include "common/status.h"
+
+namespace cserps {
+namespace {
+
+absl::Time DefaultNow() { return absl::Now(); }
+
+grpc::ServerUnaryReactor* FinishWith(grpc::CallbackServerContext* context,
+                                     const absl::Status& status) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
 }
 
-void SparseExchangeService::Shutdown() {}
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<SparseExchangeService>> SparseExchangeService::Create(
+    ShardContext* shard) {
+  return Create(shard, Options{});
+}
+
+absl::StatusOr<std::unique_ptr<SparseExchangeService>> SparseExchangeService::Create(
+    ShardContext* shard, Options options) {
+  if (!options.now) options.now = DefaultNow;
+  const v1::JobConfig& config = shard->config();
+  const bool sparse_job = IsSparseTopk(config.algorithm().name());
+  uint64_t k_s = 0;
+  if (sparse_job) {
+    const uint64_t d = shard->layout().num_params();
+    if (d > (uint64_t{1} << 32)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "algorithm.name: ", config.algorithm().name(), " sends uint32 indices, "
+          "but the model has ", d, " floats (at most 2^32)"));
+    }
+    k_s = ShardSparseK(SparseK(config.algorithm(), d),
+                       shard->layout().ShardSize(shard->shard()), d);
+    // An entry is 8 bytes; the same 1024-byte allowance as chunks.
+    const uint64_t max_entries = shard->chunk_floats() / 2;
+    const bool is_union = config.algorithm().name() == "topk-ssgd";
+    const uint64_t reply_entries = is_union ? k_s * config.cluster().num_workers() : k_s;
+    if (reply_entries > max_entries) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cluster.max_message_bytes: ", config.cluster().max_message_bytes(),
+          " bytes hold at most ", max_entries, " sparse entries, but shard ",
+          shard->shard(), " with algorithm.density ", config.algorithm().density(),
+          " has k_s = ", k_s, is_union ? " and topk-ssgd replies with up to "
+                                       : "",
+          is_union ? absl::StrCat(reply_entries, " (k_s times num_workers)") : "",
+          "; raise max_message_bytes or lower the density"));
+    }
+  }
+  return std::unique_ptr<SparseExchangeService>(
+      new SparseExchangeService(shard, std::move(options), sparse_job, k_s));
+}
+
+SparseExchangeService::SparseExchangeService(ShardContext* shard, Options options,
+                                             bool sparse_job, uint64_t k_s)
+    : shard_(*shard),
+      options_(std::move(options)),
+      sparse_job_(sparse_job),
+      selection_(shard->config().algorithm().name() == "topk-ssgd"
+                     ? SparseSelection::kUnion
+                     : SparseSelection::kGlobalTopK),
+      k_s_(k_s),
+      momentum_kind_(shard->config().optimizer().momentum_kind()),
+      beta_(shard->config().optimizer().momentum()),
+      rounds_(SparseRoundTable::Options{
+          .world_size = shard->config().cluster().num_workers(),
+          .max_step_lag = shard->config().cluster().max_step_lag(),
+          .retained_rounds = shard->config().cluster().retained_rounds(),
+          .timeout = absl::Seconds(shard->config().cluster().round_timeout_s()),
+          .complete =
+              [this](uint64_t, std::vector<SparseEntries> pushes) {
+                return CompleteRound(std::move(pushes));
+              },
+      }) {
+  if (momentum_kind_ == v1::OptimizerConfig::HEAVY_BALL ||
+      momentum_kind_ == v1::OptimizerConfig::NESTEROV) {
+    absl::MutexLock lock(&apply_mu_);
+    momentum_.assign(shard->store().size(), 0.0f);
+  }
+  if (sparse_job_ && options_.expiry_thread) {
+    expiry_thread_ = std::thread([this] { ExpiryLoop(); });
+  }
+}
+
+SparseExchangeService::~SparseExchangeService() {
+  Shutdown();
+  if (expiry_thread_.joinable()) expiry_thread_.join();
+}
+
+void SparseExchangeService::Shutdown() {
+  {
+    absl::MutexLock lock(&expiry_mu_);
+    if (stopping_) return;
+    stopping_ = true;
+  }
+  rounds_.FailAll(absl::StrCat("server shard ", shard_.shard(), " is shutting down"));
+}
+
+void SparseExchangeService::ExpiryLoop() {
+  absl::MutexLock lock(&expiry_mu_);
+  while (!stopping_) {
+    // Wake at the next deadline, and at least every second so that rounds
+    // opened after this wait began are noticed.
+    const absl::Duration wait =
+        std::clamp(rounds_.NextDeadline() - options_.now(), absl::Milliseconds(10),
+                   absl::Seconds(1));
+    expiry_mu_.AwaitWithTimeout(absl::Condition(&stopping_), wait);
+    if (stopping_) break;
+    expiry_mu_.Unlock();
+    rounds_.ExpireOverdue(options_.now());
+    expiry_mu_.Lock();
+  }
+}
+
+SparseReply SparseExchangeService::CompleteRound(std::vector<SparseEntries> pushes) {
+  const SparseEntries selected = AggregateSparse(pushes, selection_, k_s_);
+  // Algorithm 1, line 6, with the float expressions the workers use, so that
+  // both hold the same bits.
+  const float members = static_cast<float>(pushes.size());
+  ShardStore& store = shard_.store();
+  // Indices were checked against the shard's range, so no Read or Write
+  // below fails.
+  absl::MutexLock lock(&apply_mu_);
+  std::vector<float> run;
+  std::string bytes;
+  if (!momentum_.empty()) {
+    // Momentum makes every float move: m = βm + u; heavy ball x -= m,
+    // Nesterov x -= u + βm, with u = sum / P on G and 0 elsewhere.
+    const uint64_t first = store.first_float();
+    std::vector<float> u(momentum_.size(), 0.0f);
+    for (size_t e = 0; e < selected.indices.size(); ++e) {
+      u[selected.indices[e] - first] = selected.values[e] / members;
+    }
+    CSERPS_CHECK(store.Read(first, store.size(), &bytes).ok());
+    run.resize(store.size());
+    if (!run.empty()) std::memcpy(run.data(), bytes.data(), bytes.size());
+    const bool nesterov = momentum_kind_ == v1::OptimizerConfig::NESTEROV;
+    for (size_t j = 0; j < run.size(); ++j) {
+      momentum_[j] = beta_ * momentum_[j] + u[j];
+      run[j] -= nesterov ? u[j] + beta_ * momentum_[j] : momentum_[j];
+    }
+    CSERPS_CHECK(store.Write(first, run).ok());
+    return EncodeSparse(selected);
+  }
+  for (size_t i = 0; i < selected.indices.size();) {
+    size_t j = i + 1;
+    while (j < selected.indices.size() &&
+           selected.indices[j] == selected.indices[j - 1] + 1) {
+      ++j;
+    }
+    bytes.clear();
+    CSERPS_CHECK(store.Read(selected.indices[i], j - i, &bytes).ok());
+    run.resize(j - i);
+    std::memcpy(run.data(), bytes.data(), bytes.size());
+    for (size_t e = i; e < j; ++e) run[e - i] -= selected.values[e] / members;
+    CSERPS_CHECK(store.Write(selected.indices[i], run).ok());
+    i = j;
+  }
+  return EncodeSparse(selected);
+}
+
+grpc::ServerUnaryReactor* SparseExchangeService::SparsePushPull(
+    grpc::CallbackServerContext* context, const v1::SparsePushPullRequest* request,
+    v1::SparsePushPullResponse* response) {
+  bytes_in_.fetch_add(request->ByteSizeLong(), std::memory_order_relaxed);
+  const std::string name =
+      absl::StrCat("SparsePushPull (step ", request->step(), ") from rank ",
+                   request->rank(), " to shard ", shard_.shard());
+  auto refuse = [&](const absl::Status& status) {
+    return FinishWith(context, absl::Status(status.code(),
+                                            absl::StrCat(name, ": ", status.message())));
+  };
+  absl::Status ok = shard_.CheckFingerprint(request->fingerprint());
+  if (ok.ok()) ok = shard_.CheckMember(request->rank());
+  if (!ok.ok()) return refuse(ok);
+  if (!sparse_job_) {
+    return refuse(absl::FailedPreconditionError(absl::StrCat(
+        "algorithm ", shard_.config().algorithm().name(),
+        " does not use the sparse exchange (only gtopk-ssgd and topk-ssgd do)")));
+  }
+  if (k_s_ == 0) {
+    return refuse(absl::FailedPreconditionError(
+        "this shard owns no floats; workers send it nothing"));
+  }
+  if (request->k() != k_s_) {
+    return refuse(absl::InvalidArgumentError(absl::StrCat(
+        "k ", request->k(), " is not this shard's k_s ", k_s_,
+        " (docs/protocol.md 14.2: round(k * shard size / d))")));
+  }
+  const BlockLayout& layout = shard_.layout();
+  absl::StatusOr<SparseEntries> entries = ParseSparsePush(
+      request->indices(), request->values(), k_s_,
+      layout.ShardFirstFloat(shard_.shard()), layout.ShardEndFloat(shard_.shard()));
+  if (!entries.ok()) return refuse(entries.status());
+
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  response->set_step(request->step());
+  rounds_.Push(request->step(), request->rank(), *std::move(entries), options_.now(),
+               [this, reactor, response, name](absl::StatusOr<SparseRoundReply> reply) {
+                 if (!reply.ok()) {
+                   reactor->Finish(ToGrpcStatus(absl::Status(
+                       reply.status().code(),
+                       absl::StrCat(name, ": ", reply.status().message()))));
+                   return;
+                 }
+                 response->set_indices((*reply)->indices);
+                 response->set_values((*reply)->values);
+                 bytes_out_.fetch_add(response->ByteSizeLong(), std::memory_order_relaxed);
+                 reactor->Finish(grpc::Status::OK);
+               });
+  return reactor;
+}
 
 }  // namespace cserps

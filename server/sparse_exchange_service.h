@@ -1,28 +1,97 @@
-// The SparseExchange gRPC service of one shard (docs/protocol.md).
+// The SparseExchange gRPC service of one shard (docs/protocol.md, Section
+// 14): the sparse top-k rounds of gtopk-ssgd and topk-ssgd. Callback API: a
+// push waiting for its round parks a reactor, not a thread; every reactor
+// is finished exactly once. On a completed round the shard applies the
+// workers' update to its model (ShardStore) before any member is answered:
+// x -= sum / P on the selected indices, or with optimizer momentum the same
+// momentum step the workers take (docs/algorithms.md), so that the servers
+// always hold the workers' common model. Jobs of other algorithms get
+// FAILED_PRECONDITION.
 #ifndef CSERPS_SERVER_SPARSE_EXCHANGE_SERVICE_H_
 #define CSERPS_SERVER_SPARSE_EXCHANGE_SERVICE_H_
 
+#include <atomic>
+#include <cstdint>
+#include <functional>
 #include <memory>
+#include <thread>
+#include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "cserps/v1/sparse.grpc.pb.h"
 #include "server/shard_context.h"
+#include "server/sparse_aggregate.h"
+#include "server/sparse_round_table.h"
 
 namespace cserps {
 
 class SparseExchangeService final : public v1::SparseExchange::CallbackService {
  public:
-  // `shard` outlives the service.
+  struct Options {
+    // Injectable clock for round timeouts (tests); absl::Now by default.
+    std::function<absl::Time()> now;
+    // Run the thread that fails overdue rounds (only for sparse jobs).
+    // Tests that drive timeouts through ExpireOverdueRounds turn it off.
+    bool expiry_thread = true;
+  };
+
+  // `shard` outlives the service. For a gtopk-ssgd or topk-ssgd job,
+  // INVALID_ARGUMENT when the model has more than 2^32 floats (indices are
+  // uint32) or when a push or reply of k_s entries would not fit
+  // cluster.max_message_bytes (docs/protocol.md 14.3).
   static absl::StatusOr<std::unique_ptr<SparseExchangeService>> Create(ShardContext* shard);
+  static absl::StatusOr<std::unique_ptr<SparseExchangeService>> Create(
+      ShardContext* shard, Options options);
+  ~SparseExchangeService() override;
 
   // Answers every parked call with UNAVAILABLE and refuses new ones; called
-  // before grpc::Server::Shutdown.
+  // before grpc::Server::Shutdown. Idempotent.
   void Shutdown();
 
+  // Fails the rounds overdue at `now`; returns how many.
+  int ExpireOverdueRounds(absl::Time now) { return rounds_.ExpireOverdue(now); }
+
+  // This shard's k_s (0 for a job that does not use the exchange).
+  uint64_t shard_k() const { return k_s_; }
+  uint64_t rounds_completed() const { return rounds_.rounds_completed(); }
+  uint64_t bytes_in() const { return bytes_in_.load(std::memory_order_relaxed); }
+  uint64_t bytes_out() const { return bytes_out_.load(std::memory_order_relaxed); }
+
+  grpc::ServerUnaryReactor* SparsePushPull(grpc::CallbackServerContext* context,
+                                           const v1::SparsePushPullRequest* request,
+                                           v1::SparsePushPullResponse* response) override;
+
  private:
-  explicit SparseExchangeService(ShardContext* shard) : shard_(*shard) {}
+  SparseExchangeService(ShardContext* shard, Options options, bool sparse_job,
+                        uint64_t k_s);
+
+  // Sums and selects, applies the result to the model, encodes the reply.
+  SparseReply CompleteRound(std::vector<SparseEntries> pushes);
+  void ExpiryLoop();
 
   ShardContext& shard_;
+  const Options options_;
+  const bool sparse_job_;
+  const SparseSelection selection_;
+  const uint64_t k_s_;
+  const v1::OptimizerConfig::Momentum momentum_kind_;
+  const float beta_;
+
+  // Serialises the model updates of completing rounds (read-modify-write of
+  // the store) and guards the shard's momentum buffer.
+  absl::Mutex apply_mu_;
+  std::vector<float> momentum_ ABSL_GUARDED_BY(apply_mu_);
+
+  SparseRoundTable rounds_;
+
+  std::atomic<uint64_t> bytes_in_{0};
+  std::atomic<uint64_t> bytes_out_{0};
+
+  absl::Mutex expiry_mu_;
+  bool stopping_ ABSL_GUARDED_BY(expiry_mu_) = false;
+  std::thread expiry_thread_;
 };
 
 }  // namespace cserps

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
@@ -19,6 +20,12 @@ class PendingAverage {
   virtual ~PendingAverage() = default;
   // Writes the mean into the `mean` buffer given to StartAverage. Call once.
   virtual absl::Status Wait() = 0;
+};
+
+// A sparse vector: strictly ascending global float indices, one value each.
+struct SparseVector {
+  std::vector<uint32_t> indices;
+  std::vector<float> values;
 };
 
 class Communicator {
@@ -41,6 +48,17 @@ class Communicator {
                              absl::Span<const float> values, float weight,
                              float lr, absl::Span<float> mean) {
     return StartAverage(stream, step, ratio, values, weight, lr, mean)->Wait();
+  }
+
+  // The sparse top-k exchange of gtopk-ssgd and topk-ssgd for `step`
+  // (docs/protocol.md 14). `local` holds, for every non-empty shard s,
+  // exactly k_s = ShardSparseK(...) entries inside s. Blocks until every
+  // shard has answered; then `*result` holds the entries the servers
+  // selected (ascending) with their sums over the members, and the servers
+  // have applied x -= sum / P there. UNIMPLEMENTED where not supported.
+  virtual absl::Status ExchangeSparse(uint64_t /*step*/, const SparseVector& /*local*/,
+                                      SparseVector* /*result*/) {
+    return absl::UnimplementedError("this communicator has no sparse exchange");
   }
 };
 

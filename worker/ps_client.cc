@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/algorithm_catalog.h"
 #include "common/config.h"
 #include "common/float_bytes.h"
 #include "common/grbs.h"
@@ -22,7 +23,9 @@ namespace {
 // connection reset); the server answers retried pushes from the round.
 constexpr char kServiceConfig[] = R"({
   "methodConfig": [{
-    "name": [{"service": "cserps.v1.ParameterServer"}],
+    "name": [{"service": "cserps.v1.ParameterServer"},
+             {"service": "cserps.v1.AsyncParameterServer"},
+             {"service": "cserps.v1.SparseExchange"}],
     "retryPolicy": {
       "maxAttempts": 5,
       "initialBackoff": "0.1s",
@@ -147,8 +150,11 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(
     args.SetInt("grpc.per_rpc_retry_buffer_size", max_bytes);
     args.SetServiceConfigJSON(kServiceConfig);
     client->addresses_.push_back(address);
-    client->stubs_.push_back(v1::ParameterServer::NewStub(grpc::CreateCustomChannel(
-        address, grpc::InsecureChannelCredentials(), args)));
+    std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(
+        address, grpc::InsecureChannelCredentials(), args);
+    client->stubs_.push_back(v1::ParameterServer::NewStub(channel));
+    client->async_stubs_.push_back(v1::AsyncParameterServer::NewStub(channel));
+    client->sparse_stubs_.push_back(v1::SparseExchange::NewStub(channel));
   }
   return client;
 }
@@ -332,6 +338,155 @@ absl::Status PsClient::PullModel(absl::Span<float> model, bool wait_for_init) {
         call->response.values(),
         model.subspan(call->request.offset(), call->request.count()),
         absl::StrCat("PullModel reply from shard ", call->shard)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PsClient::AsyncPushPull(uint64_t step, float lr,
+                                     absl::Span<const float> grad,
+                                     absl::Span<float> model) {
+  if (grad.size() != layout_.num_params() || model.size() != layout_.num_params()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "AsyncPushPull: gradient has ", grad.size(), " and model ", model.size(),
+        " floats, the job's has ", layout_.num_params()));
+  }
+  struct Call {
+    grpc::ClientContext context;
+    v1::AsyncPushPullRequest request;
+    v1::AsyncPushPullResponse response;
+    uint32_t shard = 0;
+    uint64_t count = 0;
+  };
+  StreamCounters& counters = streams_[v1::GRAD];
+  std::vector<std::unique_ptr<Call>> calls;
+  for (uint32_t s = 0; s < async_stubs_.size(); ++s) {
+    for (uint64_t off = layout_.ShardFirstFloat(s); off < layout_.ShardEndFloat(s);
+         off += chunk_floats_) {
+      auto call = std::make_unique<Call>();
+      call->shard = s;
+      call->count = std::min(chunk_floats_, layout_.ShardEndFloat(s) - off);
+      call->request.set_fingerprint(fingerprint_);
+      call->request.set_rank(rank_);
+      call->request.set_step(step);
+      call->request.set_lr(lr);
+      call->request.set_offset(off);
+      AppendFloats(grad.subspan(off, call->count), call->request.mutable_gradient());
+      bytes_pushed_.fetch_add(call->request.ByteSizeLong());
+      counters.bytes_pushed.fetch_add(call->request.ByteSizeLong());
+      counters.floats_pushed.fetch_add(call->count);
+      // A held-back push waits at most until the slowest rank is declared
+      // dead, round_timeout_s after it went silent.
+      SetDeadline(&call->context,
+                  absl::Seconds(config_.cluster().round_timeout_s()) + options_.rpc_slack);
+      calls.push_back(std::move(call));
+    }
+  }
+  CallBatch batch;
+  for (auto& call : calls) {
+    batch.Add();
+    const std::string context = absl::StrCat("AsyncPushPull to shard ", call->shard,
+                                             " at ", addresses_[call->shard]);
+    async_stubs_[call->shard]->async()->AsyncPushPull(
+        &call->context, &call->request, &call->response,
+        [&batch, context](grpc::Status status) {
+          batch.Done(FromGrpcStatus(status, context));
+        });
+  }
+  RETURN_IF_ERROR(batch.Wait());
+  for (const auto& call : calls) {
+    bytes_pulled_.fetch_add(call->response.ByteSizeLong());
+    counters.bytes_pulled.fetch_add(call->response.ByteSizeLong());
+    RETURN_IF_ERROR(BytesToFloats(
+        call->response.model(), model.subspan(call->request.offset(), call->count),
+        absl::StrCat("AsyncPushPull reply from shard ", call->shard)));
+  }
+  return absl::OkStatus();
+}
+
+PsClient::StreamTraffic PsClient::sparse_traffic() const {
+  return {sparse_.bytes_pushed.load(), sparse_.bytes_pulled.load(),
+          sparse_.floats_pushed.load()};
+}
+
+absl::Status PsClient::ExchangeSparse(uint64_t step, const SparseVector& local,
+                                      SparseVector* result) {
+  const uint64_t d = layout_.num_params();
+  if (local.indices.size() != local.values.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ExchangeSparse: ", local.indices.size(), " indices but ",
+        local.values.size(), " values"));
+  }
+  struct Call {
+    grpc::ClientContext context;
+    v1::SparsePushPullRequest request;
+    v1::SparsePushPullResponse response;
+    uint32_t shard = 0;
+  };
+  const uint64_t k = SparseK(config_.algorithm(), d);
+  std::vector<std::unique_ptr<Call>> calls;
+  size_t pos = 0;
+  for (uint32_t s = 0; s < sparse_stubs_.size(); ++s) {
+    const uint64_t size = layout_.ShardSize(s);
+    if (size == 0) continue;
+    const size_t begin = pos;
+    while (pos < local.indices.size() && local.indices[pos] < layout_.ShardEndFloat(s)) ++pos;
+    auto call = std::make_unique<Call>();
+    call->shard = s;
+    v1::SparsePushPullRequest& request = call->request;
+    request.set_fingerprint(fingerprint_);
+    request.set_rank(rank_);
+    request.set_step(step);
+    request.set_k(ShardSparseK(k, size, d));
+    request.mutable_indices()->assign(
+        reinterpret_cast<const char*>(local.indices.data() + begin),
+        (pos - begin) * sizeof(uint32_t));
+    request.mutable_values()->assign(
+        reinterpret_cast<const char*>(local.values.data() + begin),
+        (pos - begin) * sizeof(float));
+    bytes_pushed_.fetch_add(request.ByteSizeLong());
+    sparse_.bytes_pushed.fetch_add(request.ByteSizeLong());
+    sparse_.floats_pushed.fetch_add(pos - begin);
+    SetDeadline(&call->context,
+                absl::Seconds(config_.cluster().round_timeout_s()) + options_.rpc_slack);
+    calls.push_back(std::move(call));
+  }
+  if (pos != local.indices.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ExchangeSparse: index ", local.indices[pos], " at position ", pos,
+        " is not below the model size ", d, " or the indices are not ascending"));
+  }
+  CallBatch batch;
+  for (auto& call : calls) {
+    batch.Add();
+    const std::string context = absl::StrCat("SparsePushPull to shard ", call->shard,
+                                             " at ", addresses_[call->shard]);
+    sparse_stubs_[call->shard]->async()->SparsePushPull(
+        &call->context, &call->request, &call->response,
+        [&batch, context](grpc::Status status) {
+          batch.Done(FromGrpcStatus(status, context));
+        });
+  }
+  RETURN_IF_ERROR(batch.Wait());
+  result->indices.clear();
+  result->values.clear();
+  for (const auto& call : calls) {
+    const std::string& indices = call->response.indices();
+    const std::string& values = call->response.values();
+    bytes_pulled_.fetch_add(call->response.ByteSizeLong());
+    sparse_.bytes_pulled.fetch_add(call->response.ByteSizeLong());
+    if (indices.size() % 4 != 0 || indices.size() != values.size()) {
+      return absl::DataLossError(absl::StrCat(
+          "shard ", call->shard, " answered sparse step ", step, " with ",
+          indices.size(), " index bytes and ", values.size(), " value bytes"));
+    }
+    const size_t n = indices.size() / 4;
+    const size_t at = result->indices.size();
+    result->indices.resize(at + n);
+    result->values.resize(at + n);
+    if (n > 0) {
+      std::memcpy(result->indices.data() + at, indices.data(), indices.size());
+      std::memcpy(result->values.data() + at, values.data(), values.size());
+    }
   }
   return absl::OkStatus();
 }

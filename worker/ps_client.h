@@ -21,7 +21,9 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/block_layout.h"
+#include "cserps/v1/async_sgd.grpc.pb.h"
 #include "cserps/v1/parameter_server.grpc.pb.h"
+#include "cserps/v1/sparse.grpc.pb.h"
 #include "worker/communicator.h"
 
 namespace cserps {
@@ -58,6 +60,21 @@ class PsClient final : public Communicator {
 
   absl::StatusOr<v1::GetStatusResponse> GetStatus(uint32_t shard);
 
+  // One SparsePushPull per non-empty shard, in parallel (docs/protocol.md
+  // 14). INVALID_ARGUMENT, before sending, when `local`'s indices and values
+  // differ in count or an index is not below d; the servers refuse the rest.
+  absl::Status ExchangeSparse(uint64_t step, const SparseVector& local,
+                              SparseVector* result) override;
+
+  // Asynchronous SGD (docs/protocol.md): pushes the model-sized gradient
+  // `grad` of this worker's step `step`; every shard applies
+  // x <- x - lr * Direction(g) at once and answers with its updated floats,
+  // written into `model` (model-sized; may alias `grad`) when every shard
+  // has answered. Waits while the servers hold this worker back
+  // (algorithm.staleness). Counted as GRAD traffic.
+  absl::Status AsyncPushPull(uint64_t step, float lr, absl::Span<const float> grad,
+                             absl::Span<float> model);
+
   uint32_t rank() const { return rank_; }
   const BlockLayout& layout() const { return layout_; }
   // Serialized request / reply bytes of PushPull, PushModel and PullModel.
@@ -70,6 +87,9 @@ class PsClient final : public Communicator {
     uint64_t floats_pushed = 0;  // payload values only
   };
   StreamTraffic traffic(v1::Stream stream) const;
+  // SparsePushPull traffic; floats_pushed counts the values (each also
+  // carries a 4-byte index).
+  StreamTraffic sparse_traffic() const;
 
  private:
   PsClient(const v1::JobConfig& config, uint64_t num_params, PsClientOptions options);
@@ -81,6 +101,8 @@ class PsClient final : public Communicator {
   const uint64_t fingerprint_;
   std::vector<std::string> addresses_;
   std::vector<std::unique_ptr<v1::ParameterServer::Stub>> stubs_;
+  std::vector<std::unique_ptr<v1::AsyncParameterServer::Stub>> async_stubs_;
+  std::vector<std::unique_ptr<v1::SparseExchange::Stub>> sparse_stubs_;
   uint32_t rank_ = 0;
   std::atomic<uint64_t> bytes_pushed_{0};
   std::atomic<uint64_t> bytes_pulled_{0};
@@ -91,6 +113,7 @@ class PsClient final : public Communicator {
     std::atomic<uint64_t> floats_pushed{0};
   };
   StreamCounters streams_[3];
+  StreamCounters sparse_;
 };
 
 }  // namespace cserps

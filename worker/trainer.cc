@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
 #include "common/algorithm_catalog.h"
 #include "common/config.h"
 #include "common/status.h"
@@ -58,6 +59,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
   context.direction = &trainer->direction_;
   context.layout = &client->layout();
   context.weight = static_cast<float>(batch_sizes[rank]);
+  context.steps_per_epoch = steps_per_epoch;
   ASSIGN_OR_RETURN(trainer->algorithm_,
                    DefaultAlgorithms().Create(config.algorithm().name(), context));
   return trainer;
@@ -77,6 +79,9 @@ Trainer::Trainer(const v1::JobConfig& config, PsClient* client,
       batcher_(*train, range, batch_size, config.seed(), client->rank()),
       direction_(config.optimizer(), model_->spec().num_params),
       schedule_(config.optimizer(), steps_per_epoch, config.epochs()),
+      slowdown_(config.data().rank_slowdown_size() > 0
+                    ? config.data().rank_slowdown(client->rank())
+                    : 1.0f),
       x_(model_->spec().num_params),
       grad_(model_->spec().num_params) {}
 
@@ -92,7 +97,12 @@ absl::StatusOr<float> Trainer::Step() {
   const uint64_t index = step_ % steps_per_epoch_;
   if (index == 0) batcher_.StartEpoch(step_ / steps_per_epoch_);
   const Batch batch = batcher_.Get(index);
+  const absl::Time compute_start = absl::Now();
   const float loss = model_->LossAndGradient(x_, batch, absl::MakeSpan(grad_));
+  if (slowdown_ > 1.0f) {
+    // A slower device, for heterogeneity experiments (data.rank_slowdown).
+    absl::SleepFor((slowdown_ - 1.0f) * (absl::Now() - compute_start));
+  }
   if (!std::isfinite(loss)) {
     return absl::InternalError(absl::StrCat(
         "rank ", rank_, " step ", step_, ": training loss is ", loss,
@@ -165,7 +175,7 @@ absl::Status Trainer::Run() {
 
 absl::Status Trainer::FinishTraining() {
   // Traffic of the training steps alone, against S-SGD's d floats per step.
-  uint64_t floats = 0;
+  uint64_t floats = client_->sparse_traffic().floats_pushed;
   for (v1::Stream s : {v1::GRAD, v1::MODEL}) floats += client_->traffic(s).floats_pushed;
   final_.training_floats_pushed = floats;
   final_.achieved_compression =

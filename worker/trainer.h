@@ -90,6 +90,7 @@ class Trainer {
   Direction direction_;
   LrSchedule schedule_;
   std::unique_ptr<Algorithm> algorithm_;
+  const float slowdown_;  // data.rank_slowdown of this rank, 1 = full speed
   std::vector<float> x_;
   std::vector<float> grad_;
   uint64_t step_ = 0;

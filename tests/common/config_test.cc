@@ -563,6 +563,38 @@ TEST(RankBatchSizesTest, CopiesBatchSizePerWorkerOrUsesRankSizes) {
   EXPECT_THAT(RankBatchSizes(config), ElementsAre(8u, 16u, 24u, 32u));
 }
 
+TEST(RankBatchSizesTest, SpeedsSplitTheTotalInProportion) {
+  v1::JobConfig config = ValidConfig();  // 4 workers x 32 = 128 in all
+  for (float s : {0.5f, 0.5f, 1.0f, 1.0f}) config.mutable_data()->add_rank_speeds(s);
+  ASSERT_TRUE(ValidateJobConfig(config).ok());
+  // 128 * 0.5/3 = 21.33 and 128 * 1/3 = 42.67: floors 21, 21, 42, 42 leave 2,
+  // which go to the largest remainders (ranks 2 and 3).
+  EXPECT_THAT(RankBatchSizes(config), ElementsAre(21u, 21u, 43u, 43u));
+  config.mutable_data()->clear_rank_speeds();
+  for (float s : {1.0f, 3.0f, 0.0001f, 1.0f}) config.mutable_data()->add_rank_speeds(s);
+  const std::vector<uint32_t> sizes = RankBatchSizes(config);
+  EXPECT_EQ(sizes[2], 1u);  // never 0, however slow
+  EXPECT_NEAR(sizes[1], 3.0 * sizes[0], 3.0);  // 77 and 26: rounding moves 1 each
+}
+
+TEST(RankBatchSizesTest, PerRankListsAreValidated) {
+  v1::JobConfig config = ValidConfig();
+  config.mutable_data()->add_rank_speeds(1.0f);
+  EXPECT_THAT(std::string(ValidateJobConfig(config).message()),
+              HasSubstr("data.rank_speeds: must have one entry per worker: has 1"));
+  for (float s : {1.0f, 0.0f, 1.0f}) config.mutable_data()->add_rank_speeds(s);
+  EXPECT_THAT(std::string(ValidateJobConfig(config).message()),
+              HasSubstr("data.rank_speeds[2]: must be finite and > 0 (got 0)"));
+  config.mutable_data()->set_rank_speeds(2, 2.0f);
+  config.mutable_data()->add_rank_batch_sizes(1);
+  EXPECT_THAT(std::string(ValidateJobConfig(config).message()),
+              HasSubstr("set either rank_speeds or rank_batch_sizes"));
+  config = ValidConfig();
+  for (float s : {1.0f, 2.0f, 0.5f, 1.0f}) config.mutable_data()->add_rank_slowdown(s);
+  EXPECT_THAT(std::string(ValidateJobConfig(config).message()),
+              HasSubstr("data.rank_slowdown[2]: must be finite and >= 1 (got 0.5)"));
+}
+
 // ---------------------------------------------------------------------------
 // JobFingerprint and CompareJobConfigs
 

@@ -67,12 +67,12 @@ def describe(setting):
     return ", ".join(f"{names[k]}={v}" for k, v in setting.items())
 
 
-def run_job(bin_dir, run_dir, method, setting, lr, seed, epochs, warmup):
+def run_job(bin_dir, run_dir, method, setting, lr, seed, epochs, warmup, extra=()):
     overrides = [f"algorithm.name={method}", f"optimizer.lr={lr}", f"seed={seed}",
                  f"epochs={epochs}", f"optimizer.warmup_epochs={warmup}",
                  f"output_dir={run_dir}"]
     overrides += [f"algorithm.{k}={v}" for k, v in setting.items()]
-    overrides += EXTRA.get(method, [])
+    overrides += EXTRA.get(method, []) + list(extra)
     summary = os.path.join(run_dir, "worker_0.json")
     if os.path.exists(summary):  # resumable: a finished run is kept
         return load_run(run_dir)
@@ -104,6 +104,7 @@ def load_run(run_dir):
         "compression": workers[0]["achieved_compression"],
         "seconds": max(w["wall_seconds"] for w in workers),
         "curve": [(int(r["epoch"]), float(r["test_accuracy"])) for r in curve],
+        "timed_curve": [(float(r["wall_seconds"]), float(r["test_accuracy"])) for r in curve],
     }
 
 
@@ -134,6 +135,10 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="1 seed, 1 setting, 1 epoch")
+    parser.add_argument("--study", choices=["cser", "cocod", "gtopk"], default="cser",
+                        help="cser: the CSER paper's Table 2; cocod: CoCoD-SGD vs S-SGD,"
+                        " local SGD and Pipe-SGD, homogeneous and heterogeneous; gtopk:"
+                        " gTop-k vs Top-k vs S-SGD at densities 0.01 and 0.001")
     parser.add_argument("--epochs", type=int, help="default 5 (quick: 1)")
     parser.add_argument("--seeds", type=int, help="default 3 (quick: 1)")
     parser.add_argument("--bin-dir", default=os.path.join(ROOT, "build-release", "bin"))
@@ -148,6 +153,8 @@ def main():
     if not os.path.exists(os.path.join(args.bin_dir, "cserps-launch")):
         sys.exit(f"no cserps-launch in {args.bin_dir}: build first (tools/demo.sh builds build-release/)")
     mode = "quick" if quick else "full"
+    if args.study != "cser":
+        return other_study(args, mode, epochs, seeds)
     runs = os.path.join(args.runs, mode)
     started = time.time()
 
@@ -270,6 +277,125 @@ def write_report(args, mode, epochs, seeds, lrs, reference, results, wall):
     with open(path, "w") as f:
         f.write("\n".join(lines))
     print(f"wrote {path} ({wall / 60:.1f} min)")
+
+
+# --- The CoCoD-SGD and gTop-k studies (issue 4) ---------------------------
+
+HALF_SLOW = ["data.rank_slowdown=" + ",".join(["2"] * 4 + ["1"] * 4)]
+HALF_SPEED = ["data.rank_speeds=" + ",".join(["0.5"] * 4 + ["1"] * 4)]
+
+
+def study_runs(study, epochs):
+    """(label, method, setting, lr, extra overrides) of a study."""
+    if study == "cocod":
+        k = dict(period=5)
+        warm = dict(period=5, period_warmup_epochs=1) if epochs > 2 else k
+        runs = []
+        for env, slow in (("homogeneous", []), ("heterogeneous", HALF_SLOW)):
+            runs += [
+                (f"S-SGD ({env})", "ssgd", {}, 0.1, slow),
+                (f"local SGD k=5 ({env})", "local-sgd", k, 0.1, slow),
+                (f"Pipe-SGD ({env})", "pipe-sgd", {}, 0.1, slow),
+                (f"CoCoD-SGD k=5 ({env})", "cocod-sgd", warm, 0.1, slow),
+            ]
+        # Proportional sampling: the slow half gets half the batch.
+        runs.append(("CoCoD-SGD k=5, proportional (heterogeneous)", "cocod-sgd", warm, 0.1,
+                     HALF_SLOW + HALF_SPEED))
+        return runs
+    runs = [("S-SGD", "ssgd", {}, 0.1, [])]
+    for density in (0.01, 0.001):
+        runs += [(f"gTop-k density {density}", "gtopk-ssgd", dict(density=density), 0.1,
+                  ["optimizer.momentum_kind=NONE"]),
+                 (f"Top-k density {density}", "topk-ssgd", dict(density=density), 0.1,
+                  ["optimizer.momentum_kind=NONE"])]
+    return runs
+
+
+def time_to(curve, target):
+    for seconds, accuracy in curve:
+        if accuracy >= target:
+            return seconds
+    return None
+
+
+def other_study(args, mode, epochs, seeds):
+    started = time.time()
+    runs_dir = os.path.join(args.runs, f"{args.study}-{mode}")
+    warmup = 0.2 if epochs == 1 else 1
+    rows = []
+    for label, method, setting, lr, extra in study_runs(args.study, epochs):
+        results = []
+        for seed in seeds:
+            tag = label.replace(" ", "_").replace("(", "").replace(")", "").replace(",", "")
+            run_dir = os.path.join(runs_dir, tag, f"seed{seed}")
+            print(f"{label} seed={seed}", flush=True)
+            r = run_job(args.bin_dir, run_dir, method, setting, lr, seed, epochs, warmup, extra)
+            if r:
+                results.append(r)
+        rows.append((label, method, setting, results))
+    wall = time.time() - started
+    os.makedirs(args.out, exist_ok=True)
+    target = 0.80 if epochs <= 2 else 0.85
+    lines = [
+        f"# {'CoCoD-SGD' if args.study == 'cocod' else 'gTop-k'} study ({mode})",
+        "",
+        f"- Command: `tools/convergence/run.py --study={args.study}"
+        f"{' --quick' if mode == 'quick' else ''}` (after `tools/demo.sh` built `build-release/`)",
+        f"- Date: {datetime.date.today().isoformat()}; machine: {machine()}; wall time {wall / 60:.1f} min",
+        f"- Job: configs/convergence.textproto (Fashion-MNIST, MLP 784-256-10, 8 workers x batch 32,"
+        f" 2 server shards), lr 0.1 with warm-up then cosine, {epochs} epoch(s), seeds {seeds}.",
+    ]
+    if args.study == "cocod":
+        lines.append("- Heterogeneous: workers 0-3 compute at half speed (data.rank_slowdown 2);"
+                     " 'proportional' also gives them half the batch (data.rank_speeds 0.5), the"
+                     " CoCoD paper's proportional sampling.")
+    else:
+        lines.append("- gTop-k and Top-k run without momentum (the gTop-k paper's Algorithm 1).")
+    lines += ["", f"| method | final test accuracy (%) | time to {100 * target:.0f}% (s) | wall time (s) |",
+              "|---|---|---|---|"]
+    for label, method, setting, results in rows:
+        if not results:
+            lines.append(f"| {label} | failed | - | - |")
+            continue
+        reach = [time_to(r["timed_curve"], target) for r in results]
+        reach_s = "not reached" if any(x is None for x in reach) else f"{statistics.mean(reach):.1f}"
+        lines.append(f"| {label} | {mean_std([r['global'] for r in results])} | {reach_s} |"
+                     f" {statistics.mean(r['seconds'] for r in results):.1f} |")
+    plots = plot_study(args, mode, rows)
+    lines += [""] + [f"![{p}]({p})" for p in plots] + [""]
+    path = os.path.join(args.out, f"{args.study}_{mode}.md")
+    with open(path, "w") as f:
+        f.write("\n".join(lines))
+    print(f"wrote {path} ({wall / 60:.1f} min)")
+
+
+def plot_study(args, mode, rows):
+    try:
+        import matplotlib
+    except ImportError:
+        return []
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for label, method, setting, results in rows:
+        if not results:
+            continue
+        r = results[0]
+        e, a = zip(*r["curve"])
+        axes[0].plot(e, [100 * x for x in a], marker="o", ms=3, label=label)
+        s, a = zip(*r["timed_curve"])
+        axes[1].plot(s, [100 * x for x in a], marker="o", ms=3, label=label)
+    axes[0].set_xlabel("epoch")
+    axes[1].set_xlabel("wall time (s)")
+    for ax in axes:
+        ax.set_ylabel("test accuracy (%)")
+        ax.grid(alpha=0.3)
+    axes[1].legend(fontsize=7)
+    fig.tight_layout()
+    name = f"{args.study}_{mode}.png"
+    fig.savefig(os.path.join(args.out, name), dpi=110)
+    plt.close(fig)
+    return [name]
 
 
 if __name__ == "__main__":

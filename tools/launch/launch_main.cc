@@ -25,6 +25,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "common/algorithm_catalog.h"
 #include "common/job_flags.h"
 #include "common/split_overrides.h"
 #include "tools/launch/child_process.h"
@@ -307,6 +308,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "cserps-launch: %s\n", config.status().ToString().c_str());
     return 2;
   }
+  std::printf("[launch] job %s: %s\n", config->name().c_str(),
+              cserps::DescribeAlgorithm(config->algorithm()).c_str());
   std::string bin_dir = absl::GetFlag(FLAGS_bin_dir);
   if (bin_dir.empty()) bin_dir = SelfDir();
   Cluster cluster(*config, path, overrides, bin_dir);

@@ -29,6 +29,7 @@ struct AlgorithmContext {
   Direction* direction = nullptr;  // this worker's momentum state
   const BlockLayout* layout = nullptr;
   float weight = 1.0f;  // this member's weight in averages: its batch size
+  uint64_t steps_per_epoch = 0;  // for schedules counted in epochs
 
   size_t num_params() const { return layout->num_params(); }
   const v1::AlgorithmConfig& algorithm() const { return config->algorithm(); }

@@ -39,6 +39,7 @@ const AlgorithmRegistry& DefaultAlgorithms() {
   static const AlgorithmRegistry* const registry = [] {
     auto* r = new AlgorithmRegistry();
     CSERPS_CHECK(r->Register("ssgd", MakeSsgd).ok());
+    CSERPS_CHECK(r->Register("async-sgd", MakeAsyncSgd).ok());
     CSERPS_CHECK(r->Register("ef-sgd", MakeEfSgd).ok());
     CSERPS_CHECK(r->Register("local-sgd", MakeLocalSgd).ok());
     CSERPS_CHECK(r->Register("qsparse-local-sgd", MakeQsparseLocalSgd).ok());
@@ -46,6 +47,10 @@ const AlgorithmRegistry& DefaultAlgorithms() {
     CSERPS_CHECK(r->Register("m-cser", MakeCser).ok());
     CSERPS_CHECK(r->Register("cser-pl", MakeCserPl).ok());
     CSERPS_CHECK(r->Register("csea", MakeCsea).ok());
+    CSERPS_CHECK(r->Register("gtopk-ssgd", MakeGtopkSsgd).ok());
+    CSERPS_CHECK(r->Register("topk-ssgd", MakeTopkSsgd).ok());
+    CSERPS_CHECK(r->Register("cocod-sgd", MakeCocodSgd).ok());
+    CSERPS_CHECK(r->Register("pipe-sgd", MakePipeSgd).ok());
     return r;
   }();
   return *registry;

@@ -1,0 +1,121 @@
+// CoCoD-SGD and Pipe-SGD against direct single-process simulations of their
+// rules (papers/cocod-sgd.txt, Algorithm 1; docs/algorithms.md), with
+// several workers of unequal batch sizes (the weights of the averages) on a
+// real in-process cluster.
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "tests/worker/algorithms/algorithm_harness.h"
+
+namespace cserps {
+namespace {
+
+using testing::AllNear;
+using testing::ClusterRun;
+using testing::InitialModel;
+using testing::MakeJobConfig;
+using testing::Models;
+using testing::NumParams;
+using testing::ReferenceDirection;
+using testing::SyntheticGradients;
+using testing::WeightedMean;
+
+const std::vector<uint32_t> kWeights = {2, 3, 5};
+constexpr int kSteps = 14;  // k = 3: periods end after steps 2, 5, ..., 11
+// Every average is one float rounding of a double sum whose order (arrival)
+// differs from the simulation's (rank order).
+constexpr double kTolerance = 1e-5;
+
+TEST(CocodSgdTest, FollowsAlgorithm1WithWeightedAverages) {
+  const v1::JobConfig config = MakeJobConfig(R"(name: "cocod-sgd" period: 3)",
+                                             R"(lr: 0.05 momentum_kind: HEAVY_BALL momentum: 0.9)",
+                                             kWeights);
+  const size_t d = NumParams(config);
+  const SyntheticGradients gradients(7, 3, d);
+  const std::vector<float> x0 = InitialModel(7, d);
+  absl::StatusOr<ClusterRun> run =
+      testing::RunOnCluster(config, gradients, x0, kSteps, /*finish=*/true);
+  ASSERT_TRUE(run.ok()) << run.status();
+
+  const float lr = 0.05f;
+  const auto all = testing::AllRanges(config);
+  Models x(3, x0), snapshot;
+  std::vector<ReferenceDirection> direction(3, ReferenceDirection(config.optimizer(), d));
+  bool pending = false;
+  auto complete = [&] {
+    if (!pending) return;
+    const std::vector<float> average = WeightedMean(snapshot, kWeights, all);
+    for (int i = 0; i < 3; ++i) {
+      for (size_t j = 0; j < d; ++j) x[i][j] = average[j] + (x[i][j] - snapshot[i][j]);
+    }
+    pending = false;
+  };
+  for (int t = 0; t < kSteps; ++t) {
+    if (t == 0) {
+      snapshot = x;
+      pending = true;
+    }
+    for (int i = 0; i < 3; ++i) {
+      const std::vector<float> p = direction[i].Compute(gradients.At(i, t, x[i]), x[i]);
+      for (size_t j = 0; j < d; ++j) x[i][j] -= lr * p[j];
+    }
+    if ((t + 1) % 3 == 0) {  // the period ends: line 3, then line 1
+      complete();
+      snapshot = x;
+      pending = true;
+    }
+    for (int i = 0; i < 3; ++i) {
+      ASSERT_TRUE(AllNear(run->models[t][i], x[i], kTolerance))
+          << "worker " << i << " after step " << t;
+    }
+  }
+  // Finish: complete the last average, then the full weighted average.
+  complete();
+  const std::vector<float> final_model = WeightedMean(x, kWeights, all);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_TRUE(AllNear(run->finished[i], final_model, kTolerance)) << "worker " << i;
+  }
+  EXPECT_TRUE(AllNear(run->server_model, final_model, kTolerance));
+  // The local steps between averages must have moved the workers apart, or
+  // the comparison would not test the correction x̂ + (x − s).
+  EXPECT_FALSE(AllNear(run->models[kSteps - 2][0], run->models[kSteps - 2][1], 1e-3));
+}
+
+TEST(PipeSgdTest, AppliesEachAverageOneStepLate) {
+  const v1::JobConfig config = MakeJobConfig(
+      R"(name: "pipe-sgd")", R"(lr: 0.05 momentum_kind: NESTEROV momentum: 0.9)", kWeights);
+  const size_t d = NumParams(config);
+  const SyntheticGradients gradients(8, 3, d);
+  const std::vector<float> x0 = InitialModel(8, d);
+  absl::StatusOr<ClusterRun> run =
+      testing::RunOnCluster(config, gradients, x0, kSteps, /*finish=*/true);
+  ASSERT_TRUE(run.ok()) << run.status();
+
+  const float lr = 0.05f;
+  const auto all = testing::AllRanges(config);
+  std::vector<float> x = x0;  // every worker holds the same model
+  std::vector<ReferenceDirection> direction(3, ReferenceDirection(config.optimizer(), d));
+  std::vector<float> previous;
+  for (int t = 0; t < kSteps; ++t) {
+    Models p(3);
+    for (int i = 0; i < 3; ++i) p[i] = direction[i].Compute(gradients.At(i, t, x), x);
+    const std::vector<float> mean = WeightedMean(p, kWeights, all);
+    if (!previous.empty()) {
+      for (size_t j = 0; j < d; ++j) x[j] -= lr * previous[j];
+    }
+    previous = mean;
+    for (int i = 0; i < 3; ++i) {
+      ASSERT_TRUE(AllNear(run->models[t][i], x, kTolerance))
+          << "worker " << i << " after step " << t;
+    }
+  }
+  for (size_t j = 0; j < d; ++j) x[j] -= lr * previous[j];
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_TRUE(AllNear(run->finished[i], x, kTolerance)) << "worker " << i;
+  }
+  // The servers applied every round as it completed.
+  EXPECT_TRUE(AllNear(run->server_model, x, kTolerance));
+}
+
+}  // namespace
+}  // namespace cserps

@@ -1,0 +1,201 @@
+// cserps-bench-overlap: does CoCoD-SGD overlap computation with
+// communication? An in-process cluster (servers on 127.0.0.1, one thread per
+// worker) trains the MLP on random data while every average is held back by
+// an injected network delay D (a Communicator that completes an average no
+// earlier than D after it started). A blocking algorithm (S-SGD) pays
+// compute + D per step; an overlapping one (CoCoD-SGD with k = 1, Pipe-SGD)
+// should pay about max(compute, D). Both limits are measured in the same run
+// and printed next to the result.
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/model_spec.h"
+#include "common/prng.h"
+#include "common/status.h"
+#include "tests/testing/in_process_cluster.h"
+#include "worker/algorithms/algorithm.h"
+#include "worker/model/model.h"
+
+ABSL_FLAG(int, workers, 2, "Workers (threads).");
+ABSL_FLAG(int, batch, 256, "Examples per worker per step (sets the compute time).");
+ABSL_FLAG(int, delay_ms, 0, "Injected delay per average; 0 = the measured compute time.");
+ABSL_FLAG(int, steps, 40, "Measured steps per algorithm.");
+
+namespace cserps {
+namespace {
+
+// Completes every average no earlier than `delay` after it started: a
+// network with that latency, injected at the transport seam.
+class DelayedCommunicator final : public Communicator {
+ public:
+  DelayedCommunicator(Communicator* inner, absl::Duration delay)
+      : inner_(inner), delay_(delay) {}
+
+  std::unique_ptr<PendingAverage> StartAverage(v1::Stream stream, uint64_t step,
+                                               uint32_t ratio,
+                                               absl::Span<const float> values,
+                                               float weight, float lr,
+                                               absl::Span<float> mean) override {
+    return std::make_unique<Delayed>(
+        inner_->StartAverage(stream, step, ratio, values, weight, lr, mean),
+        absl::Now() + delay_);
+  }
+
+ private:
+  class Delayed final : public PendingAverage {
+   public:
+    Delayed(std::unique_ptr<PendingAverage> inner, absl::Time ready)
+        : inner_(std::move(inner)), ready_(ready) {}
+    absl::Status Wait() override {
+      const absl::Status status = inner_->Wait();
+      absl::SleepFor(ready_ - absl::Now());
+      return status;
+    }
+
+   private:
+    std::unique_ptr<PendingAverage> inner_;
+    const absl::Time ready_;
+  };
+
+  Communicator* inner_;
+  const absl::Duration delay_;
+};
+
+struct Worker {
+  std::unique_ptr<Model> model;
+  std::vector<float> x, g, features;
+  std::vector<uint8_t> labels;
+};
+
+v1::JobConfig BenchConfig(const std::string& algorithm, int workers) {
+  return testing::TestConfig(absl::StrCat(R"pb(
+    cluster { servers: "127.0.0.1:0" servers: "127.0.0.1:0" num_workers: )pb", workers, R"pb(
+              round_timeout_s: 60 }
+    model { kind: MLP hidden: 256 }
+    data { batch_size: 32 }
+    optimizer { lr: 0.01 momentum_kind: NESTEROV momentum: 0.9 }
+    algorithm { )pb", algorithm, R"pb( }
+    epochs: 1
+  )pb"));
+}
+
+// Mean wall time per step of `algorithm` over `steps` steps (after 3 warm-up
+// steps), every worker computing a real gradient each step.
+absl::StatusOr<double> MeasureStepMs(const std::string& algorithm, int workers, int batch,
+                                     absl::Duration delay, int steps, bool compute) {
+  const v1::JobConfig config = BenchConfig(algorithm, workers);
+  ASSIGN_OR_RETURN(ModelSpec spec, MakeModelSpec(config.model()));
+  ASSIGN_OR_RETURN(std::unique_ptr<testing::InProcessCluster> cluster,
+                   testing::InProcessCluster::Start(config, spec.num_params));
+  std::vector<Worker> w(workers);
+  for (int r = 0; r < workers; ++r) {
+    ASSIGN_OR_RETURN(w[r].model, MakeCpuModel(config.model()));
+    w[r].x.resize(spec.num_params);
+    w[r].g.resize(spec.num_params);
+    w[r].model->Initialize(1, absl::MakeSpan(w[r].x));
+    CounterRng rng(DeriveKey(7, r));
+    for (int i = 0; i < batch * 784; ++i) w[r].features.push_back(rng.UniformFloat() - 0.5f);
+    for (int i = 0; i < batch; ++i) w[r].labels.push_back(static_cast<uint8_t>(rng.Below(10)));
+  }
+  RETURN_IF_ERROR(cluster->client(0).PushModel(w[0].x));
+  const int warmup = 3;
+  std::vector<absl::Time> start(workers), end(workers);
+  RETURN_IF_ERROR(cluster->OnEveryRank([&](int r) -> absl::Status {
+    Direction direction(config.optimizer(), spec.num_params);
+    DelayedCommunicator comm(&cluster->client(r), delay);
+    AlgorithmContext context;
+    context.config = &cluster->config();
+    context.comm = &comm;
+    context.direction = &direction;
+    context.layout = &cluster->client(r).layout();
+    context.weight = batch;
+    ASSIGN_OR_RETURN(std::unique_ptr<Algorithm> algo,
+                     DefaultAlgorithms().Create(config.algorithm().name(), context));
+    const Batch b{w[r].features, w[r].labels, static_cast<size_t>(batch), 784};
+    for (int t = 0; t < warmup + steps; ++t) {
+      if (t == warmup) start[r] = absl::Now();
+      if (compute) w[r].model->LossAndGradient(w[r].x, b, absl::MakeSpan(w[r].g));
+      RETURN_IF_ERROR(algo->Step(t, 0.01f, w[r].g, absl::MakeSpan(w[r].x)));
+    }
+    end[r] = absl::Now();
+    return algo->Finish(warmup + steps, absl::MakeSpan(w[r].x));
+  }));
+  return absl::ToDoubleMilliseconds(end[0] - start[0]) / steps;
+}
+
+// Mean time of one gradient computation alone (one worker per thread, all
+// at once, as in the training runs).
+double MeasureComputeMs(int workers, int batch, int steps) {
+  const v1::JobConfig config = BenchConfig(R"(name: "ssgd")", workers);
+  std::vector<double> ms(workers);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < workers; ++r) {
+    threads.emplace_back([&, r] {
+      std::unique_ptr<Model> model = *MakeCpuModel(config.model());
+      std::vector<float> x(model->spec().num_params), g(x.size()), f(batch * 784, 0.1f);
+      std::vector<uint8_t> labels(batch, 3);
+      model->Initialize(1, absl::MakeSpan(x));
+      const Batch b{f, labels, static_cast<size_t>(batch), 784};
+      model->LossAndGradient(x, b, absl::MakeSpan(g));
+      const absl::Time t0 = absl::Now();
+      for (int t = 0; t < steps; ++t) model->LossAndGradient(x, b, absl::MakeSpan(g));
+      ms[r] = absl::ToDoubleMilliseconds(absl::Now() - t0) / steps;
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return ms[0];
+}
+
+int Run() {
+  const int workers = absl::GetFlag(FLAGS_workers);
+  const int batch = absl::GetFlag(FLAGS_batch);
+  const int steps = absl::GetFlag(FLAGS_steps);
+  const double compute_ms = MeasureComputeMs(workers, batch, steps);
+  const int delay_ms = absl::GetFlag(FLAGS_delay_ms) > 0 ? absl::GetFlag(FLAGS_delay_ms)
+                                                         : static_cast<int>(compute_ms + 0.5);
+  const absl::Duration delay = absl::Milliseconds(delay_ms);
+  // Communication alone: S-SGD rounds without computing.
+  absl::StatusOr<double> comm_ms =
+      MeasureStepMs(R"(name: "ssgd")", workers, batch, delay, steps, /*compute=*/false);
+  if (!comm_ms.ok()) {
+    std::fprintf(stderr, "%s\n", comm_ms.status().ToString().c_str());
+    return 1;
+  }
+  std::printf("workers %d, batch %d, injected delay %d ms per average\n", workers, batch,
+              delay_ms);
+  std::printf("compute alone %.1f ms/step, communication alone %.1f ms/step\n", compute_ms,
+              *comm_ms);
+  std::printf("limits: sum %.1f ms, max %.1f ms\n\n", compute_ms + *comm_ms,
+              std::max(compute_ms, *comm_ms));
+  std::printf("%-22s %10s %12s %12s\n", "algorithm", "ms/step", "step/max", "step/sum");
+  const std::pair<const char*, const char*> algorithms[] = {
+      {"ssgd (blocking)", R"(name: "ssgd")"},
+      {"cocod-sgd k=1", R"(name: "cocod-sgd" period: 1)"},
+      {"pipe-sgd", R"(name: "pipe-sgd")"},
+  };
+  for (const auto& [label, algorithm] : algorithms) {
+    absl::StatusOr<double> ms = MeasureStepMs(algorithm, workers, batch, delay, steps, true);
+    if (!ms.ok()) {
+      std::fprintf(stderr, "%s: %s\n", label, ms.status().ToString().c_str());
+      return 1;
+    }
+    std::printf("%-22s %10.1f %12.2f %12.2f\n", label, *ms,
+                *ms / std::max(compute_ms, *comm_ms), *ms / (compute_ms + *comm_ms));
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace cserps
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  return cserps::Run();
+}
