@@ -54,38 +54,22 @@ AsyncService::AsyncService(ShardContext* shard, Options options)
     momentum_.assign(shard_.store().size(), 0.0f);
   }
   if (options_.expiry_thread) {
-    expiry_thread_ = std::thread([this] { ExpiryLoop(); });
+    // A rank is declared dead at most a quarter of its timeout late.
+    const absl::Duration period = std::clamp(
+        absl::Seconds(shard_.config().cluster().round_timeout_s()) / 4,
+        absl::Milliseconds(10), absl::Seconds(1));
+    expiry_ = std::make_unique<ExpiryThread>(
+        options_.now, [] { return absl::InfiniteFuture(); },
+        [this](absl::Time now) { gate_.ExpireSilentRanks(now); }, period);
   }
 }
 
-AsyncService::~AsyncService() {
-  Shutdown();
-  if (expiry_thread_.joinable()) expiry_thread_.join();
-}
+AsyncService::~AsyncService() { Shutdown(); }
 
 void AsyncService::Shutdown() {
-  {
-    absl::MutexLock lock(&expiry_mu_);
-    if (stopping_) return;
-    stopping_ = true;
-  }
+  if (shut_down_.exchange(true)) return;
   gate_.FailAll(absl::UnavailableError(
       absl::StrCat("server shard ", shard_.shard(), " is shutting down")));
-}
-
-void AsyncService::ExpiryLoop() {
-  // A rank is declared dead at most this late after its timeout.
-  const absl::Duration period = std::clamp(
-      absl::Seconds(shard_.config().cluster().round_timeout_s()) / 4,
-      absl::Milliseconds(10), absl::Seconds(1));
-  absl::MutexLock lock(&expiry_mu_);
-  while (!stopping_) {
-    expiry_mu_.AwaitWithTimeout(absl::Condition(&stopping_), period);
-    if (stopping_) break;
-    expiry_mu_.Unlock();
-    gate_.ExpireSilentRanks(options_.now());
-    expiry_mu_.Lock();
-  }
 }
 
 absl::Status AsyncService::Validate(const v1::AsyncPushPullRequest& request) const {

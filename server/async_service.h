@@ -16,7 +16,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <thread>
+#include <atomic>
 #include <utility>
 #include <vector>
 
@@ -27,6 +27,7 @@
 #include "common/block_layout.h"
 #include "cserps/v1/async_sgd.grpc.pb.h"
 #include "server/async_staleness_gate.h"
+#include "server/expiry_thread.h"
 #include "server/shard_context.h"
 
 namespace cserps {
@@ -74,7 +75,6 @@ class AsyncService final : public v1::AsyncParameterServer::CallbackService {
   // Applies the push (unless it is a retry) and fills `response`.
   absl::Status Apply(const v1::AsyncPushPullRequest& request,
                      v1::AsyncPushPullResponse* response);
-  void ExpiryLoop();
 
   ShardContext& shard_;
   const Options options_;
@@ -89,9 +89,9 @@ class AsyncService final : public v1::AsyncParameterServer::CallbackService {
   absl::flat_hash_map<std::pair<uint32_t, uint64_t>, uint64_t> applied_
       ABSL_GUARDED_BY(update_mu_);
 
-  absl::Mutex expiry_mu_;
-  bool stopping_ ABSL_GUARDED_BY(expiry_mu_) = false;
-  std::thread expiry_thread_;
+  std::atomic<bool> shut_down_{false};
+  // Last: destroyed (joined) first, while what it calls still exists.
+  std::unique_ptr<ExpiryThread> expiry_;
 };
 
 }  // namespace cserps

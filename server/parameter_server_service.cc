@@ -65,42 +65,20 @@ ParameterServerService::ParameterServerService(ShardContext* shard, Options opti
               },
       }) {
   if (options_.expiry_thread) {
-    expiry_thread_ = std::thread([this] { ExpiryLoop(); });
+    expiry_ = std::make_unique<ExpiryThread>(
+        options_.now, [this] { return rounds_.NextDeadline(); },
+        [this](absl::Time now) { rounds_.ExpireOverdue(now); });
   }
 }
 
-ParameterServerService::~ParameterServerService() {
-  Shutdown();
-  if (expiry_thread_.joinable()) expiry_thread_.join();
-}
+ParameterServerService::~ParameterServerService() { Shutdown(); }
 
 void ParameterServerService::Shutdown() {
-  {
-    absl::MutexLock lock(&expiry_mu_);
-    if (stopping_) return;
-    stopping_ = true;
-  }
+  if (shut_down_.exchange(true)) return;
   const absl::Status reason = absl::UnavailableError(
       absl::StrCat("server shard ", shard_.shard(), " is shutting down"));
   rounds_.FailAll(std::string(reason.message()));
   store_.FailWaiters(reason);
-}
-
-void ParameterServerService::ExpiryLoop() {
-  absl::MutexLock lock(&expiry_mu_);
-  while (!stopping_) {
-    // Wake at the next deadline, and at least every second so that rounds
-    // opened after this wait began are noticed.
-    const absl::Time now = options_.now();
-    const absl::Duration wait =
-        std::clamp(rounds_.NextDeadline() - now, absl::Milliseconds(10),
-                   absl::Seconds(1));
-    expiry_mu_.AwaitWithTimeout(absl::Condition(&stopping_), wait);
-    if (stopping_) break;
-    expiry_mu_.Unlock();
-    rounds_.ExpireOverdue(options_.now());
-    expiry_mu_.Lock();
-  }
 }
 
 void ParameterServerService::FillShardInfo(v1::ShardInfo* info) const {

@@ -9,13 +9,13 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <thread>
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/block_layout.h"
 #include "cserps/v1/parameter_server.grpc.pb.h"
+#include "server/expiry_thread.h"
 #include "server/member_registry.h"
 #include "server/round_table.h"
 #include "server/shard_context.h"
@@ -72,7 +72,6 @@ class ParameterServerService final : public v1::ParameterServer::CallbackService
   ShardPayload PayloadOf(const RoundKey& key) const;
   void OnRoundComplete(const RoundKey& key, float lr,
                        const std::vector<float>& mean);
-  void ExpiryLoop();
   void FillShardInfo(v1::ShardInfo* info) const;
 
   ShardContext& shard_;
@@ -93,9 +92,9 @@ class ParameterServerService final : public v1::ParameterServer::CallbackService
   std::atomic<uint64_t> stream_bytes_out_[kStreams] = {};
   std::atomic<uint64_t> stream_floats_in_[kStreams] = {};
 
-  absl::Mutex expiry_mu_;
-  bool stopping_ ABSL_GUARDED_BY(expiry_mu_) = false;
-  std::thread expiry_thread_;
+  std::atomic<bool> shut_down_{false};
+  // Last: destroyed (joined) first, while what it calls still exists.
+  std::unique_ptr<ExpiryThread> expiry_;
 };
 
 }  // namespace cserps

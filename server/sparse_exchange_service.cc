@@ -92,38 +92,17 @@ SparseExchangeService::SparseExchangeService(ShardContext* shard, Options option
     momentum_.assign(shard->store().size(), 0.0f);
   }
   if (sparse_job_ && options_.expiry_thread) {
-    expiry_thread_ = std::thread([this] { ExpiryLoop(); });
+    expiry_ = std::make_unique<ExpiryThread>(
+        options_.now, [this] { return rounds_.NextDeadline(); },
+        [this](absl::Time now) { rounds_.ExpireOverdue(now); });
   }
 }
 
-SparseExchangeService::~SparseExchangeService() {
-  Shutdown();
-  if (expiry_thread_.joinable()) expiry_thread_.join();
-}
+SparseExchangeService::~SparseExchangeService() { Shutdown(); }
 
 void SparseExchangeService::Shutdown() {
-  {
-    absl::MutexLock lock(&expiry_mu_);
-    if (stopping_) return;
-    stopping_ = true;
-  }
+  if (shut_down_.exchange(true)) return;
   rounds_.FailAll(absl::StrCat("server shard ", shard_.shard(), " is shutting down"));
-}
-
-void SparseExchangeService::ExpiryLoop() {
-  absl::MutexLock lock(&expiry_mu_);
-  while (!stopping_) {
-    // Wake at the next deadline, and at least every second so that rounds
-    // opened after this wait began are noticed.
-    const absl::Duration wait =
-        std::clamp(rounds_.NextDeadline() - options_.now(), absl::Milliseconds(10),
-                   absl::Seconds(1));
-    expiry_mu_.AwaitWithTimeout(absl::Condition(&stopping_), wait);
-    if (stopping_) break;
-    expiry_mu_.Unlock();
-    rounds_.ExpireOverdue(options_.now());
-    expiry_mu_.Lock();
-  }
 }
 
 SparseReply SparseExchangeService::CompleteRound(std::vector<SparseEntries> pushes) {

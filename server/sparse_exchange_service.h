@@ -14,13 +14,13 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "cserps/v1/sparse.grpc.pb.h"
+#include "server/expiry_thread.h"
 #include "server/shard_context.h"
 #include "server/sparse_aggregate.h"
 #include "server/sparse_round_table.h"
@@ -69,7 +69,6 @@ class SparseExchangeService final : public v1::SparseExchange::CallbackService {
 
   // Sums and selects, applies the result to the model, encodes the reply.
   SparseReply CompleteRound(std::vector<SparseEntries> pushes);
-  void ExpiryLoop();
 
   ShardContext& shard_;
   const Options options_;
@@ -89,9 +88,9 @@ class SparseExchangeService final : public v1::SparseExchange::CallbackService {
   std::atomic<uint64_t> bytes_in_{0};
   std::atomic<uint64_t> bytes_out_{0};
 
-  absl::Mutex expiry_mu_;
-  bool stopping_ ABSL_GUARDED_BY(expiry_mu_) = false;
-  std::thread expiry_thread_;
+  std::atomic<bool> shut_down_{false};
+  // Last: destroyed (joined) first, while what it calls still exists.
+  std::unique_ptr<ExpiryThread> expiry_;
 };
 
 }  // namespace cserps
