@@ -187,6 +187,17 @@ absl::StatusOr<uint32_t> PsClient::Register(int requested_rank,
   return rank_;
 }
 
+std::vector<PsClient::ModelChunk> PsClient::ModelChunks() const {
+  std::vector<ModelChunk> chunks;
+  for (uint32_t s = 0; s < layout_.num_shards(); ++s) {
+    for (uint64_t off = layout_.ShardFirstFloat(s); off < layout_.ShardEndFloat(s);
+         off += chunk_floats_) {
+      chunks.push_back({s, off, std::min(chunk_floats_, layout_.ShardEndFloat(s) - off)});
+    }
+  }
+  return chunks;
+}
+
 PsClient::StreamTraffic PsClient::traffic(v1::Stream stream) const {
   const StreamCounters& c = streams_[stream];
   return {c.bytes_pushed.load(), c.bytes_pulled.load(), c.floats_pushed.load()};
@@ -271,25 +282,22 @@ absl::Status PsClient::PushModel(absl::Span<const float> model) {
   };
   std::vector<std::unique_ptr<Call>> calls;
   CallBatch batch;
-  for (uint32_t s = 0; s < stubs_.size(); ++s) {
-    for (uint64_t off = layout_.ShardFirstFloat(s); off < layout_.ShardEndFloat(s);
-         off += chunk_floats_) {
-      const uint64_t n = std::min(chunk_floats_, layout_.ShardEndFloat(s) - off);
-      auto call = std::make_unique<Call>();
-      call->request.set_fingerprint(fingerprint_);
-      call->request.set_rank(rank_);
-      call->request.set_offset(off);
-      AppendFloats(model.subspan(off, n), call->request.mutable_values());
-      bytes_pushed_.fetch_add(call->request.ByteSizeLong());
-      SetDeadline(&call->context, options_.setup_timeout);
-      batch.Add();
-      const std::string context = absl::StrCat("PushModel to shard ", s, " at ", addresses_[s]);
-      stubs_[s]->async()->PushModel(&call->context, &call->request, &call->response,
-                                    [&batch, context](grpc::Status status) {
-                                      batch.Done(FromGrpcStatus(status, context));
-                                    });
-      calls.push_back(std::move(call));
-    }
+  for (const ModelChunk& chunk : ModelChunks()) {
+    auto call = std::make_unique<Call>();
+    call->request.set_fingerprint(fingerprint_);
+    call->request.set_rank(rank_);
+    call->request.set_offset(chunk.offset);
+    AppendFloats(model.subspan(chunk.offset, chunk.count), call->request.mutable_values());
+    bytes_pushed_.fetch_add(call->request.ByteSizeLong());
+    SetDeadline(&call->context, options_.setup_timeout);
+    batch.Add();
+    const std::string context =
+        absl::StrCat("PushModel to shard ", chunk.shard, " at ", addresses_[chunk.shard]);
+    stubs_[chunk.shard]->async()->PushModel(&call->context, &call->request, &call->response,
+                                            [&batch, context](grpc::Status status) {
+                                              batch.Done(FromGrpcStatus(status, context));
+                                            });
+    calls.push_back(std::move(call));
   }
   return batch.Wait();
 }
@@ -308,18 +316,15 @@ absl::Status PsClient::PullModel(absl::Span<float> model, bool wait_for_init) {
   };
   std::vector<std::unique_ptr<Call>> calls;
   CallBatch batch;
-  for (uint32_t s = 0; s < stubs_.size(); ++s) {
-    for (uint64_t off = layout_.ShardFirstFloat(s); off < layout_.ShardEndFloat(s);
-         off += chunk_floats_) {
-      auto call = std::make_unique<Call>();
-      call->shard = s;
-      call->request.set_fingerprint(fingerprint_);
-      call->request.set_offset(off);
-      call->request.set_count(std::min(chunk_floats_, layout_.ShardEndFloat(s) - off));
-      call->request.set_wait_for_init(wait_for_init);
-      SetDeadline(&call->context, options_.setup_timeout);
-      calls.push_back(std::move(call));
-    }
+  for (const ModelChunk& chunk : ModelChunks()) {
+    auto call = std::make_unique<Call>();
+    call->shard = chunk.shard;
+    call->request.set_fingerprint(fingerprint_);
+    call->request.set_offset(chunk.offset);
+    call->request.set_count(chunk.count);
+    call->request.set_wait_for_init(wait_for_init);
+    SetDeadline(&call->context, options_.setup_timeout);
+    calls.push_back(std::move(call));
   }
   for (auto& call : calls) {
     batch.Add();
@@ -359,27 +364,24 @@ absl::Status PsClient::AsyncPushPull(uint64_t step, float lr,
   };
   StreamCounters& counters = streams_[v1::GRAD];
   std::vector<std::unique_ptr<Call>> calls;
-  for (uint32_t s = 0; s < async_stubs_.size(); ++s) {
-    for (uint64_t off = layout_.ShardFirstFloat(s); off < layout_.ShardEndFloat(s);
-         off += chunk_floats_) {
-      auto call = std::make_unique<Call>();
-      call->shard = s;
-      call->count = std::min(chunk_floats_, layout_.ShardEndFloat(s) - off);
-      call->request.set_fingerprint(fingerprint_);
-      call->request.set_rank(rank_);
-      call->request.set_step(step);
-      call->request.set_lr(lr);
-      call->request.set_offset(off);
-      AppendFloats(grad.subspan(off, call->count), call->request.mutable_gradient());
-      bytes_pushed_.fetch_add(call->request.ByteSizeLong());
-      counters.bytes_pushed.fetch_add(call->request.ByteSizeLong());
-      counters.floats_pushed.fetch_add(call->count);
-      // A held-back push waits at most until the slowest rank is declared
-      // dead, round_timeout_s after it went silent.
-      SetDeadline(&call->context,
-                  absl::Seconds(config_.cluster().round_timeout_s()) + options_.rpc_slack);
-      calls.push_back(std::move(call));
-    }
+  for (const ModelChunk& chunk : ModelChunks()) {
+    auto call = std::make_unique<Call>();
+    call->shard = chunk.shard;
+    call->count = chunk.count;
+    call->request.set_fingerprint(fingerprint_);
+    call->request.set_rank(rank_);
+    call->request.set_step(step);
+    call->request.set_lr(lr);
+    call->request.set_offset(chunk.offset);
+    AppendFloats(grad.subspan(chunk.offset, chunk.count), call->request.mutable_gradient());
+    bytes_pushed_.fetch_add(call->request.ByteSizeLong());
+    counters.bytes_pushed.fetch_add(call->request.ByteSizeLong());
+    counters.floats_pushed.fetch_add(call->count);
+    // A held-back push waits at most until the slowest rank is declared
+    // dead, round_timeout_s after it went silent.
+    SetDeadline(&call->context,
+                absl::Seconds(config_.cluster().round_timeout_s()) + options_.rpc_slack);
+    calls.push_back(std::move(call));
   }
   CallBatch batch;
   for (auto& call : calls) {

@@ -94,6 +94,15 @@ class PsClient final : public Communicator {
  private:
   PsClient(const v1::JobConfig& config, uint64_t num_params, PsClientOptions options);
 
+  // The whole model cut per shard into chunks of at most chunk_floats_:
+  // how PushModel, PullModel and AsyncPushPull send it.
+  struct ModelChunk {
+    uint32_t shard = 0;
+    uint64_t offset = 0;  // global float index
+    uint64_t count = 0;
+  };
+  std::vector<ModelChunk> ModelChunks() const;
+
   const v1::JobConfig config_;
   const PsClientOptions options_;
   const BlockLayout layout_;
