@@ -6,6 +6,8 @@
 // compute + D per step; an overlapping one (CoCoD-SGD with k = 1, Pipe-SGD)
 // should pay about max(compute, D). Both limits are measured in the same run
 // and printed next to the result.
+#include <cblas.h>
+
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -197,5 +199,8 @@ int Run() {
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  // One BLAS thread per worker thread, as in the worker processes: OpenBLAS
+  // threads shared by several callers would serialise them.
+  openblas_set_num_threads(1);
   return cserps::Run();
 }

@@ -141,6 +141,8 @@ def main():
                         " gTop-k vs Top-k vs S-SGD at densities 0.01 and 0.001")
     parser.add_argument("--epochs", type=int, help="default 5 (quick: 1)")
     parser.add_argument("--seeds", type=int, help="default 3 (quick: 1)")
+    parser.add_argument("--workers", type=int, default=8,
+                        help="workers of the cocod and gtopk studies (256 examples per step in all)")
     parser.add_argument("--bin-dir", default=os.path.join(ROOT, "build-release", "bin"))
     parser.add_argument("--runs", default=os.path.join(ROOT, "runs", "convergence"))
     parser.add_argument("--out", default=os.path.join(ROOT, "docs", "results"))
@@ -281,17 +283,18 @@ def write_report(args, mode, epochs, seeds, lrs, reference, results, wall):
 
 # --- The CoCoD-SGD and gTop-k studies (issue 4) ---------------------------
 
-HALF_SLOW = ["data.rank_slowdown=" + ",".join(["2"] * 4 + ["1"] * 4)]
-HALF_SPEED = ["data.rank_speeds=" + ",".join(["0.5"] * 4 + ["1"] * 4)]
-
-
-def study_runs(study, epochs):
+def study_runs(study, epochs, workers):
     """(label, method, setting, lr, extra overrides) of a study."""
+    half = workers // 2
+    # The same 256 examples per step in all, whatever the number of workers.
+    size = [f"cluster.num_workers={workers}", f"data.batch_size={256 // workers}"]
+    HALF_SLOW = size + ["data.rank_slowdown=" + ",".join(["2"] * half + ["1"] * (workers - half))]
+    HALF_SPEED = ["data.rank_speeds=" + ",".join(["0.5"] * half + ["1"] * (workers - half))]
     if study == "cocod":
         k = dict(period=5)
         warm = dict(period=5, period_warmup_epochs=1) if epochs > 2 else k
         runs = []
-        for env, slow in (("homogeneous", []), ("heterogeneous", HALF_SLOW)):
+        for env, slow in (("homogeneous", size), ("heterogeneous", HALF_SLOW)):
             runs += [
                 (f"S-SGD ({env})", "ssgd", {}, 0.1, slow),
                 (f"local SGD k=5 ({env})", "local-sgd", k, 0.1, slow),
@@ -302,12 +305,13 @@ def study_runs(study, epochs):
         runs.append(("CoCoD-SGD k=5, proportional (heterogeneous)", "cocod-sgd", warm, 0.1,
                      HALF_SLOW + HALF_SPEED))
         return runs
-    runs = [("S-SGD", "ssgd", {}, 0.1, [])]
+    runs = [("S-SGD", "ssgd", {}, 0.1, size),
+            ("S-SGD without momentum", "ssgd", {}, 0.1, size + ["optimizer.momentum_kind=NONE"])]
     for density in (0.01, 0.001):
         runs += [(f"gTop-k density {density}", "gtopk-ssgd", dict(density=density), 0.1,
-                  ["optimizer.momentum_kind=NONE"]),
+                  size + ["optimizer.momentum_kind=NONE"]),
                  (f"Top-k density {density}", "topk-ssgd", dict(density=density), 0.1,
-                  ["optimizer.momentum_kind=NONE"])]
+                  size + ["optimizer.momentum_kind=NONE"])]
     return runs
 
 
@@ -320,10 +324,10 @@ def time_to(curve, target):
 
 def other_study(args, mode, epochs, seeds):
     started = time.time()
-    runs_dir = os.path.join(args.runs, f"{args.study}-{mode}")
+    runs_dir = os.path.join(args.runs, f"{args.study}-{mode}-w{args.workers}")
     warmup = 0.2 if epochs == 1 else 1
     rows = []
-    for label, method, setting, lr, extra in study_runs(args.study, epochs):
+    for label, method, setting, lr, extra in study_runs(args.study, epochs, args.workers):
         results = []
         for seed in seeds:
             tag = label.replace(" ", "_").replace("(", "").replace(")", "").replace(",", "")
@@ -342,11 +346,13 @@ def other_study(args, mode, epochs, seeds):
         f"- Command: `tools/convergence/run.py --study={args.study}"
         f"{' --quick' if mode == 'quick' else ''}` (after `tools/demo.sh` built `build-release/`)",
         f"- Date: {datetime.date.today().isoformat()}; machine: {machine()}; wall time {wall / 60:.1f} min",
-        f"- Job: configs/convergence.textproto (Fashion-MNIST, MLP 784-256-10, 8 workers x batch 32,"
-        f" 2 server shards), lr 0.1 with warm-up then cosine, {epochs} epoch(s), seeds {seeds}.",
+        f"- Job: configs/convergence.textproto (Fashion-MNIST, MLP 784-256-10, {args.workers} workers"
+        f" x batch {256 // args.workers}, 2 server shards), lr 0.1 with warm-up then cosine,"
+        f" {epochs} epoch(s), seeds {seeds}.",
     ]
     if args.study == "cocod":
-        lines.append("- Heterogeneous: workers 0-3 compute at half speed (data.rank_slowdown 2);"
+        slow = "worker 0 computes" if args.workers < 4 else f"workers 0-{args.workers // 2 - 1} compute"
+        lines.append(f"- Heterogeneous: {slow} at half speed (data.rank_slowdown 2);"
                      " 'proportional' also gives them half the batch (data.rank_speeds 0.5), the"
                      " CoCoD paper's proportional sampling.")
     else:
@@ -363,7 +369,7 @@ def other_study(args, mode, epochs, seeds):
                      f" {statistics.mean(r['seconds'] for r in results):.1f} |")
     plots = plot_study(args, mode, rows)
     lines += [""] + [f"![{p}]({p})" for p in plots] + [""]
-    path = os.path.join(args.out, f"{args.study}_{mode}.md")
+    path = os.path.join(args.out, f"{args.study}_{mode}_w{args.workers}.md")
     with open(path, "w") as f:
         f.write("\n".join(lines))
     print(f"wrote {path} ({wall / 60:.1f} min)")
@@ -392,7 +398,7 @@ def plot_study(args, mode, rows):
         ax.grid(alpha=0.3)
     axes[1].legend(fontsize=7)
     fig.tight_layout()
-    name = f"{args.study}_{mode}.png"
+    name = f"{args.study}_{mode}_w{args.workers}.png"
     fig.savefig(os.path.join(args.out, name), dpi=110)
     plt.close(fig)
     return [name]
