@@ -9,11 +9,10 @@
 #include "common/float_bytes.h"
 #include "common/grpc_status.h"
 #include "common/status.h"
+#include "server/unary_reply.h"
 
 namespace cserps {
 namespace {
-
-absl::Time DefaultNow() { return absl::Now(); }
 
 std::string Describe(const v1::AsyncPushPullRequest& request) {
   return absl::StrCat("AsyncPushPull (step ", request.step(), ", offset ",
@@ -35,7 +34,7 @@ absl::StatusOr<std::unique_ptr<AsyncService>> AsyncService::Create(ShardContext*
 
 absl::StatusOr<std::unique_ptr<AsyncService>> AsyncService::Create(ShardContext* shard,
                                                                    Options options) {
-  if (!options.now) options.now = DefaultNow;
+  if (!options.now) options.now = RealNow;
   return std::unique_ptr<AsyncService>(new AsyncService(shard, std::move(options)));
 }
 

@@ -13,19 +13,10 @@
 #include "common/float_bytes.h"
 #include "common/grpc_status.h"
 #include "common/status.h"
+#include "server/unary_reply.h"
 
 namespace cserps {
 namespace {
-
-absl::Time DefaultNow() { return absl::Now(); }
-
-// Answers a unary call once with `status`.
-grpc::ServerUnaryReactor* FinishWith(grpc::CallbackServerContext* context,
-                                     const absl::Status& status) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(status));
-  return reactor;
-}
 
 std::string StreamName(int stream) {
   return v1::Stream_IsValid(stream) ? v1::Stream_Name(stream)
@@ -36,7 +27,7 @@ std::string StreamName(int stream) {
 
 absl::StatusOr<std::unique_ptr<ParameterServerService>>
 ParameterServerService::Create(ShardContext* shard, Options options) {
-  if (!options.now) options.now = DefaultNow;
+  if (!options.now) options.now = RealNow;
   return std::unique_ptr<ParameterServerService>(
       new ParameterServerService(shard, std::move(options)));
 }

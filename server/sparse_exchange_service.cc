@@ -11,21 +11,9 @@
 #include "common/block_layout.h"
 #include "common/grpc_status.h"
 #include "common/status.h"
+#include "server/unary_reply.h"
 
 namespace cserps {
-namespace {
-
-absl::Time DefaultNow() { return absl::Now(); }
-
-grpc::ServerUnaryReactor* FinishWith(grpc::CallbackServerContext* context,
-                                     const absl::Status& status) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(status));
-  return reactor;
-}
-
-}  // namespace
-
 absl::StatusOr<std::unique_ptr<SparseExchangeService>> SparseExchangeService::Create(
     ShardContext* shard) {
   return Create(shard, Options{});
@@ -33,7 +21,7 @@ absl::StatusOr<std::unique_ptr<SparseExchangeService>> SparseExchangeService::Cr
 
 absl::StatusOr<std::unique_ptr<SparseExchangeService>> SparseExchangeService::Create(
     ShardContext* shard, Options options) {
-  if (!options.now) options.now = DefaultNow;
+  if (!options.now) options.now = RealNow;
   const v1::JobConfig& config = shard->config();
   const bool sparse_job = IsSparseTopk(config.algorithm().name());
   uint64_t k_s = 0;
