@@ -768,6 +768,14 @@ void ApplyDefaults(v1::JobConfig* config) {
 
 absl::Status ValidateJobConfig(const v1::JobConfig& config,
                                ValidateOptions options) {
+  // The name goes into summaries (JSON), metric labels and file names.
+  for (char c : config.name()) {
+    if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_' &&
+        c != '.') {
+      return Invalid("name", absl::StrCat("may hold only letters, digits, '-', '_' and "
+                                          "'.' (got \"", config.name(), "\")"));
+    }
+  }
   RETURN_IF_ERROR(ValidateCluster(config.cluster(), options));
   RETURN_IF_ERROR(ValidateModel(config.model()));
   RETURN_IF_ERROR(ValidateData(config.data(), config.cluster().num_workers()));

@@ -577,6 +577,15 @@ TEST(RankBatchSizesTest, SpeedsSplitTheTotalInProportion) {
   EXPECT_NEAR(sizes[1], 3.0 * sizes[0], 3.0);  // 77 and 26: rounding moves 1 each
 }
 
+TEST(ValidateJobConfigTest, NameIsASafeIdentifier) {
+  v1::JobConfig config = ValidConfig();
+  config.set_name("my-job_2.1");
+  EXPECT_TRUE(ValidateJobConfig(config).ok());
+  config.set_name("a \"quoted\" name");
+  EXPECT_THAT(std::string(ValidateJobConfig(config).message()),
+              HasSubstr("name: may hold only letters"));
+}
+
 TEST(RankBatchSizesTest, PerRankListsAreValidated) {
   v1::JobConfig config = ValidConfig();
   config.mutable_data()->add_rank_speeds(1.0f);
