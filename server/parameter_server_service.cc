@@ -39,6 +39,7 @@ ParameterServerService::ParameterServerService(ShardContext* shard, Options opti
       all_blocks_(ShardPayload::AllBlocks(layout_, shard->shard())),
       chunk_floats_(shard->chunk_floats()),
       options_(std::move(options)),
+      rounds_timeout_(absl::Seconds(config_.cluster().round_timeout_s())),
       members_(shard->members()),
       store_(shard->store()),
       rounds_(RoundTable::Options{
@@ -111,6 +112,25 @@ ShardPayload ParameterServerService::PayloadOf(const RoundKey& key) const {
 
 void ParameterServerService::OnRoundComplete(const RoundKey& key, float lr,
                                              const std::vector<float>& mean) {
+  if (on_round_latency_) {
+    const absl::Time now = options_.now();
+    absl::Time first = now;
+    {
+      absl::MutexLock lock(&first_push_mu_);
+      auto it = first_push_.find(key);
+      if (it != first_push_.end()) {
+        first = it->second;
+        first_push_.erase(it);
+      }
+      // Rounds that failed or were refused leave entries behind; none of
+      // them can be younger than a timeout and still matter.
+      const absl::Time stale = now - rounds_timeout_;
+      for (auto i = first_push_.begin(); i != first_push_.end();) {
+        i = i->second < stale ? first_push_.erase(i) : std::next(i);
+      }
+    }
+    on_round_latency_(key, now - first);
+  }
   store_.ApplyMean(key.stream == v1::MODEL, PayloadOf(key),
                    key.chunk * chunk_floats_, mean, lr);
 }
@@ -160,6 +180,13 @@ grpc::ServerUnaryReactor* ParameterServerService::PushPull(
   const int stream = request->stream();
   stream_bytes_in_[stream].fetch_add(request->ByteSizeLong(), std::memory_order_relaxed);
   stream_floats_in_[stream].fetch_add(values.size(), std::memory_order_relaxed);
+  if (on_round_latency_) {
+    const absl::Time now = options_.now();
+    absl::MutexLock lock(&first_push_mu_);
+    auto [it, added] = first_push_.try_emplace(key, now);
+    // An entry older than a timeout belongs to a round that failed.
+    if (!added && it->second < now - rounds_timeout_) it->second = now;
+  }
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   response->set_step(key.step);
   response->set_stream(request->stream());
@@ -235,6 +262,24 @@ grpc::ServerUnaryReactor* ParameterServerService::PushModel(
   }
   response->set_shard_initialised(*initialised);
   return FinishWith(context, absl::OkStatus());
+}
+
+ParameterServerService::Counters ParameterServerService::counters() const {
+  Counters c;
+  c.registered = members_.registered();
+  c.rounds_completed = rounds_.rounds_completed();
+  c.rounds_failed = rounds_.rounds_failed();
+  c.open_rounds = rounds_.open_rounds();
+  c.newest_step = rounds_.newest_step();
+  // Streams before totals: a request adds to its total before its stream,
+  // so the totals read here normally cover the stream bytes read here.
+  c.grad_bytes_in = stream_bytes_in_[v1::GRAD].load(std::memory_order_relaxed);
+  c.grad_bytes_out = stream_bytes_out_[v1::GRAD].load(std::memory_order_relaxed);
+  c.model_bytes_in = stream_bytes_in_[v1::MODEL].load(std::memory_order_relaxed);
+  c.model_bytes_out = stream_bytes_out_[v1::MODEL].load(std::memory_order_relaxed);
+  c.bytes_in = bytes_in_.load(std::memory_order_relaxed);
+  c.bytes_out = bytes_out_.load(std::memory_order_relaxed);
+  return c;
 }
 
 grpc::ServerUnaryReactor* ParameterServerService::GetStatus(

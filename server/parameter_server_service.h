@@ -8,7 +8,9 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
+#include <utility>
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -33,6 +35,19 @@ class ParameterServerService final : public v1::ParameterServer::CallbackService
     bool expiry_thread = true;
   };
 
+  // The service's counters, as GetStatus reports them.
+  struct Counters {
+    uint64_t registered = 0;
+    uint64_t rounds_completed = 0;
+    uint64_t rounds_failed = 0;
+    uint64_t open_rounds = 0;
+    uint64_t newest_step = 0;
+    uint64_t bytes_in = 0;   // every request, PushModel included
+    uint64_t bytes_out = 0;  // every reply, PullModel included
+    uint64_t grad_bytes_in = 0, grad_bytes_out = 0;    // PushPull, GRAD
+    uint64_t model_bytes_in = 0, model_bytes_out = 0;  // PushPull, MODEL
+  };
+
   // Starts the expiry thread when asked. `shard` outlives the service.
   static absl::StatusOr<std::unique_ptr<ParameterServerService>> Create(
       ShardContext* shard, Options options);
@@ -44,6 +59,16 @@ class ParameterServerService final : public v1::ParameterServer::CallbackService
 
   // Fails the rounds overdue at `now`; returns how many.
   int ExpireOverdueRounds(absl::Time now) { return rounds_.ExpireOverdue(now); }
+
+  Counters counters() const;
+
+  // `observer` is called once per completed round with the time from its
+  // first push (clock Options::now) to completion; for metrics. Without one
+  // no first-push times are kept. Call before the service receives calls.
+  void SetRoundLatencyObserver(
+      std::function<void(const RoundKey&, absl::Duration)> observer) {
+    on_round_latency_ = std::move(observer);
+  }
 
   const BlockLayout& layout() const { return layout_; }
   uint32_t shard() const { return shard_.shard(); }
@@ -80,6 +105,7 @@ class ParameterServerService final : public v1::ParameterServer::CallbackService
   const ShardPayload all_blocks_;
   const uint64_t chunk_floats_;
   const Options options_;
+  const absl::Duration rounds_timeout_;
   MemberRegistry& members_;
   ShardStore& store_;
   RoundTable rounds_;
@@ -91,6 +117,12 @@ class ParameterServerService final : public v1::ParameterServer::CallbackService
   std::atomic<uint64_t> stream_bytes_in_[kStreams] = {};
   std::atomic<uint64_t> stream_bytes_out_[kStreams] = {};
   std::atomic<uint64_t> stream_floats_in_[kStreams] = {};
+
+  std::function<void(const RoundKey&, absl::Duration)> on_round_latency_;
+  // First push time of each round not yet completed; kept only with
+  // on_round_latency_.
+  absl::Mutex first_push_mu_;
+  std::map<RoundKey, absl::Time> first_push_ ABSL_GUARDED_BY(first_push_mu_);
 
   std::atomic<bool> shut_down_{false};
   // Last: destroyed (joined) first, while what it calls still exists.

@@ -13,9 +13,12 @@ namespace cserps {
 absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(
     const v1::JobConfig& config, uint32_t shard,
     const std::string& listen_address,
-    ParameterServerService::Options options) {
+    ParameterServerService::Options options, MetricsRegistry* metrics) {
   std::unique_ptr<PsServer> server(new PsServer());
   ASSIGN_OR_RETURN(server->shard_, ShardContext::Create(config, shard));
+  if (metrics != nullptr) {
+    ASSIGN_OR_RETURN(server->metrics_, ServerMetrics::Create(metrics, shard));
+  }
   ASSIGN_OR_RETURN(server->service_,
                    ParameterServerService::Create(server->shard_.get(), std::move(options)));
   ASSIGN_OR_RETURN(server->sparse_service_,
@@ -26,6 +29,34 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(
   builder.AddListeningPort(listen_address, grpc::InsecureServerCredentials(), &port);
   builder.SetMaxReceiveMessageSize(static_cast<int>(config.cluster().max_message_bytes()));
   builder.SetMaxSendMessageSize(static_cast<int>(config.cluster().max_message_bytes()));
+  if (server->metrics_ != nullptr) {
+    ServerMetrics* m = server->metrics_.get();
+    ParameterServerService* service = server->service_.get();
+    service->SetRoundLatencyObserver([m](const RoundKey& key, absl::Duration latency) {
+      m->ObserveRoundLatency(
+          v1::Stream_IsValid(key.stream) ? v1::Stream_Name(key.stream) : "other",
+          latency);
+    });
+    server->metrics_->Attach([service] {
+      const ParameterServerService::Counters c = service->counters();
+      ServerMetrics::Snapshot s;
+      s.rounds_completed = c.rounds_completed;
+      s.rounds_failed = c.rounds_failed;
+      s.members_registered = c.registered;
+      s.open_rounds = c.open_rounds;
+      s.newest_step = c.newest_step;
+      auto rest = [](uint64_t total, uint64_t a, uint64_t b) {
+        return total > a + b ? total - a - b : 0;
+      };
+      s.bytes_in = {{"GRAD", c.grad_bytes_in},
+                    {"MODEL", c.model_bytes_in},
+                    {"other", rest(c.bytes_in, c.grad_bytes_in, c.model_bytes_in)}};
+      s.bytes_out = {{"GRAD", c.grad_bytes_out},
+                     {"MODEL", c.model_bytes_out},
+                     {"other", rest(c.bytes_out, c.grad_bytes_out, c.model_bytes_out)}};
+      return s;
+    });
+  }
   builder.RegisterService(server->service_.get());
   builder.RegisterService(server->sparse_service_.get());
   builder.RegisterService(server->async_service_.get());
@@ -40,7 +71,11 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(
   return server;
 }
 
-PsServer::~PsServer() { Shutdown(); }
+PsServer::~PsServer() {
+  // A scrape must not read the service while it is destroyed.
+  if (metrics_ != nullptr) metrics_->Detach();
+  Shutdown();
+}
 
 void PsServer::Shutdown() {
   if (shut_down_.exchange(true)) return;

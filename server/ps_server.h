@@ -10,6 +10,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "common/metrics.h"
 #include "server/async_service.h"
 #include "server/parameter_server_service.h"
 #include "server/sparse_exchange_service.h"
@@ -20,10 +21,13 @@ namespace cserps {
 class PsServer {
  public:
   // Listens on `listen_address` ("host:port"; port 0 picks a free port).
+  // With `metrics` (which outlives the server), exports the shard's
+  // ServerMetrics there.
   static absl::StatusOr<std::unique_ptr<PsServer>> Start(
       const v1::JobConfig& config, uint32_t shard,
       const std::string& listen_address,
-      ParameterServerService::Options options = {});
+      ParameterServerService::Options options = {},
+      MetricsRegistry* metrics = nullptr);
   ~PsServer();
 
   // "host:port" with the port actually bound.
@@ -39,6 +43,9 @@ class PsServer {
   PsServer() = default;
 
   std::unique_ptr<ShardContext> shard_;
+  // Declared before service_, whose latency hook uses it; detached from the
+  // service by the destructor.
+  std::unique_ptr<ServerMetrics> metrics_;
   // Every service of the shard; declared after shard_, which they use.
   std::unique_ptr<ParameterServerService> service_;
   std::unique_ptr<SparseExchangeService> sparse_service_;

@@ -7,6 +7,7 @@
 #include "absl/flags/usage.h"
 #include "absl/synchronization/notification.h"
 #include "common/job_flags.h"
+#include "common/metrics.h"
 #include "common/signals.h"
 #include "common/split_overrides.h"
 #include "server/ps_server.h"
@@ -20,6 +21,9 @@ ABSL_FLAG(int, shard, 0, "Shard index of this server (0-based).");
 ABSL_FLAG(std::string, listen, "",
           "Address to listen on; default: cluster.servers[shard] from the "
           "config. Port 0 picks a free port.");
+ABSL_FLAG(std::string, metrics_address, "",
+          "Serve Prometheus metrics on http://ADDRESS/metrics (host:port; port 0 "
+          "picks a free port); empty: no metrics.");
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
@@ -48,8 +52,22 @@ int main(int argc, char** argv) {
   std::string listen = absl::GetFlag(FLAGS_listen);
   if (listen.empty()) listen = config->cluster().servers(shard);
 
+  // Declared before the server, which exports to it until destroyed.
+  std::unique_ptr<cserps::MetricsRegistry> metrics;
+  if (const std::string address = absl::GetFlag(FLAGS_metrics_address);
+      !address.empty()) {
+    absl::StatusOr<std::unique_ptr<cserps::MetricsRegistry>> started =
+        cserps::MetricsRegistry::Start(address);
+    if (!started.ok()) {
+      spdlog::error("--metrics_address: {}", started.status().ToString());
+      return 2;
+    }
+    metrics = *std::move(started);
+    std::printf("metrics on http://%s/metrics\n", metrics->address().c_str());
+    std::fflush(stdout);
+  }
   absl::StatusOr<std::unique_ptr<cserps::PsServer>> server =
-      cserps::PsServer::Start(*config, shard, listen);
+      cserps::PsServer::Start(*config, shard, listen, {}, metrics.get());
   if (!server.ok()) {
     spdlog::error("{}", server.status().ToString());
     return 1;

@@ -25,7 +25,7 @@ double Accuracy(const EvalSums& sums) {
 
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
     const v1::JobConfig& config, PsClient* client, const Dataset* train,
-    const Dataset* test) {
+    const Dataset* test, WorkerMetrics* metrics) {
   const std::vector<uint32_t> batch_sizes = RankBatchSizes(config);
   const uint32_t rank = client->rank();
   if (rank >= batch_sizes.size()) {
@@ -62,6 +62,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
   context.steps_per_epoch = steps_per_epoch;
   ASSIGN_OR_RETURN(trainer->algorithm_,
                    DefaultAlgorithms().Create(config.algorithm().name(), context));
+  trainer->metrics_ = metrics;
   return trainer;
 }
 
@@ -108,13 +109,50 @@ absl::StatusOr<float> Trainer::Step() {
         "rank ", rank_, " step ", step_, ": training loss is ", loss,
         " (diverged: lower optimizer.lr?)"));
   }
-  RETURN_IF_ERROR(algorithm_->Step(step_, schedule_.At(step_), grad_,
-                                   absl::MakeSpan(x_)));
+  const absl::Time algorithm_start = absl::Now();
+  const float lr = schedule_.At(step_);
+  RETURN_IF_ERROR(algorithm_->Step(step_, lr, grad_, absl::MakeSpan(x_)));
   ++step_;
+  if (metrics_ != nullptr) {
+    const absl::Time end = absl::Now();
+    metrics_->RecordStep(algorithm_start - compute_start, end - algorithm_start,
+                         batch_size_, loss, lr);
+    UpdateTrafficMetrics();
+    const uint64_t floats = TrainingFloatsPushed();
+    metrics_->SetCompressionRatio(
+        floats == 0 ? 0.0 : static_cast<double>(step_) * x_.size() / floats);
+  }
   return loss;
 }
 
-EvalSums Trainer::EvaluateTest() { return Evaluate(x_); }
+EvalSums Trainer::EvaluateTest() {
+  const EvalSums sums = Evaluate(x_);
+  if (metrics_ != nullptr) metrics_->SetTestAccuracy(/*global=*/false, Accuracy(sums));
+  return sums;
+}
+
+uint64_t Trainer::TrainingFloatsPushed() const {
+  uint64_t floats = client_->sparse_traffic().floats_pushed;
+  for (v1::Stream s : {v1::GRAD, v1::MODEL}) floats += client_->traffic(s).floats_pushed;
+  return floats;
+}
+
+void Trainer::UpdateTrafficMetrics() {
+  const PsClient::StreamTraffic grad = client_->traffic(v1::GRAD);
+  const PsClient::StreamTraffic model = client_->traffic(v1::MODEL);
+  const PsClient::StreamTraffic sparse = client_->sparse_traffic();
+  metrics_->SetTraffic("GRAD", grad.bytes_pushed, grad.bytes_pulled);
+  metrics_->SetTraffic("MODEL", model.bytes_pushed, model.bytes_pulled);
+  metrics_->SetTraffic("sparse", sparse.bytes_pushed, sparse.bytes_pulled);
+  // Model pushes and pulls count only towards the totals.
+  auto rest = [](uint64_t total, uint64_t a, uint64_t b, uint64_t c) {
+    return total > a + b + c ? total - a - b - c : 0;
+  };
+  metrics_->SetTraffic(
+      "other",
+      rest(client_->bytes_pushed(), grad.bytes_pushed, model.bytes_pushed, sparse.bytes_pushed),
+      rest(client_->bytes_pulled(), grad.bytes_pulled, model.bytes_pulled, sparse.bytes_pulled));
+}
 
 EvalSums Trainer::Evaluate(absl::Span<const float> params) {
   EvalSums total;
@@ -175,8 +213,7 @@ absl::Status Trainer::Run() {
 
 absl::Status Trainer::FinishTraining() {
   // Traffic of the training steps alone, against S-SGD's d floats per step.
-  uint64_t floats = client_->sparse_traffic().floats_pushed;
-  for (v1::Stream s : {v1::GRAD, v1::MODEL}) floats += client_->traffic(s).floats_pushed;
+  const uint64_t floats = TrainingFloatsPushed();
   final_.training_floats_pushed = floats;
   final_.achieved_compression =
       floats == 0 ? 0.0 : static_cast<double>(step_) * x_.size() / floats;
@@ -185,6 +222,10 @@ absl::Status Trainer::FinishTraining() {
   std::vector<float> global(x_.size());
   RETURN_IF_ERROR(client_->PullModel(absl::MakeSpan(global), /*wait_for_init=*/false));
   final_.global_accuracy = Accuracy(Evaluate(global));
+  if (metrics_ != nullptr) {
+    metrics_->SetTestAccuracy(/*global=*/true, final_.global_accuracy);
+    UpdateTrafficMetrics();
+  }
   return absl::OkStatus();
 }
 

@@ -11,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/metrics.h"
 #include "cserps/v1/config.pb.h"
 #include "worker/algorithms/algorithm.h"
 #include "worker/data/batcher.h"
@@ -46,10 +47,11 @@ class Trainer {
  public:
   // `config` has defaults applied and is valid; `client` is registered
   // (client->rank() is this worker's rank). `train` and `test` and `client`
-  // outlive the trainer.
+  // outlive the trainer. With `metrics` (which outlives the trainer too),
+  // every step and evaluation updates it; nullptr: no metrics.
   static absl::StatusOr<std::unique_ptr<Trainer>> Create(
       const v1::JobConfig& config, PsClient* client, const Dataset* train,
-      const Dataset* test);
+      const Dataset* test, WorkerMetrics* metrics = nullptr);
 
   // Rank 0 initialises the model from the job seed and pushes it; every rank
   // then pulls it, so all start from the identical model.
@@ -77,6 +79,9 @@ class Trainer {
           const Dataset* test, size_t steps_per_epoch, Range range,
           uint32_t batch_size, std::unique_ptr<Model> model);
   absl::Status WriteOutputs(double wall_seconds) const;
+  // Floats the training steps pushed so far, over every stream.
+  uint64_t TrainingFloatsPushed() const;
+  void UpdateTrafficMetrics();
   EvalSums Evaluate(absl::Span<const float> params);
 
   const v1::JobConfig config_;
@@ -96,6 +101,7 @@ class Trainer {
   uint64_t step_ = 0;
   std::vector<CurvePoint> curve_;
   FinalReport final_;
+  WorkerMetrics* metrics_ = nullptr;
 };
 
 }  // namespace cserps

@@ -2,6 +2,8 @@
 #include <cblas.h>
 #include <unistd.h>
 
+#include <cstdio>
+#include <memory>
 #include <string>
 
 #include "absl/flags/flag.h"
@@ -10,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/algorithm_catalog.h"
 #include "common/job_flags.h"
+#include "common/metrics.h"
 #include "common/status.h"
 #include "common/model_spec.h"
 #include "common/split_overrides.h"
@@ -28,6 +31,10 @@ ABSL_FLAG(std::string, worker_id, "",
 ABSL_FLAG(int, blas_threads, 1,
           "OpenBLAS threads of this process. Keep 1 when several workers share "
           "a machine; 0 leaves OpenBLAS's default (one per core).");
+
+ABSL_FLAG(std::string, metrics_address, "",
+          "Serve Prometheus metrics on http://ADDRESS/metrics (host:port; port 0 "
+          "picks a free port); empty: no metrics.");
 
 namespace {
 
@@ -57,8 +64,26 @@ absl::Status RunWorker() {
   spdlog::info("rank {}/{}: {} parameters, {} training and {} test examples, algorithm {}",
                rank, config.cluster().num_workers(), spec.num_params, train.size,
                test.size, cserps::DescribeAlgorithm(config.algorithm()));
+  // Declared before the trainer, which updates them until destroyed.
+  std::unique_ptr<cserps::MetricsRegistry> metrics;
+  std::unique_ptr<cserps::WorkerMetrics> worker_metrics;
+  if (const std::string address = absl::GetFlag(FLAGS_metrics_address);
+      !address.empty()) {
+    absl::StatusOr<std::unique_ptr<cserps::MetricsRegistry>> started =
+        cserps::MetricsRegistry::Start(address);
+    if (!started.ok()) {
+      return absl::Status(started.status().code(),
+                          absl::StrCat("--metrics_address: ", started.status().message()));
+    }
+    metrics = *std::move(started);
+    ASSIGN_OR_RETURN(worker_metrics, cserps::WorkerMetrics::Create(
+                                         metrics.get(), rank, config.algorithm().name()));
+    std::printf("metrics on http://%s/metrics\n", metrics->address().c_str());
+    std::fflush(stdout);
+  }
   ASSIGN_OR_RETURN(std::unique_ptr<cserps::Trainer> trainer,
-                   cserps::Trainer::Create(config, client.get(), &train, &test));
+                   cserps::Trainer::Create(config, client.get(), &train, &test,
+                                           worker_metrics.get()));
   return trainer->Run();
 }
 

@@ -1,0 +1,340 @@
+#include "common/metrics.h"
+
+#include <exception>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "prometheus/exposer.h"
+#include "prometheus/family.h"
+#include "prometheus/registry.h"
+#include "prometheus/text_serializer.h"
+
+namespace cserps {
+
+class MetricsRegistry::Collector::Impl : public prometheus::Collectable {
+ public:
+  explicit Impl(std::function<std::vector<prometheus::MetricFamily>()> collect)
+      : collect_(std::move(collect)) {}
+
+  std::vector<prometheus::MetricFamily> Collect() const override {
+    absl::MutexLock lock(&mu_);
+    if (!collect_) return {};
+    return collect_();
+  }
+
+  void Stop() {
+    absl::MutexLock lock(&mu_);
+    collect_ = nullptr;
+  }
+
+ private:
+  // Held across collect_ so that Stop waits for a scrape in progress.
+  mutable absl::Mutex mu_;
+  std::function<std::vector<prometheus::MetricFamily>()> collect_
+      ABSL_GUARDED_BY(mu_);
+};
+
+MetricsRegistry::Collector::~Collector() { impl_->Stop(); }
+
+MetricsRegistry::MetricsRegistry()
+    : registry_(std::make_shared<prometheus::Registry>()) {}
+
+MetricsRegistry::~MetricsRegistry() = default;
+
+absl::StatusOr<std::unique_ptr<MetricsRegistry>> MetricsRegistry::Start(
+    const std::string& address) {
+  const size_t colon = address.rfind(':');
+  uint32_t port = 0;
+  if (colon == std::string::npos || colon == 0 ||
+      !absl::SimpleAtoi(address.substr(colon + 1), &port) || port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "metrics address '", address, "' is not host:port (e.g. 127.0.0.1:9100)"));
+  }
+  std::unique_ptr<MetricsRegistry> metrics(new MetricsRegistry());
+  try {
+    metrics->exposer_ = std::make_unique<prometheus::Exposer>(address, 1);
+    metrics->exposer_->RegisterCollectable(metrics->registry_);
+    const std::vector<int> ports = metrics->exposer_->GetListeningPorts();
+    if (ports.empty()) {
+      return absl::UnavailableError(absl::StrCat(
+          "metrics address ", address, ": the HTTP server listens on no port"));
+    }
+    metrics->address_ = absl::StrCat(address.substr(0, colon), ":", ports.front());
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat(
+        "cannot serve metrics on ", address, ": ", e.what(),
+        " (address in use or not local?)"));
+  }
+  return metrics;
+}
+
+std::unique_ptr<MetricsRegistry> MetricsRegistry::WithoutEndpoint() {
+  return std::unique_ptr<MetricsRegistry>(new MetricsRegistry());
+}
+
+namespace {
+
+template <typename T, typename Builder, typename... Args>
+absl::StatusOr<T*> AddSeries(Builder builder, prometheus::Registry& registry,
+                             const std::string& name, const std::string& help,
+                             const std::map<std::string, std::string>& labels,
+                             Args&&... args) {
+  try {
+    prometheus::Family<T>& family = builder.Name(name).Help(help).Register(registry);
+    return &family.Add(labels, std::forward<Args>(args)...);
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("metric ", name, ": ", e.what()));
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<prometheus::Counter*> MetricsRegistry::Counter(
+    const std::string& name, const std::string& help,
+    const std::map<std::string, std::string>& labels) {
+  return AddSeries<prometheus::Counter>(prometheus::BuildCounter(), *registry_,
+                                        name, help, labels);
+}
+
+absl::StatusOr<prometheus::Gauge*> MetricsRegistry::Gauge(
+    const std::string& name, const std::string& help,
+    const std::map<std::string, std::string>& labels) {
+  return AddSeries<prometheus::Gauge>(prometheus::BuildGauge(), *registry_,
+                                      name, help, labels);
+}
+
+absl::StatusOr<prometheus::Histogram*> MetricsRegistry::Histogram(
+    const std::string& name, const std::string& help,
+    const std::map<std::string, std::string>& labels,
+    const std::vector<double>& buckets) {
+  return AddSeries<prometheus::Histogram>(prometheus::BuildHistogram(),
+                                          *registry_, name, help, labels,
+                                          buckets);
+}
+
+std::unique_ptr<MetricsRegistry::Collector> MetricsRegistry::AddCollector(
+    std::function<std::vector<prometheus::MetricFamily>()> collect) {
+  auto impl = std::make_shared<Collector::Impl>(std::move(collect));
+  {
+    absl::MutexLock lock(&mu_);
+    collectables_.push_back(impl);
+  }
+  if (exposer_ != nullptr) exposer_->RegisterCollectable(impl);
+  return std::unique_ptr<Collector>(new Collector(impl));
+}
+
+std::string MetricsRegistry::Collect() const {
+  std::vector<prometheus::MetricFamily> families = registry_->Collect();
+  {
+    absl::MutexLock lock(&mu_);
+    for (const std::weak_ptr<prometheus::Collectable>& weak : collectables_) {
+      if (std::shared_ptr<prometheus::Collectable> c = weak.lock()) {
+        std::vector<prometheus::MetricFamily> more = c->Collect();
+        families.insert(families.end(), more.begin(), more.end());
+      }
+    }
+  }
+  try {
+    return prometheus::TextSerializer().Serialize(families);
+  } catch (const std::exception& e) {
+    return absl::StrCat("# cannot serialize metrics: ", e.what(), "\n");
+  }
+}
+
+// ---------------------------------------------------------------- server
+
+namespace {
+
+// Round latencies from a millisecond (small models, one host) to a minute
+// (the default round timeout).
+const std::vector<double>& LatencyBuckets() {
+  static const auto* buckets = new std::vector<double>{
+      0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
+  return *buckets;
+}
+
+prometheus::ClientMetric Sample(std::vector<prometheus::ClientMetric::Label> labels,
+                                double value, prometheus::MetricType type) {
+  prometheus::ClientMetric metric;
+  metric.label = std::move(labels);
+  if (type == prometheus::MetricType::Counter) {
+    metric.counter.value = value;
+  } else {
+    metric.gauge.value = value;
+  }
+  return metric;
+}
+
+prometheus::MetricFamily Family(std::string name, std::string help,
+                                prometheus::MetricType type) {
+  prometheus::MetricFamily family;
+  family.name = std::move(name);
+  family.help = std::move(help);
+  family.type = type;
+  return family;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ServerMetrics>> ServerMetrics::Create(
+    MetricsRegistry* registry, uint32_t shard) {
+  std::unique_ptr<ServerMetrics> metrics(new ServerMetrics(registry, shard));
+  for (const char* stream : {"GRAD", "MODEL"}) {
+    ASSIGN_OR_RETURN(
+        metrics->round_latency_[stream],
+        registry->Histogram("cserps_server_round_latency_seconds",
+                            "Time from a round's first push to its completion.",
+                            {{"shard", absl::StrCat(shard)}, {"stream", stream}},
+                            LatencyBuckets()));
+  }
+  return metrics;
+}
+
+void ServerMetrics::Attach(std::function<Snapshot()> snapshot) {
+  const std::string shard = absl::StrCat(shard_);
+  collector_ = registry_->AddCollector([shard, snapshot = std::move(snapshot)] {
+    using prometheus::MetricType;
+    const Snapshot s = snapshot();
+    std::vector<prometheus::MetricFamily> out;
+    auto single = [&](const char* name, const char* help, MetricType type,
+                      uint64_t value) {
+      out.push_back(Family(name, help, type));
+      out.back().metric.push_back(
+          Sample({{"shard", shard}}, static_cast<double>(value), type));
+    };
+    single("cserps_server_rounds_completed_total",
+           "Averaging rounds (PushPull, one chunk of one step and stream) completed.",
+           MetricType::Counter, s.rounds_completed);
+    single("cserps_server_rounds_failed_total",
+           "Averaging rounds failed (timeout or shutdown).", MetricType::Counter,
+           s.rounds_failed);
+    single("cserps_server_members_registered", "Workers registered with the shard.",
+           MetricType::Gauge, s.members_registered);
+    single("cserps_server_open_rounds", "Rounds waiting for pushes.",
+           MetricType::Gauge, s.open_rounds);
+    single("cserps_server_model_step", "Newest step of any completed round.",
+           MetricType::Gauge, s.newest_step);
+    auto by_stream = [&](const char* name, const char* help,
+                         const std::map<std::string, uint64_t>& bytes) {
+      out.push_back(Family(name, help, MetricType::Counter));
+      for (const auto& [stream, value] : bytes) {
+        out.back().metric.push_back(Sample({{"shard", shard}, {"stream", stream}},
+                                           static_cast<double>(value),
+                                           MetricType::Counter));
+      }
+    };
+    by_stream("cserps_server_bytes_in_total",
+              "Serialized request bytes received by the ParameterServer service.",
+              s.bytes_in);
+    by_stream("cserps_server_bytes_out_total",
+              "Serialized reply bytes sent by the ParameterServer service.",
+              s.bytes_out);
+    return out;
+  });
+}
+
+void ServerMetrics::Detach() { collector_.reset(); }
+
+void ServerMetrics::ObserveRoundLatency(const std::string& stream,
+                                        absl::Duration latency) {
+  auto it = round_latency_.find(stream);
+  if (it != round_latency_.end()) {
+    it->second->Observe(absl::ToDoubleSeconds(latency));
+  }
+}
+
+// ---------------------------------------------------------------- worker
+
+absl::StatusOr<std::unique_ptr<WorkerMetrics>> WorkerMetrics::Create(
+    MetricsRegistry* registry, uint32_t rank, const std::string& algorithm) {
+  std::unique_ptr<WorkerMetrics> m(new WorkerMetrics());
+  const std::map<std::string, std::string> labels = {
+      {"rank", absl::StrCat(rank)}, {"algorithm", algorithm}};
+  auto with = [&labels](const char* name, const char* value) {
+    std::map<std::string, std::string> more = labels;
+    more[name] = value;
+    return more;
+  };
+  ASSIGN_OR_RETURN(m->steps_, registry->Counter("cserps_worker_steps_total",
+                                                "Training steps completed.", labels));
+  ASSIGN_OR_RETURN(m->samples_per_second_,
+                   registry->Gauge("cserps_worker_samples_per_second",
+                                   "Training examples per second of the last step.",
+                                   labels));
+  // Step phases from 100 us (tiny models) to 10 s (a straggler's round).
+  const std::vector<double> step_buckets = {0.0001, 0.00025, 0.0005, 0.001, 0.0025,
+                                            0.005,  0.01,    0.025,  0.05,  0.1,
+                                            0.25,   0.5,     1,      2.5,   10};
+  const char* step_help =
+      "Duration of a training step's phases: compute (forward/backward) and "
+      "algorithm (the algorithm's step: communication and update).";
+  ASSIGN_OR_RETURN(m->compute_seconds_,
+                   registry->Histogram("cserps_worker_step_seconds", step_help,
+                                       with("phase", "compute"), step_buckets));
+  ASSIGN_OR_RETURN(m->algorithm_seconds_,
+                   registry->Histogram("cserps_worker_step_seconds", step_help,
+                                       with("phase", "algorithm"), step_buckets));
+  for (const char* stream : kStreams) {
+    Traffic& t = m->traffic_[stream];
+    ASSIGN_OR_RETURN(t.pushed,
+                     registry->Counter("cserps_worker_bytes_pushed_total",
+                                       "Serialized request bytes sent to servers.",
+                                       with("stream", stream)));
+    ASSIGN_OR_RETURN(t.pulled,
+                     registry->Counter("cserps_worker_bytes_pulled_total",
+                                       "Serialized reply bytes received from servers.",
+                                       with("stream", stream)));
+  }
+  ASSIGN_OR_RETURN(m->compression_ratio_,
+                   registry->Gauge("cserps_worker_compression_ratio",
+                                   "Achieved compression: steps * d / floats pushed.",
+                                   labels));
+  ASSIGN_OR_RETURN(m->train_loss_, registry->Gauge("cserps_worker_train_loss",
+                                                   "Training loss of the last step.",
+                                                   labels));
+  const char* accuracy_help =
+      "Test accuracy of the local model (end of each epoch and of training) or "
+      "of the servers' global model (end of training).";
+  ASSIGN_OR_RETURN(m->test_accuracy_local_,
+                   registry->Gauge("cserps_worker_test_accuracy", accuracy_help,
+                                   with("model", "local")));
+  ASSIGN_OR_RETURN(m->test_accuracy_global_,
+                   registry->Gauge("cserps_worker_test_accuracy", accuracy_help,
+                                   with("model", "global")));
+  ASSIGN_OR_RETURN(m->learning_rate_,
+                   registry->Gauge("cserps_worker_learning_rate",
+                                   "Learning rate of the last step.", labels));
+  return m;
+}
+
+void WorkerMetrics::RecordStep(absl::Duration compute, absl::Duration algorithm,
+                               uint32_t batch_size, double loss, double lr) {
+  steps_->Increment();
+  compute_seconds_->Observe(absl::ToDoubleSeconds(compute));
+  algorithm_seconds_->Observe(absl::ToDoubleSeconds(algorithm));
+  const double seconds = absl::ToDoubleSeconds(compute + algorithm);
+  if (seconds > 0) samples_per_second_->Set(batch_size / seconds);
+  train_loss_->Set(loss);
+  learning_rate_->Set(lr);
+}
+
+void WorkerMetrics::SetTraffic(const std::string& stream, uint64_t bytes_pushed,
+                               uint64_t bytes_pulled) {
+  auto it = traffic_.find(stream);
+  if (it == traffic_.end()) return;
+  Traffic& t = it->second;
+  // PsClient's totals only grow; guard anyway so a counter never goes down.
+  if (bytes_pushed > t.last_pushed) {
+    t.pushed->Increment(static_cast<double>(bytes_pushed - t.last_pushed));
+    t.last_pushed = bytes_pushed;
+  }
+  if (bytes_pulled > t.last_pulled) {
+    t.pulled->Increment(static_cast<double>(bytes_pulled - t.last_pulled));
+    t.last_pulled = bytes_pulled;
+  }
+}
+
+}  // namespace cserps
