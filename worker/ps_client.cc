@@ -61,6 +61,24 @@ class CallBatch {
   absl::Status first_error_ ABSL_GUARDED_BY(mu_);
 };
 
+// Starts every call with start(call, done), then waits for all of them;
+// returns the first error, which names `what`, the shard and its address.
+template <typename Call, typename StartFn>
+absl::Status RunAll(const std::vector<std::unique_ptr<Call>>& calls,
+                    absl::string_view what, const std::vector<std::string>& addresses,
+                    StartFn start) {
+  CallBatch batch;
+  for (const auto& call : calls) {
+    batch.Add();
+    const std::string context =
+        absl::StrCat(what, " shard ", call->shard, " at ", addresses[call->shard]);
+    start(*call, [&batch, context](grpc::Status status) {
+      batch.Done(FromGrpcStatus(status, context));
+    });
+  }
+  return batch.Wait();
+}
+
 void SetDeadline(grpc::ClientContext* context, absl::Duration timeout) {
   context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
   context->set_wait_for_ready(true);
@@ -279,27 +297,23 @@ absl::Status PsClient::PushModel(absl::Span<const float> model) {
     grpc::ClientContext context;
     v1::PushModelRequest request;
     v1::PushModelResponse response;
+    uint32_t shard = 0;
   };
   std::vector<std::unique_ptr<Call>> calls;
-  CallBatch batch;
   for (const ModelChunk& chunk : ModelChunks()) {
     auto call = std::make_unique<Call>();
+    call->shard = chunk.shard;
     call->request.set_fingerprint(fingerprint_);
     call->request.set_rank(rank_);
     call->request.set_offset(chunk.offset);
     AppendFloats(model.subspan(chunk.offset, chunk.count), call->request.mutable_values());
     bytes_pushed_.fetch_add(call->request.ByteSizeLong());
     SetDeadline(&call->context, options_.setup_timeout);
-    batch.Add();
-    const std::string context =
-        absl::StrCat("PushModel to shard ", chunk.shard, " at ", addresses_[chunk.shard]);
-    stubs_[chunk.shard]->async()->PushModel(&call->context, &call->request, &call->response,
-                                            [&batch, context](grpc::Status status) {
-                                              batch.Done(FromGrpcStatus(status, context));
-                                            });
     calls.push_back(std::move(call));
   }
-  return batch.Wait();
+  return RunAll(calls, "PushModel to", addresses_, [&](Call& c, auto done) {
+    stubs_[c.shard]->async()->PushModel(&c.context, &c.request, &c.response, std::move(done));
+  });
 }
 
 absl::Status PsClient::PullModel(absl::Span<float> model, bool wait_for_init) {
@@ -315,7 +329,6 @@ absl::Status PsClient::PullModel(absl::Span<float> model, bool wait_for_init) {
     uint32_t shard = 0;
   };
   std::vector<std::unique_ptr<Call>> calls;
-  CallBatch batch;
   for (const ModelChunk& chunk : ModelChunks()) {
     auto call = std::make_unique<Call>();
     call->shard = chunk.shard;
@@ -326,17 +339,9 @@ absl::Status PsClient::PullModel(absl::Span<float> model, bool wait_for_init) {
     SetDeadline(&call->context, options_.setup_timeout);
     calls.push_back(std::move(call));
   }
-  for (auto& call : calls) {
-    batch.Add();
-    const std::string context = absl::StrCat("PullModel from shard ", call->shard,
-                                             " at ", addresses_[call->shard]);
-    stubs_[call->shard]->async()->PullModel(
-        &call->context, &call->request, &call->response,
-        [&batch, context](grpc::Status status) {
-          batch.Done(FromGrpcStatus(status, context));
-        });
-  }
-  RETURN_IF_ERROR(batch.Wait());
+  RETURN_IF_ERROR(RunAll(calls, "PullModel from", addresses_, [&](Call& c, auto done) {
+    stubs_[c.shard]->async()->PullModel(&c.context, &c.request, &c.response, std::move(done));
+  }));
   for (const auto& call : calls) {
     bytes_pulled_.fetch_add(call->response.ByteSizeLong());
     RETURN_IF_ERROR(BytesToFloats(
@@ -383,18 +388,10 @@ absl::Status PsClient::AsyncPushPull(uint64_t step, float lr,
                 absl::Seconds(config_.cluster().round_timeout_s()) + options_.rpc_slack);
     calls.push_back(std::move(call));
   }
-  CallBatch batch;
-  for (auto& call : calls) {
-    batch.Add();
-    const std::string context = absl::StrCat("AsyncPushPull to shard ", call->shard,
-                                             " at ", addresses_[call->shard]);
-    async_stubs_[call->shard]->async()->AsyncPushPull(
-        &call->context, &call->request, &call->response,
-        [&batch, context](grpc::Status status) {
-          batch.Done(FromGrpcStatus(status, context));
-        });
-  }
-  RETURN_IF_ERROR(batch.Wait());
+  RETURN_IF_ERROR(RunAll(calls, "AsyncPushPull to", addresses_, [&](Call& c, auto done) {
+    async_stubs_[c.shard]->async()->AsyncPushPull(&c.context, &c.request, &c.response,
+                                                  std::move(done));
+  }));
   for (const auto& call : calls) {
     bytes_pulled_.fetch_add(call->response.ByteSizeLong());
     counters.bytes_pulled.fetch_add(call->response.ByteSizeLong());
@@ -457,18 +454,10 @@ absl::Status PsClient::ExchangeSparse(uint64_t step, const SparseVector& local,
         "ExchangeSparse: index ", local.indices[pos], " at position ", pos,
         " is not below the model size ", d, " or the indices are not ascending"));
   }
-  CallBatch batch;
-  for (auto& call : calls) {
-    batch.Add();
-    const std::string context = absl::StrCat("SparsePushPull to shard ", call->shard,
-                                             " at ", addresses_[call->shard]);
-    sparse_stubs_[call->shard]->async()->SparsePushPull(
-        &call->context, &call->request, &call->response,
-        [&batch, context](grpc::Status status) {
-          batch.Done(FromGrpcStatus(status, context));
-        });
-  }
-  RETURN_IF_ERROR(batch.Wait());
+  RETURN_IF_ERROR(RunAll(calls, "SparsePushPull to", addresses_, [&](auto& c, auto done) {
+    sparse_stubs_[c.shard]->async()->SparsePushPull(&c.context, &c.request, &c.response,
+                                                    std::move(done));
+  }));
   result->indices.clear();
   result->values.clear();
   for (const auto& call : calls) {
