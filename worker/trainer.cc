@@ -118,9 +118,7 @@ absl::StatusOr<float> Trainer::Step() {
     metrics_->RecordStep(algorithm_start - compute_start, end - algorithm_start,
                          batch_size_, loss, lr);
     UpdateTrafficMetrics();
-    const uint64_t floats = TrainingFloatsPushed();
-    metrics_->SetCompressionRatio(
-        floats == 0 ? 0.0 : static_cast<double>(step_) * x_.size() / floats);
+    metrics_->SetCompressionRatio(AchievedCompression(TrainingFloatsPushed()));
   }
   return loss;
 }
@@ -129,6 +127,11 @@ EvalSums Trainer::EvaluateTest() {
   const EvalSums sums = Evaluate(x_);
   if (metrics_ != nullptr) metrics_->SetTestAccuracy(/*global=*/false, Accuracy(sums));
   return sums;
+}
+
+double Trainer::AchievedCompression(uint64_t floats_pushed) const {
+  return floats_pushed == 0 ? 0.0
+                            : static_cast<double>(step_) * x_.size() / floats_pushed;
 }
 
 uint64_t Trainer::TrainingFloatsPushed() const {
@@ -215,8 +218,7 @@ absl::Status Trainer::FinishTraining() {
   // Traffic of the training steps alone, against S-SGD's d floats per step.
   const uint64_t floats = TrainingFloatsPushed();
   final_.training_floats_pushed = floats;
-  final_.achieved_compression =
-      floats == 0 ? 0.0 : static_cast<double>(step_) * x_.size() / floats;
+  final_.achieved_compression = AchievedCompression(floats);
   final_.local_accuracy = Accuracy(EvaluateTest());
   RETURN_IF_ERROR(algorithm_->Finish(step_, absl::MakeSpan(x_)));
   std::vector<float> global(x_.size());

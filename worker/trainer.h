@@ -80,6 +80,8 @@ class Trainer {
           uint32_t batch_size, std::unique_ptr<Model> model);
   absl::Status WriteOutputs(double wall_seconds) const;
   // Floats the training steps pushed so far, over every stream.
+  // S-SGD's floats for the steps so far over `floats_pushed`.
+  double AchievedCompression(uint64_t floats_pushed) const;
   uint64_t TrainingFloatsPushed() const;
   void UpdateTrafficMetrics();
   EvalSums Evaluate(absl::Span<const float> params);
