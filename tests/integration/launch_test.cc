@@ -23,10 +23,10 @@ struct Result {
 
 // Runs cserps-launch on configs/tiny.textproto with `overrides`; bounded by
 // the launcher's own --timeout_s.
-Result Launch(const std::string& overrides) {
+Result Launch(const std::string& overrides, const std::string& flags = "") {
   const std::string command = absl::StrCat(
       CSERPS_LAUNCH_BIN, " --config=", CSERPS_SOURCE_DIR,
-      "/configs/tiny.textproto --timeout_s=120 --set='", overrides, "' 2>&1");
+      "/configs/tiny.textproto --timeout_s=120 ", flags, " --set='", overrides, "' 2>&1");
   Result result;
   FILE* pipe = popen(command.c_str(), "r");
   if (pipe == nullptr) return result;
@@ -89,6 +89,29 @@ TEST_F(LaunchTest, TinyJobTrainsAndWritesSummaries) {
   // (10%), and the same model on both ranks.
   EXPECT_GT(accuracy[0], 0.6);
   EXPECT_EQ(accuracy[0], accuracy[1]);
+}
+
+TEST_F(LaunchTest, MetricsEndpointsAreListedForPrometheus) {
+  const Result r = Launch(absl::StrCat("output_dir=", out_.string()), "--metrics");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string targets = ReadFile(out_ / "prometheus_targets.json");
+  // One target group per process: the server and both workers, each with
+  // the port its process printed.
+  for (const char* process : {"server 0", "worker 0", "worker 1"}) {
+    const std::string prefix = absl::StrCat("[", process, "] metrics on http://");
+    const size_t at = r.output.find(prefix);
+    ASSERT_NE(at, std::string::npos) << process << "\n" << r.output;
+    const size_t begin = at + prefix.size();
+    const std::string address = r.output.substr(begin, r.output.find('/', begin) - begin);
+    EXPECT_EQ(address.rfind("127.0.0.1:", 0), 0u) << address;
+    const std::string role(process, std::string(process).find(' '));
+    const std::string index(std::string(process).substr(role.size() + 1));
+    EXPECT_NE(targets.find(absl::StrCat("{\"targets\": [\"", address,
+                                        "\"], \"labels\": {\"role\": \"", role,
+                                        "\", \"index\": \"", index, "\"}}")),
+              std::string::npos)
+        << targets;
+  }
 }
 
 TEST_F(LaunchTest, FailingWorkerStopsTheClusterWithAnError) {

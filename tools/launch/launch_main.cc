@@ -37,6 +37,10 @@ ABSL_FLAG(std::string, bin_dir, "",
           "program's own directory.");
 ABSL_FLAG(int, startup_timeout_s, 60, "Seconds the servers have to start listening.");
 ABSL_FLAG(int, timeout_s, 0, "Stop everything and fail after this many seconds (0 = none).");
+ABSL_FLAG(bool, metrics, false,
+          "Serve Prometheus metrics from every process on a free 127.0.0.1 port and "
+          "keep <output_dir>/prometheus_targets.json (Prometheus file_sd format) "
+          "listing them.");
 
 namespace {
 
@@ -140,6 +144,7 @@ class Cluster {
              std::vector<std::string> args, const std::string& overrides) {
     std::vector<std::string> argv = {program, absl::StrCat("--config=", config_path_)};
     if (!overrides.empty()) argv.push_back(absl::StrCat("--set=", overrides));
+    if (absl::GetFlag(FLAGS_metrics)) argv.push_back("--metrics_address=127.0.0.1:0");
     argv.insert(argv.end(), args.begin(), args.end());
     // One BLAS thread per process: several share this machine's cores.
     absl::StatusOr<ChildProcess> child =
@@ -202,9 +207,39 @@ class Cluster {
           if (server_addresses_[shard].empty()) ++ready_servers_;
           server_addresses_[shard] = line.substr(at + marker.size());
         }
+        const std::string metrics = "metrics on http://";
+        if (absl::StartsWith(line, metrics)) {
+          const std::string address = line.substr(
+              metrics.size(), line.find('/', metrics.size()) - metrics.size());
+          metrics_targets_[child.name()] = address;
+          WriteMetricsTargets();
+        }
       }
       std::fflush(stdout);
     }
+  }
+
+  // Prometheus file-based service discovery: one target group per process,
+  // labelled with its role and index (server 0 → role="server", index="0").
+  void WriteMetricsTargets() const {
+    std::vector<std::string> groups;
+    for (const auto& [name, address] : metrics_targets_) {
+      const size_t space = name.find(' ');
+      groups.push_back(absl::StrCat("  {\"targets\": [\"", address,
+                                    "\"], \"labels\": {\"role\": \"", name.substr(0, space),
+                                    "\", \"index\": \"", name.substr(space + 1), "\"}}"));
+    }
+    const std::filesystem::path dir(config_.output_dir());
+    std::error_code error;
+    std::filesystem::create_directories(dir, error);
+    const std::filesystem::path path = dir / "prometheus_targets.json";
+    const std::filesystem::path tmp = dir / "prometheus_targets.json.tmp";
+    {
+      std::ofstream out(tmp);
+      out << "[\n" << absl::StrJoin(groups, ",\n") << "\n]\n";
+    }
+    // Prometheus may read the file at any time: replace it atomically.
+    std::filesystem::rename(tmp, path, error);
   }
 
   void CheckChildren() {
@@ -275,6 +310,7 @@ class Cluster {
   const std::string bin_dir_;
   std::vector<ChildProcess> children_;
   std::vector<std::string> server_addresses_;
+  std::map<std::string, std::string> metrics_targets_;  // process name -> host:port
   int ready_servers_ = 0;
   bool workers_started_ = false;
   uint32_t workers_ = 0;
