@@ -15,6 +15,7 @@ packages=(
   libspdlog-dev
   clang
   python3
+  prometheus
   dataset-fashion-mnist
 )
 
