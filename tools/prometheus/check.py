@@ -3,7 +3,9 @@
 127.0.0.1 is scraped by Debian's Prometheus (also on 127.0.0.1, its own port
 and data directory); afterwards Prometheus' HTTP API must show every worker's
 step and GRAD byte counters rising and agreeing with the worker's own JSON
-summary, and the servers' completed rounds. Run by ctest
+summary, and the servers' completed rounds; every metric the Grafana
+dashboard (deploy/grafana/dashboards/cserps.json) queries must exist in that
+scrape, and deploy/prometheus/prometheus.yml must pass promtool. Run by ctest
 (integration_prometheus); exits 77 (skipped) when prometheus is not
 installed. Every process it starts is stopped; every wait is bounded.
 
@@ -13,6 +15,7 @@ installed. Every process it starts is stopped; every wait is bounded.
 import argparse
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -60,6 +63,26 @@ def wait_ready(port, proc, seconds=60):
     raise RuntimeError(f"prometheus not ready on port {port} within {seconds} s")
 
 
+def check_dashboard(port):
+    """Every metric a Grafana panel queries exists in the real scrape."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/label/__name__/values",
+                                timeout=10) as reply:
+        scraped = set(json.load(reply)["data"])
+    path = os.path.join(ROOT, "deploy", "grafana", "dashboards", "cserps.json")
+    with open(path) as f:
+        dashboard = json.load(f)
+    problems = []
+    used = set()
+    for panel in dashboard["panels"]:
+        for target in panel.get("targets", []):
+            used.update(re.findall(r"cserps_[a-z_]+", target["expr"]))
+    for name in sorted(used - scraped):
+        problems.append(f"{path}: the dashboard queries {name}, which no process exports")
+    if not used:
+        problems.append(f"{path}: no cserps metric in any panel")
+    return problems
+
+
 def check(bin_dir, work):
     out = os.path.join(work, "out")
     os.makedirs(out)
@@ -77,7 +100,9 @@ scrape_configs:
       - files: ["{targets}"]
         refresh_interval: 1s
 """)
-    subprocess.run(["promtool", "check", "config", config], check=True, stdout=subprocess.DEVNULL)
+    for path in (config, os.path.join(ROOT, "deploy", "prometheus", "prometheus.yml")):
+        subprocess.run(["promtool", "check", "config", path], check=True,
+                       stdout=subprocess.DEVNULL)
     port = free_port()
     log = open(os.path.join(work, "prometheus.log"), "w")
     prom = subprocess.Popen(["prometheus", f"--config.file={config}",
@@ -129,6 +154,7 @@ scrape_configs:
                                 f" the summary says {per_step:.0f} per step")
         if len(rounds) != 2 or min(rounds.values()) <= 0:
             problems.append(f"servers' completed rounds not scraped from both shards: {rounds}")
+        problems += check_dashboard(port)
         if problems:
             raise RuntimeError("\n".join(problems))
         print(f"prometheus scraped {len(steps)} workers and {len(rounds)} servers;"
