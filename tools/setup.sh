@@ -16,6 +16,7 @@ packages=(
   clang
   python3
   prometheus
+  docker-compose
   dataset-fashion-mnist
 )
 
