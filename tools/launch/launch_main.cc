@@ -41,6 +41,10 @@ ABSL_FLAG(bool, metrics, false,
           "Serve Prometheus metrics from every process on a free 127.0.0.1 port and "
           "keep <output_dir>/prometheus_targets.json (Prometheus file_sd format) "
           "listing them.");
+ABSL_FLAG(int, metrics_port_base, 0,
+          "With --metrics: server s listens for metrics on 127.0.0.1:BASE+s and worker r "
+          "on BASE+S+r, so Prometheus can be configured before the job starts; 0 = "
+          "free ports.");
 
 namespace {
 
@@ -144,7 +148,11 @@ class Cluster {
              std::vector<std::string> args, const std::string& overrides) {
     std::vector<std::string> argv = {program, absl::StrCat("--config=", config_path_)};
     if (!overrides.empty()) argv.push_back(absl::StrCat("--set=", overrides));
-    if (absl::GetFlag(FLAGS_metrics)) argv.push_back("--metrics_address=127.0.0.1:0");
+    if (absl::GetFlag(FLAGS_metrics)) {
+      const int base = absl::GetFlag(FLAGS_metrics_port_base);
+      const int port = base == 0 ? 0 : base + static_cast<int>(children_.size());
+      argv.push_back(absl::StrCat("--metrics_address=127.0.0.1:", port));
+    }
     argv.insert(argv.end(), args.begin(), args.end());
     // One BLAS thread per process: several share this machine's cores.
     absl::StatusOr<ChildProcess> child =

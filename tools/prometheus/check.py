@@ -35,6 +35,27 @@ def free_port():
         return s.getsockname()[1]
 
 
+def free_port_range(count):
+    """A base port such that base .. base+count-1 are free now (bounded search)."""
+    for _ in range(50):
+        base = free_port()
+        if base + count > 65535:
+            continue
+        try:
+            sockets = []
+            for p in range(base, base + count):
+                s = socket.socket()
+                sockets.append(s)
+                s.bind(("127.0.0.1", p))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in sockets:
+                s.close()
+    raise RuntimeError(f"no {count} consecutive free ports on 127.0.0.1")
+
+
 def query(port, promql):
     url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
     with urllib.request.urlopen(url, timeout=10) as reply:
@@ -83,22 +104,39 @@ def check_dashboard(port):
     return problems
 
 
+def wait_targets(port, count, seconds=60):
+    """Until Prometheus' scrape manager knows all `count` targets: its
+    discovery hands them over only a few seconds after start."""
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/targets", timeout=5) as r:
+            if len(json.load(r)["data"]["activeTargets"]) >= count:
+                return
+        time.sleep(0.2)
+    raise RuntimeError(f"prometheus did not take up {count} targets within {seconds} s")
+
+
 def check(bin_dir, work):
     out = os.path.join(work, "out")
     os.makedirs(out)
-    targets = os.path.join(out, "prometheus_targets.json")
-    with open(targets, "w") as f:
-        f.write("[]\n")
+    # Static targets on ports fixed before the job starts: file-based
+    # discovery reaches the scrape loop only every 5 s, which a short job
+    # can outrun. 2 servers, then 4 workers (cserps-launch --metrics_port_base).
+    base = free_port_range(6)
+    servers = ", ".join(f'"127.0.0.1:{base + s}"' for s in range(2))
+    workers = ", ".join(f'"127.0.0.1:{base + 2 + r}"' for r in range(4))
     config = os.path.join(work, "prometheus.yml")
     with open(config, "w") as f:
         f.write(f"""global:
-  scrape_interval: 1s
-  scrape_timeout: 1s
+  scrape_interval: 500ms
+  scrape_timeout: 500ms
 scrape_configs:
   - job_name: cserps
-    file_sd_configs:
-      - files: ["{targets}"]
-        refresh_interval: 1s
+    static_configs:
+      - targets: [{servers}]
+        labels: {{role: server}}
+      - targets: [{workers}]
+        labels: {{role: worker}}
 """)
     for path in (config, os.path.join(ROOT, "deploy", "prometheus", "prometheus.yml")):
         subprocess.run(["promtool", "check", "config", path], check=True,
@@ -111,11 +149,12 @@ scrape_configs:
                             stdout=log, stderr=subprocess.STDOUT)
     try:
         wait_ready(port, prom)
+        wait_targets(port, 6)
         # A job long enough for several scrapes at 1 s.
         launch = subprocess.run(
             [os.path.join(bin_dir, "cserps-launch"),
              "--config=" + os.path.join(ROOT, "configs", "quickstart.textproto"),
-             "--metrics", "--timeout_s=300",
+             "--metrics", f"--metrics_port_base={base}", "--timeout_s=300",
              f"--set=epochs=2;log_every_steps=1000;output_dir={out}"],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=360)
         if launch.returncode != 0:
