@@ -269,14 +269,18 @@ absl::StatusOr<std::unique_ptr<WorkerMetrics>> WorkerMetrics::Create(
                                             0.005,  0.01,    0.025,  0.05,  0.1,
                                             0.25,   0.5,     1,      2.5,   10};
   const char* step_help =
-      "Duration of a training step's phases: compute (forward/backward) and "
-      "algorithm (the algorithm's step: communication and update).";
+      "Duration of a training step's phases: compute (forward/backward), "
+      "communication (blocked waiting for the servers) and update (the rest of "
+      "the algorithm's step).";
   ASSIGN_OR_RETURN(m->compute_seconds_,
                    registry->Histogram("cserps_worker_step_seconds", step_help,
                                        with("phase", "compute"), step_buckets));
-  ASSIGN_OR_RETURN(m->algorithm_seconds_,
+  ASSIGN_OR_RETURN(m->communication_seconds_,
                    registry->Histogram("cserps_worker_step_seconds", step_help,
-                                       with("phase", "algorithm"), step_buckets));
+                                       with("phase", "communication"), step_buckets));
+  ASSIGN_OR_RETURN(m->update_seconds_,
+                   registry->Histogram("cserps_worker_step_seconds", step_help,
+                                       with("phase", "update"), step_buckets));
   for (const char* stream : kStreams) {
     Traffic& t = m->traffic_[stream];
     ASSIGN_OR_RETURN(t.pushed,
@@ -310,12 +314,14 @@ absl::StatusOr<std::unique_ptr<WorkerMetrics>> WorkerMetrics::Create(
   return m;
 }
 
-void WorkerMetrics::RecordStep(absl::Duration compute, absl::Duration algorithm,
-                               uint32_t batch_size, double loss, double lr) {
+void WorkerMetrics::RecordStep(absl::Duration compute, absl::Duration communication,
+                               absl::Duration update, uint32_t batch_size, double loss,
+                               double lr) {
   steps_->Increment();
   compute_seconds_->Observe(absl::ToDoubleSeconds(compute));
-  algorithm_seconds_->Observe(absl::ToDoubleSeconds(algorithm));
-  const double seconds = absl::ToDoubleSeconds(compute + algorithm);
+  communication_seconds_->Observe(absl::ToDoubleSeconds(communication));
+  update_seconds_->Observe(absl::ToDoubleSeconds(update));
+  const double seconds = absl::ToDoubleSeconds(compute + communication + update);
   if (seconds > 0) samples_per_second_->Set(batch_size / seconds);
   train_loss_->Set(loss);
   learning_rate_->Set(lr);

@@ -144,16 +144,17 @@ class ServerMetrics {
 // trainer's loop is the only writer).
 class WorkerMetrics {
  public:
-  enum class Phase { kCompute, kAlgorithm };
   static constexpr const char* kStreams[] = {"GRAD", "MODEL", "sparse", "other"};
 
   // `registry` outlives the result.
   static absl::StatusOr<std::unique_ptr<WorkerMetrics>> Create(
       MetricsRegistry* registry, uint32_t rank, const std::string& algorithm);
 
-  // One finished step: its phases' durations and what it measured.
-  void RecordStep(absl::Duration compute, absl::Duration algorithm,
-                  uint32_t batch_size, double loss, double lr);
+  // One finished step: its phases' durations (forward/backward, blocked
+  // waiting for the servers, the rest of the algorithm's step) and what it
+  // measured.
+  void RecordStep(absl::Duration compute, absl::Duration communication,
+                  absl::Duration update, uint32_t batch_size, double loss, double lr);
   // Cumulative bytes of `stream` (one of kStreams) so far; counters advance
   // by the growth since the last call.
   void SetTraffic(const std::string& stream, uint64_t bytes_pushed,
@@ -176,7 +177,8 @@ class WorkerMetrics {
   prometheus::Counter* steps_ = nullptr;
   prometheus::Gauge* samples_per_second_ = nullptr;
   prometheus::Histogram* compute_seconds_ = nullptr;
-  prometheus::Histogram* algorithm_seconds_ = nullptr;
+  prometheus::Histogram* communication_seconds_ = nullptr;
+  prometheus::Histogram* update_seconds_ = nullptr;
   std::map<std::string, Traffic> traffic_;
   prometheus::Gauge* compression_ratio_ = nullptr;
   prometheus::Gauge* train_loss_ = nullptr;

@@ -63,10 +63,18 @@ class CallBatch {
 
 // Starts every call with start(call, done), then waits for all of them;
 // returns the first error, which names `what`, the shard and its address.
+// Adds the time spent in `wait` to *waited (nanoseconds).
+absl::Status TimedWait(CallBatch& batch, std::atomic<int64_t>* waited) {
+  const absl::Time start = absl::Now();
+  absl::Status status = batch.Wait();
+  waited->fetch_add(absl::ToInt64Nanoseconds(absl::Now() - start));
+  return status;
+}
+
 template <typename Call, typename StartFn>
 absl::Status RunAll(const std::vector<std::unique_ptr<Call>>& calls,
                     absl::string_view what, const std::vector<std::string>& addresses,
-                    StartFn start) {
+                    std::atomic<int64_t>* waited, StartFn start) {
   CallBatch batch;
   for (const auto& call : calls) {
     batch.Add();
@@ -76,7 +84,7 @@ absl::Status RunAll(const std::vector<std::unique_ptr<Call>>& calls,
       batch.Done(FromGrpcStatus(status, context));
     });
   }
-  return batch.Wait();
+  return TimedWait(batch, waited);
 }
 
 void SetDeadline(grpc::ClientContext* context, absl::Duration timeout) {
@@ -97,11 +105,13 @@ class PendingPushPull final : public PendingAverage {
  public:
   PendingPushPull(std::vector<ShardPayload> payloads, absl::Span<float> mean,
                   std::atomic<uint64_t>* bytes_pulled,
-                  std::atomic<uint64_t>* stream_bytes_pulled)
+                  std::atomic<uint64_t>* stream_bytes_pulled,
+                  std::atomic<int64_t>* waited)
       : payloads_(std::move(payloads)),
         mean_(mean),
         bytes_pulled_(bytes_pulled),
-        stream_bytes_pulled_(stream_bytes_pulled) {}
+        stream_bytes_pulled_(stream_bytes_pulled),
+        waited_nanos_(waited) {}
   ~PendingPushPull() override {
     if (!waited_) batch_.Wait().IgnoreError();
   }
@@ -112,7 +122,7 @@ class PendingPushPull final : public PendingAverage {
 
   absl::Status Wait() override {
     waited_ = true;
-    RETURN_IF_ERROR(batch_.Wait());
+    RETURN_IF_ERROR(TimedWait(batch_, waited_nanos_));
     for (const auto& call : calls_) {
       const std::string& bytes = call->response.mean();
       if (bytes.size() != call->count * sizeof(float)) {
@@ -138,6 +148,7 @@ class PendingPushPull final : public PendingAverage {
   absl::Span<float> mean_;
   std::atomic<uint64_t>* bytes_pulled_;
   std::atomic<uint64_t>* stream_bytes_pulled_;
+  std::atomic<int64_t>* waited_nanos_;
   CallBatch batch_;
   std::vector<std::unique_ptr<PushPullCall>> calls_;
   bool waited_ = false;
@@ -239,7 +250,7 @@ std::unique_ptr<PendingAverage> PsClient::StartAverage(
   }
   StreamCounters& counters = streams_[stream];
   auto pending = std::make_unique<PendingPushPull>(
-      std::move(payloads), mean, &bytes_pulled_, &counters.bytes_pulled);
+      std::move(payloads), mean, &bytes_pulled_, &counters.bytes_pulled, &wait_nanos_);
   for (uint32_t s = 0; s < stubs_.size(); ++s) {
     const ShardPayload& payload = pending->payload(s);
     const uint32_t chunks = NumChunks(payload.size(), chunk_floats_);
@@ -311,7 +322,7 @@ absl::Status PsClient::PushModel(absl::Span<const float> model) {
     SetDeadline(&call->context, options_.setup_timeout);
     calls.push_back(std::move(call));
   }
-  return RunAll(calls, "PushModel to", addresses_, [&](Call& c, auto done) {
+  return RunAll(calls, "PushModel to", addresses_, &wait_nanos_, [&](Call& c, auto done) {
     stubs_[c.shard]->async()->PushModel(&c.context, &c.request, &c.response, std::move(done));
   });
 }
@@ -339,7 +350,7 @@ absl::Status PsClient::PullModel(absl::Span<float> model, bool wait_for_init) {
     SetDeadline(&call->context, options_.setup_timeout);
     calls.push_back(std::move(call));
   }
-  RETURN_IF_ERROR(RunAll(calls, "PullModel from", addresses_, [&](Call& c, auto done) {
+  RETURN_IF_ERROR(RunAll(calls, "PullModel from", addresses_, &wait_nanos_, [&](Call& c, auto done) {
     stubs_[c.shard]->async()->PullModel(&c.context, &c.request, &c.response, std::move(done));
   }));
   for (const auto& call : calls) {
@@ -388,7 +399,7 @@ absl::Status PsClient::AsyncPushPull(uint64_t step, float lr,
                 absl::Seconds(config_.cluster().round_timeout_s()) + options_.rpc_slack);
     calls.push_back(std::move(call));
   }
-  RETURN_IF_ERROR(RunAll(calls, "AsyncPushPull to", addresses_, [&](Call& c, auto done) {
+  RETURN_IF_ERROR(RunAll(calls, "AsyncPushPull to", addresses_, &wait_nanos_, [&](Call& c, auto done) {
     async_stubs_[c.shard]->async()->AsyncPushPull(&c.context, &c.request, &c.response,
                                                   std::move(done));
   }));
@@ -454,7 +465,7 @@ absl::Status PsClient::ExchangeSparse(uint64_t step, const SparseVector& local,
         "ExchangeSparse: index ", local.indices[pos], " at position ", pos,
         " is not below the model size ", d, " or the indices are not ascending"));
   }
-  RETURN_IF_ERROR(RunAll(calls, "SparsePushPull to", addresses_, [&](auto& c, auto done) {
+  RETURN_IF_ERROR(RunAll(calls, "SparsePushPull to", addresses_, &wait_nanos_, [&](auto& c, auto done) {
     sparse_stubs_[c.shard]->async()->SparsePushPull(&c.context, &c.request, &c.response,
                                                     std::move(done));
   }));

@@ -90,6 +90,8 @@ class PsClient final : public Communicator {
   // SparsePushPull traffic; floats_pushed counts the values (each also
   // carries a 4-byte index).
   StreamTraffic sparse_traffic() const;
+  // Total time callers have spent blocked waiting for the servers' replies.
+  absl::Duration wait_time() const { return absl::Nanoseconds(wait_nanos_.load()); }
 
  private:
   PsClient(const v1::JobConfig& config, uint64_t num_params, PsClientOptions options);
@@ -113,6 +115,7 @@ class PsClient final : public Communicator {
   std::vector<std::unique_ptr<v1::AsyncParameterServer::Stub>> async_stubs_;
   std::vector<std::unique_ptr<v1::SparseExchange::Stub>> sparse_stubs_;
   uint32_t rank_ = 0;
+  std::atomic<int64_t> wait_nanos_{0};
   std::atomic<uint64_t> bytes_pushed_{0};
   std::atomic<uint64_t> bytes_pulled_{0};
   // By v1::Stream value.

@@ -110,13 +110,16 @@ absl::StatusOr<float> Trainer::Step() {
         " (diverged: lower optimizer.lr?)"));
   }
   const absl::Time algorithm_start = absl::Now();
+  const absl::Duration waited_before = client_->wait_time();
   const float lr = schedule_.At(step_);
   RETURN_IF_ERROR(algorithm_->Step(step_, lr, grad_, absl::MakeSpan(x_)));
   ++step_;
   if (metrics_ != nullptr) {
-    const absl::Time end = absl::Now();
-    metrics_->RecordStep(algorithm_start - compute_start, end - algorithm_start,
-                         batch_size_, loss, lr);
+    const absl::Duration algorithm = absl::Now() - algorithm_start;
+    const absl::Duration communication =
+        std::min(algorithm, client_->wait_time() - waited_before);
+    metrics_->RecordStep(algorithm_start - compute_start, communication,
+                         algorithm - communication, batch_size_, loss, lr);
     UpdateTrafficMetrics();
     metrics_->SetCompressionRatio(AchievedCompression(TrainingFloatsPushed()));
   }

@@ -231,8 +231,10 @@ TEST(MetricsTest, WorkerMetricsFollowCumulativeTotals) {
   (*worker)->SetTraffic("GRAD", 100, 40);
   (*worker)->SetTraffic("GRAD", 250, 40);
   (*worker)->SetTraffic("MODEL", 7, 9);
-  (*worker)->RecordStep(absl::Milliseconds(30), absl::Milliseconds(10), 8, 1.5, 0.05);
-  (*worker)->RecordStep(absl::Milliseconds(60), absl::Milliseconds(20), 8, 1.25, 0.025);
+  (*worker)->RecordStep(absl::Milliseconds(30), absl::Milliseconds(6), absl::Milliseconds(4),
+                        8, 1.5, 0.05);
+  (*worker)->RecordStep(absl::Milliseconds(60), absl::Milliseconds(12), absl::Milliseconds(8),
+                        8, 1.25, 0.025);
   (*worker)->SetTestAccuracy(/*global=*/true, 0.75);
 
   const std::string text = metrics->Collect();
@@ -258,6 +260,13 @@ TEST(MetricsTest, WorkerMetricsFollowCumulativeTotals) {
       << text;
   EXPECT_NEAR(Sample(text, "cserps_worker_step_seconds_sum", with("phase", "compute")).value_or(0),
               0.09, 1e-9)
+      << text;
+  EXPECT_NEAR(
+      Sample(text, "cserps_worker_step_seconds_sum", with("phase", "communication")).value_or(0),
+      0.018, 1e-9)
+      << text;
+  EXPECT_NEAR(Sample(text, "cserps_worker_step_seconds_sum", with("phase", "update")).value_or(0),
+              0.012, 1e-9)
       << text;
   EXPECT_EQ(Sample(text, "cserps_worker_test_accuracy", with("model", "global")), 0.75) << text;
 }
