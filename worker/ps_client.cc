@@ -63,6 +63,24 @@ class CallBatch {
 
 // Starts every call with start(call, done), then waits for all of them;
 // returns the first error, which names `what`, the shard and its address.
+// One RPC to one shard: what gRPC's callback API needs to outlive the call.
+template <typename Request, typename Response>
+struct ShardCall {
+  grpc::ClientContext context;
+  Request request;
+  Response response;
+  uint32_t shard = 0;
+  uint64_t count = 0;  // floats of the model range, where the call has one
+};
+
+// INVALID_ARGUMENT unless `size` is the job's model size.
+absl::Status CheckModelSize(absl::string_view what, size_t size, uint64_t num_params) {
+  if (size == num_params) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(what, ": ", size,
+                                                 " floats, the job's model has ",
+                                                 num_params));
+}
+
 // Adds the time spent in `wait` to *waited (nanoseconds).
 absl::Status TimedWait(CallBatch& batch, std::atomic<int64_t>* waited) {
   const absl::Time start = absl::Now();
@@ -299,17 +317,8 @@ std::unique_ptr<PendingAverage> PsClient::StartAverage(
 }
 
 absl::Status PsClient::PushModel(absl::Span<const float> model) {
-  if (model.size() != layout_.num_params()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "PushModel: model has ", model.size(), " floats, the job's has ",
-        layout_.num_params()));
-  }
-  struct Call {
-    grpc::ClientContext context;
-    v1::PushModelRequest request;
-    v1::PushModelResponse response;
-    uint32_t shard = 0;
-  };
+  RETURN_IF_ERROR(CheckModelSize("PushModel: model", model.size(), layout_.num_params()));
+  using Call = ShardCall<v1::PushModelRequest, v1::PushModelResponse>;
   std::vector<std::unique_ptr<Call>> calls;
   for (const ModelChunk& chunk : ModelChunks()) {
     auto call = std::make_unique<Call>();
@@ -328,17 +337,8 @@ absl::Status PsClient::PushModel(absl::Span<const float> model) {
 }
 
 absl::Status PsClient::PullModel(absl::Span<float> model, bool wait_for_init) {
-  if (model.size() != layout_.num_params()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "PullModel: model has ", model.size(), " floats, the job's has ",
-        layout_.num_params()));
-  }
-  struct Call {
-    grpc::ClientContext context;
-    v1::PullModelRequest request;
-    v1::PullModelResponse response;
-    uint32_t shard = 0;
-  };
+  RETURN_IF_ERROR(CheckModelSize("PullModel: model", model.size(), layout_.num_params()));
+  using Call = ShardCall<v1::PullModelRequest, v1::PullModelResponse>;
   std::vector<std::unique_ptr<Call>> calls;
   for (const ModelChunk& chunk : ModelChunks()) {
     auto call = std::make_unique<Call>();
@@ -366,18 +366,9 @@ absl::Status PsClient::PullModel(absl::Span<float> model, bool wait_for_init) {
 absl::Status PsClient::AsyncPushPull(uint64_t step, float lr,
                                      absl::Span<const float> grad,
                                      absl::Span<float> model) {
-  if (grad.size() != layout_.num_params() || model.size() != layout_.num_params()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "AsyncPushPull: gradient has ", grad.size(), " and model ", model.size(),
-        " floats, the job's has ", layout_.num_params()));
-  }
-  struct Call {
-    grpc::ClientContext context;
-    v1::AsyncPushPullRequest request;
-    v1::AsyncPushPullResponse response;
-    uint32_t shard = 0;
-    uint64_t count = 0;
-  };
+  RETURN_IF_ERROR(CheckModelSize("AsyncPushPull: gradient", grad.size(), layout_.num_params()));
+  RETURN_IF_ERROR(CheckModelSize("AsyncPushPull: model", model.size(), layout_.num_params()));
+  using Call = ShardCall<v1::AsyncPushPullRequest, v1::AsyncPushPullResponse>;
   StreamCounters& counters = streams_[v1::GRAD];
   std::vector<std::unique_ptr<Call>> calls;
   for (const ModelChunk& chunk : ModelChunks()) {
@@ -426,12 +417,7 @@ absl::Status PsClient::ExchangeSparse(uint64_t step, const SparseVector& local,
         "ExchangeSparse: ", local.indices.size(), " indices but ",
         local.values.size(), " values"));
   }
-  struct Call {
-    grpc::ClientContext context;
-    v1::SparsePushPullRequest request;
-    v1::SparsePushPullResponse response;
-    uint32_t shard = 0;
-  };
+  using Call = ShardCall<v1::SparsePushPullRequest, v1::SparsePushPullResponse>;
   const uint64_t k = SparseK(config_.algorithm(), d);
   std::vector<std::unique_ptr<Call>> calls;
   size_t pos = 0;
