@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
-# Installs, only when missing, the Debian packages that the build, the tests
-# and the demo need. Non-interactive; runs `apt-get update` at most once.
+# Installs, only when missing, the Debian packages cserps needs.
+# Non-interactive; runs `apt-get update` at most once.
+#   tools/setup.sh           the build, the tests and the demo
+#   tools/setup.sh --build   only the build (deploy/docker/Dockerfile)
+#   tools/setup.sh --docker  a Docker engine, docker-compose and debootstrap
+#                            (tools/compose_check.sh)
 set -euo pipefail
 
-packages=(
+build=(
   build-essential cmake pkg-config
   protobuf-compiler libprotobuf-dev
   protobuf-compiler-grpc libgrpc++-dev
@@ -13,12 +17,16 @@ packages=(
   libopenblas-dev
   zlib1g-dev
   libspdlog-dev
-  clang
-  python3
-  prometheus
-  docker-compose
-  dataset-fashion-mnist
 )
+tests=(clang python3 prometheus docker-compose dataset-fashion-mnist)
+docker=(docker.io docker-compose debootstrap)
+
+case "${1:-}" in
+  "") packages=("${build[@]}" "${tests[@]}") ;;
+  --build) packages=("${build[@]}") ;;
+  --docker) packages=("${docker[@]}") ;;
+  *) echo "usage: tools/setup.sh [--build|--docker]" >&2; exit 2 ;;
+esac
 
 missing=()
 for p in "${packages[@]}"; do

@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <memory>
+#include <random>
 #include <string>
 
 #include "absl/flags/flag.h"
@@ -27,7 +28,7 @@ ABSL_FLAG(std::string, set, "",
           "(e.g. --set='optimizer.lr=0.05;cluster.servers=10.0.0.5:7000,10.0.0.6:7000').");
 ABSL_FLAG(int, rank, -1, "Rank to claim; -1 lets shard 0 assign the lowest free rank.");
 ABSL_FLAG(std::string, worker_id, "",
-          "Identity across retries of Register; default host:pid.");
+          "Identity across retries of Register; default host:pid:nonce.");
 ABSL_FLAG(int, blas_threads, 1,
           "OpenBLAS threads of this process. Keep 1 when several workers share "
           "a machine; 0 leaves OpenBLAS's default (one per core).");
@@ -38,10 +39,14 @@ ABSL_FLAG(std::string, metrics_address, "",
 
 namespace {
 
+// host:pid alone is not unique: containers on the host's network share its
+// hostname and each runs its worker as pid 1.
 std::string DefaultWorkerId() {
   char host[256] = {0};
   gethostname(host, sizeof(host) - 1);
-  return absl::StrCat(host, ":", getpid());
+  std::random_device random;
+  const uint64_t nonce = (uint64_t{random()} << 32) | random();
+  return absl::StrCat(host, ":", getpid(), ":", absl::Hex(nonce, absl::kZeroPad16));
 }
 
 absl::Status RunWorker() {

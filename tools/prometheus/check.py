@@ -10,6 +10,12 @@ scrape, and deploy/prometheus/prometheus.yml must pass promtool. Run by ctest
 installed. Every process it starts is stopped; every wait is bounded.
 
   tools/prometheus/check.py --bin-dir build/bin
+
+tools/compose_check.sh uses the same checks against the Prometheus of its
+docker-compose cluster:
+
+  tools/prometheus/check.py --wait-targets=N --port=P
+  tools/prometheus/check.py --verify --port=P --out=DIR --workers=N --min-accuracy=A
 """
 
 import argparse
@@ -72,7 +78,7 @@ def by_label(results, label):
 def wait_ready(port, proc, seconds=60):
     deadline = time.time() + seconds
     while time.time() < deadline:
-        if proc.poll() is not None:
+        if proc is not None and proc.poll() is not None:
             raise RuntimeError(f"prometheus exited with {proc.returncode}")
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/-/ready", timeout=2) as r:
@@ -114,6 +120,51 @@ def wait_targets(port, count, seconds=60):
                 return
         time.sleep(0.2)
     raise RuntimeError(f"prometheus did not take up {count} targets within {seconds} s")
+
+
+def verify_scrape(port, out, workers, servers):
+    """What Prometheus on `port` scraped from a finished job whose workers
+    wrote their summaries (worker_<rank>.json) to `out`: each worker's steps
+    rising and its GRAD bytes agreeing with its summary, and every shard's
+    completed rounds. Returns the problems found."""
+    # The last scrape of a process may still be in flight: query until the
+    # samples stop changing (bounded).
+    window = "[30m]"
+    steps = {}
+    for _ in range(20):
+        latest = by_label(query(port, f"last_over_time(cserps_worker_steps_total{window})"), "rank")
+        if latest and latest == steps:
+            break
+        steps = latest
+        time.sleep(0.5)
+    first = by_label(query(port, f"min_over_time(cserps_worker_steps_total{window})"), "rank")
+    grad = by_label(query(port, 'last_over_time(cserps_worker_bytes_pushed_total{stream="GRAD"}'
+                          + window + ")"), "rank")
+    rounds = query(port, f"max_over_time(cserps_server_rounds_completed_total{window})")
+    problems = []
+    for rank in range(workers):
+        with open(os.path.join(out, f"worker_{rank}.json")) as f:
+            summary = json.load(f)
+        r = str(rank)
+        if r not in steps:
+            problems.append(f"rank {rank}: no cserps_worker_steps_total scraped")
+            continue
+        if not first[r] < steps[r] <= summary["steps"]:
+            problems.append(f"rank {rank}: steps did not rise within the run:"
+                            f" first {first[r]}, last {steps[r]}, summary {summary['steps']}")
+        # S-SGD pushes the same bytes every step: the scraped ratio must be
+        # the summary's (a scrape may fall between the two counters'
+        # updates of one step, hence one step of slack).
+        per_step = summary["grad_bytes_pushed"] / summary["steps"]
+        if not (steps[r] - 1) * per_step <= grad.get(r, -1) <= (steps[r] + 1) * per_step:
+            problems.append(f"rank {rank}: GRAD bytes {grad.get(r)} after {steps[r]} steps;"
+                            f" the summary says {per_step:.0f} per step")
+    if len(rounds) != servers or min(rounds.values()) <= 0:
+        problems.append(f"servers' completed rounds not scraped from all {servers} shards: {rounds}")
+    if not problems:
+        print(f"prometheus scraped {len(steps)} workers and {len(rounds)} servers;"
+              f" steps {sorted(steps.values())} agree with the summaries")
+    return problems
 
 
 def check(bin_dir, work):
@@ -159,45 +210,10 @@ scrape_configs:
             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=360)
         if launch.returncode != 0:
             raise RuntimeError("cserps-launch failed:\n" + launch.stdout[-3000:])
-        # The last scrape of a process may still be in flight: query until the
-        # samples stop changing (bounded).
-        window = "[30m]"
-        steps = {}
-        for _ in range(20):
-            latest = by_label(query(port, f"last_over_time(cserps_worker_steps_total{window})"), "rank")
-            if latest and latest == steps:
-                break
-            steps = latest
-            time.sleep(0.5)
-        first = by_label(query(port, f"min_over_time(cserps_worker_steps_total{window})"), "rank")
-        grad = by_label(query(port, 'last_over_time(cserps_worker_bytes_pushed_total{stream="GRAD"}'
-                              + window + ")"), "rank")
-        rounds = query(port, f"max_over_time(cserps_server_rounds_completed_total{window})")
-        problems = []
-        for rank in range(4):
-            with open(os.path.join(out, f"worker_{rank}.json")) as f:
-                summary = json.load(f)
-            r = str(rank)
-            if r not in steps:
-                problems.append(f"rank {rank}: no cserps_worker_steps_total scraped")
-                continue
-            if not first[r] < steps[r] <= summary["steps"]:
-                problems.append(f"rank {rank}: steps did not rise within the run:"
-                                f" first {first[r]}, last {steps[r]}, summary {summary['steps']}")
-            # S-SGD pushes the same bytes every step: the scraped ratio must be
-            # the summary's (a scrape may fall between the two counters'
-            # updates of one step, hence one step of slack).
-            per_step = summary["grad_bytes_pushed"] / summary["steps"]
-            if not (steps[r] - 1) * per_step <= grad.get(r, -1) <= (steps[r] + 1) * per_step:
-                problems.append(f"rank {rank}: GRAD bytes {grad.get(r)} after {steps[r]} steps;"
-                                f" the summary says {per_step:.0f} per step")
-        if len(rounds) != 2 or min(rounds.values()) <= 0:
-            problems.append(f"servers' completed rounds not scraped from both shards: {rounds}")
+        problems = verify_scrape(port, out, workers=4, servers=2)
         problems += check_dashboard(port)
         if problems:
             raise RuntimeError("\n".join(problems))
-        print(f"prometheus scraped {len(steps)} workers and {len(rounds)} servers;"
-              f" steps {sorted(steps.values())} agree with the summaries")
     finally:
         prom.terminate()
         try:
@@ -208,11 +224,45 @@ scrape_configs:
         log.close()
 
 
+def check_accuracy(out, workers, minimum):
+    problems = []
+    for rank in range(workers):
+        with open(os.path.join(out, f"worker_{rank}.json")) as f:
+            accuracy = json.load(f)["test_accuracy"]
+        if not accuracy >= minimum:
+            problems.append(f"rank {rank}: test accuracy {accuracy} < {minimum}")
+        print(f"rank {rank}: test accuracy {accuracy:.4f}")
+    return problems
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--bin-dir", required=True)
+    parser.add_argument("--bin-dir", help="the local check: run the job from these binaries")
+    parser.add_argument("--port", type=int, help="a running Prometheus on 127.0.0.1")
+    parser.add_argument("--wait-targets", type=int, help="wait until it has this many targets")
+    parser.add_argument("--verify", action="store_true", help="check a finished job's scrape")
+    parser.add_argument("--out", help="the job's output directory (worker_<rank>.json)")
+    parser.add_argument("--workers", type=int, default=0)
+    parser.add_argument("--servers", type=int, default=2)
+    parser.add_argument("--min-accuracy", type=float, default=0.0)
     args = parser.parse_args()
+    if args.port is not None:
+        try:
+            if args.wait_targets is not None:
+                wait_ready(args.port, None)
+                wait_targets(args.port, args.wait_targets)
+            if args.verify:
+                problems = (check_accuracy(args.out, args.workers, args.min_accuracy)
+                            + verify_scrape(args.port, args.out, args.workers, args.servers))
+                if problems:
+                    raise RuntimeError("\n".join(problems))
+        except Exception as e:  # report and fail
+            print(f"FAILED: {e}", file=sys.stderr)
+            return 1
+        return 0
+    if not args.bin_dir:
+        parser.error("either --bin-dir or --port")
     if shutil.which("prometheus") is None or shutil.which("promtool") is None:
         print("prometheus/promtool not installed (tools/setup.sh installs Debian's prometheus)")
         return SKIP
