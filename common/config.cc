@@ -18,6 +18,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/algorithm_catalog.h"
+#include "common/model_spec.h"
 #include "common/status.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/io/coded_stream.h"
@@ -295,6 +296,9 @@ absl::Status ValidateCluster(const v1::ClusterConfig& cluster,
   if (cluster.retained_rounds() < 1) {
     return Invalid("cluster.retained_rounds", "must be >= 1 (got 0)");
   }
+  if (cluster.local_size() < 1) {
+    return Invalid("cluster.local_size", "must be >= 1 (got 0)");
+  }
   return absl::OkStatus();
 }
 
@@ -319,12 +323,14 @@ absl::Status ValidateModel(const v1::ModelConfig& model) {
         }
       }
       break;
+    case v1::ModelConfig::CNN:
+      break;  // MakeModelSpec below checks the conv fields
     case v1::ModelConfig::KIND_UNSPECIFIED:
-      return Invalid("model.kind", "must be set to SOFTMAX or MLP");
+      return Invalid("model.kind", "must be set to SOFTMAX, MLP or CNN");
     default:
       return Invalid("model.kind",
                      absl::StrCat("unknown value ", model.kind(),
-                                  "; must be SOFTMAX or MLP"));
+                                  "; must be SOFTMAX, MLP or CNN"));
   }
   if (model.input_dim() < 1) {
     return Invalid("model.input_dim", "must be >= 1 (got 0)");
@@ -333,7 +339,9 @@ absl::Status ValidateModel(const v1::ModelConfig& model) {
     return Invalid("model.num_classes",
                    absl::StrCat("must be >= 2 (got ", model.num_classes(), ")"));
   }
-  return absl::OkStatus();
+  // The layout rules (conv geometry, CNN-only fields, sizes that overflow)
+  // live in one place, which the servers and workers use as well.
+  return MakeModelSpec(model).status();
 }
 
 // A per-rank list: empty, or one finite value >= `min` per worker.
@@ -742,8 +750,29 @@ void ApplyDefaults(v1::JobConfig* config) {
   if (cluster->round_timeout_s() == 0) cluster->set_round_timeout_s(60);
   if (cluster->max_step_lag() == 0) cluster->set_max_step_lag(8);
   if (cluster->retained_rounds() == 0) cluster->set_retained_rounds(4);
+  if (cluster->local_size() == 0) cluster->set_local_size(1);
 
   v1::ModelConfig* model = config->mutable_model();
+  // Only a CNN gets the conv defaults: other kinds must leave them unset, and
+  // their fingerprints stay what they were before CNNs existed.
+  if (model->kind() == v1::ModelConfig::CNN) {
+    if (model->conv_channels_size() == 0) {
+      for (uint32_t c : kDefaultConvChannels) model->add_conv_channels(c);
+    }
+    if (model->kernel_size() == 0) model->set_kernel_size(kDefaultKernelSize);
+    if (model->image_height() == 0) {
+      model->set_image_height(kDefaultImageHeight);
+    }
+    if (model->image_width() == 0) model->set_image_width(kDefaultImageWidth);
+    if (model->image_channels() == 0) {
+      model->set_image_channels(kDefaultImageChannels);
+    }
+    // A wrapped product is left for validation to report as a mismatch.
+    if (model->input_dim() == 0) {
+      model->set_input_dim(model->image_height() * model->image_width() *
+                           model->image_channels());
+    }
+  }
   if (model->input_dim() == 0) model->set_input_dim(784);
   if (model->num_classes() == 0) model->set_num_classes(10);
 

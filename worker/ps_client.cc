@@ -61,8 +61,6 @@ class CallBatch {
   absl::Status first_error_ ABSL_GUARDED_BY(mu_);
 };
 
-// Starts every call with start(call, done), then waits for all of them;
-// returns the first error, which names `what`, the shard and its address.
 // One RPC to one shard: what gRPC's callback API needs to outlive the call.
 template <typename Request, typename Response>
 struct ShardCall {
@@ -89,6 +87,8 @@ absl::Status TimedWait(CallBatch& batch, std::atomic<int64_t>* waited) {
   return status;
 }
 
+// Starts every call with start(call, done), then waits for all of them;
+// returns the first error, which names `what`, the shard and its address.
 template <typename Call, typename StartFn>
 absl::Status RunAll(const std::vector<std::unique_ptr<Call>>& calls,
                     absl::string_view what, const std::vector<std::string>& addresses,
@@ -188,15 +188,28 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(
   if (config.cluster().servers_size() == 0) {
     return absl::InvalidArgumentError("cluster.servers: no server addresses");
   }
+  if (options.shard_stride == 0 || options.shard_offset >= options.shard_stride) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "PsClientOptions: shard_offset ", options.shard_offset,
+        " must be below shard_stride ", options.shard_stride));
+  }
   std::unique_ptr<PsClient> client(new PsClient(config, num_params, options));
   for (const std::string& address : config.cluster().servers()) {
+    const uint32_t shard = static_cast<uint32_t>(client->addresses_.size());
+    client->addresses_.push_back(address);
+    if (!client->TalksTo(shard)) {
+      client->stubs_.push_back(nullptr);
+      client->async_stubs_.push_back(nullptr);
+      client->sparse_stubs_.push_back(nullptr);
+      continue;
+    }
+    client->shards_.push_back(shard);
     grpc::ChannelArguments args;
     const int max_bytes = static_cast<int>(config.cluster().max_message_bytes());
     args.SetMaxReceiveMessageSize(max_bytes);
     args.SetMaxSendMessageSize(max_bytes);
     args.SetInt("grpc.per_rpc_retry_buffer_size", max_bytes);
     args.SetServiceConfigJSON(kServiceConfig);
-    client->addresses_.push_back(address);
     std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(
         address, grpc::InsecureChannelCredentials(), args);
     client->stubs_.push_back(v1::ParameterServer::NewStub(channel));
@@ -208,8 +221,14 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(
 
 absl::StatusOr<uint32_t> PsClient::Register(int requested_rank,
                                             const std::string& worker_id) {
+  if (shards_.empty() && requested_rank < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Register: this client talks to no shard (shard_offset ", options_.shard_offset,
+        " of stride ", options_.shard_stride, ", ", addresses_.size(),
+        " shards), so it must be given its rank"));
+  }
   int rank = requested_rank;
-  for (uint32_t s = 0; s < stubs_.size(); ++s) {
+  for (uint32_t s : shards_) {
     v1::RegisterRequest request;
     *request.mutable_config() = config_;
     request.set_requested_rank(rank);
@@ -236,7 +255,7 @@ absl::StatusOr<uint32_t> PsClient::Register(int requested_rank,
 
 std::vector<PsClient::ModelChunk> PsClient::ModelChunks() const {
   std::vector<ModelChunk> chunks;
-  for (uint32_t s = 0; s < layout_.num_shards(); ++s) {
+  for (uint32_t s : shards_) {
     for (uint64_t off = layout_.ShardFirstFloat(s); off < layout_.ShardEndFloat(s);
          off += chunk_floats_) {
       chunks.push_back({s, off, std::min(chunk_floats_, layout_.ShardEndFloat(s) - off)});
@@ -269,7 +288,7 @@ std::unique_ptr<PendingAverage> PsClient::StartAverage(
   StreamCounters& counters = streams_[stream];
   auto pending = std::make_unique<PendingPushPull>(
       std::move(payloads), mean, &bytes_pulled_, &counters.bytes_pulled, &wait_nanos_);
-  for (uint32_t s = 0; s < stubs_.size(); ++s) {
+  for (uint32_t s : shards_) {
     const ShardPayload& payload = pending->payload(s);
     const uint32_t chunks = NumChunks(payload.size(), chunk_floats_);
     for (uint32_t c = 0; c < chunks; ++c) {
@@ -426,6 +445,7 @@ absl::Status PsClient::ExchangeSparse(uint64_t step, const SparseVector& local,
     if (size == 0) continue;
     const size_t begin = pos;
     while (pos < local.indices.size() && local.indices[pos] < layout_.ShardEndFloat(s)) ++pos;
+    if (!TalksTo(s)) continue;
     auto call = std::make_unique<Call>();
     call->shard = s;
     v1::SparsePushPullRequest& request = call->request;
@@ -482,6 +502,10 @@ absl::Status PsClient::ExchangeSparse(uint64_t step, const SparseVector& local,
 absl::StatusOr<v1::GetStatusResponse> PsClient::GetStatus(uint32_t shard) {
   if (shard >= stubs_.size()) {
     return absl::InvalidArgumentError(absl::StrCat("no shard ", shard));
+  }
+  if (!TalksTo(shard)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "GetStatus: shard ", shard, " is not one this client talks to"));
   }
   grpc::ClientContext context;
   SetDeadline(&context, options_.setup_timeout);

@@ -34,17 +34,30 @@ struct PsClientOptions {
   // Deadline of Register, PushModel and PullModel calls (which wait for the
   // servers to come up and for rank 0 to initialise the model).
   absl::Duration setup_timeout = absl::Seconds(120);
+  // Talk only to the shards s with s % shard_stride == shard_offset: those
+  // of local rank shard_offset in an intra-node group of shard_stride
+  // processes (worker/hierarchical_communicator.h). Every call then covers
+  // only those shards: Register registers with them alone, averages,
+  // PushModel, PullModel and AsyncPushPull read and write only their
+  // floats, ExchangeSparse sends and returns only their entries, GetStatus
+  // refuses other shards. The defaults, 1 and 0: every shard.
+  uint32_t shard_stride = 1;
+  uint32_t shard_offset = 0;
 };
 
 class PsClient final : public Communicator {
  public:
 
   // `config` has defaults applied and is valid; `num_params` is the model's d.
+  // INVALID_ARGUMENT for no servers, shard_stride 0 or shard_offset not
+  // below shard_stride.
   static absl::StatusOr<std::unique_ptr<PsClient>> Connect(
       const v1::JobConfig& config, uint64_t num_params, PsClientOptions options = {});
 
-  // Joins the job on every shard; shard 0 assigns the rank when
-  // `requested_rank` < 0. Returns the rank.
+  // Joins the job on every shard; shard 0 (the first of this client's
+  // shards) assigns the rank when `requested_rank` < 0. A client with no
+  // shards sends nothing and takes `requested_rank`, which must then be
+  // >= 0 (INVALID_ARGUMENT otherwise). Returns the rank.
   absl::StatusOr<uint32_t> Register(int requested_rank, const std::string& worker_id);
 
   std::unique_ptr<PendingAverage> StartAverage(v1::Stream stream, uint64_t step,
@@ -104,6 +117,9 @@ class PsClient final : public Communicator {
     uint64_t count = 0;
   };
   std::vector<ModelChunk> ModelChunks() const;
+  bool TalksTo(uint32_t shard) const {
+    return shard % options_.shard_stride == options_.shard_offset;
+  }
 
   const v1::JobConfig config_;
   const PsClientOptions options_;
@@ -111,6 +127,9 @@ class PsClient final : public Communicator {
   const uint64_t chunk_floats_;
   const uint64_t fingerprint_;
   std::vector<std::string> addresses_;
+  // The shards this client talks to, ascending.
+  std::vector<uint32_t> shards_;
+  // By shard; null for a shard this client does not talk to.
   std::vector<std::unique_ptr<v1::ParameterServer::Stub>> stubs_;
   std::vector<std::unique_ptr<v1::AsyncParameterServer::Stub>> async_stubs_;
   std::vector<std::unique_ptr<v1::SparseExchange::Stub>> sparse_stubs_;

@@ -115,5 +115,51 @@ TEST(InitializeTest, ModelInitializeUsesTheSameStreams) {
   EXPECT_EQ(via_model, Init((*model)->spec(), 5));
 }
 
+// A CNN numbers its tensors conv stages first, then linear layers
+// (initialize.h): stage c draws from stream c with bound sqrt(6 / (in * k^2)),
+// the output layer from stream convs.size() with sqrt(3 / in).
+TEST(InitializeTest, CnnFollowsDocumentedStreams) {
+  v1::ModelConfig config;
+  config.set_kind(v1::ModelConfig::CNN);
+  config.add_conv_channels(6);
+  config.add_conv_channels(5);
+  config.set_kernel_size(3);
+  config.set_image_height(8);
+  config.set_image_width(8);
+  config.set_image_channels(2);
+  config.set_num_classes(4);
+  absl::StatusOr<ModelSpec> spec = MakeModelSpec(config);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_DOUBLE_EQ(ConvInitWeightBound(*spec, 0), std::sqrt(6.0 / 18));
+  EXPECT_DOUBLE_EQ(ConvInitWeightBound(*spec, 1), std::sqrt(6.0 / 54));
+  EXPECT_DOUBLE_EQ(InitWeightBound(*spec, 0), std::sqrt(3.0 / 20));  // 5*2*2
+
+  const uint64_t seed = 77;
+  const std::vector<float> params = Init(*spec, seed);
+  const uint64_t init_key = DeriveKey(seed, kModelInitLabel);
+  auto expect_stream = [&](uint64_t stream, double bound, size_t offset,
+                           size_t count) {
+    CounterRng rng(DeriveKey(init_key, stream));
+    for (size_t i = 0; i < count; ++i) {
+      const double u = static_cast<double>(rng.Next() >> 40) / (1 << 24);
+      ASSERT_EQ(params[offset + i], static_cast<float>(bound * (2.0 * u - 1.0)))
+          << "stream " << stream << " weight " << i;
+    }
+  };
+  expect_stream(0, std::sqrt(6.0 / 18), spec->convs[0].weight_offset,
+                6 * 2 * 3 * 3);
+  expect_stream(1, std::sqrt(6.0 / 54), spec->convs[1].weight_offset,
+                5 * 6 * 3 * 3);
+  expect_stream(2, std::sqrt(3.0 / 20), spec->layers[0].weight_offset, 4 * 20);
+  for (const ConvLayerSpec& conv : spec->convs) {
+    for (size_t j = 0; j < conv.out_channels; ++j) {
+      EXPECT_EQ(params[conv.bias_offset + j], 0.0f);
+    }
+  }
+  for (size_t j = 0; j < 4; ++j) {
+    EXPECT_EQ(params[spec->layers[0].bias_offset + j], 0.0f);
+  }
+}
+
 }  // namespace
 }  // namespace cserps

@@ -1,0 +1,448 @@
+#include "worker/hierarchical_communicator.h"
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "common/algorithm_catalog.h"
+#include "common/prng.h"
+#include "common/status.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/ps_server.h"
+#include "tests/testing/in_process_cluster.h"
+#include "tests/worker/algorithms/algorithm_harness.h"
+#include "worker/group/thread_group.h"
+#include "worker/ps_client.h"
+
+namespace cserps {
+namespace {
+
+using ::testing::HasSubstr;
+using Ranges = std::vector<std::pair<size_t, size_t>>;
+
+constexpr uint32_t kNodes = 2;
+constexpr float kLr = 0.1f;
+// Where a client must never connect: nothing listens on port 1.
+constexpr char kNowhere[] = "127.0.0.1:1";
+
+// A job of d = 1000 floats (softmax 99 -> 10) in blocks of 16 (63 blocks,
+// the last 8 floats), ef-sgd with GRBS ratio 4 on GRAD and ratio 1 on MODEL.
+v1::JobConfig Config(uint32_t shards, uint32_t members, uint32_t local_size) {
+  std::string servers;
+  for (uint32_t s = 0; s < shards; ++s) absl::StrAppend(&servers, "servers: \"127.0.0.1:0\" ");
+  return testing::TestConfig(absl::StrCat(
+      "name: \"group-test\" seed: 4242 epochs: 1\n",
+      "cluster { ", servers, "num_workers: ", members, " local_size: ", local_size,
+      " round_timeout_s: 20 }\n",
+      "model { kind: SOFTMAX input_dim: 99 num_classes: 10 }\n",
+      "data { batch_size: 1 }\n",
+      "optimizer { lr: 0.1 }\n",
+      "algorithm { name: \"ef-sgd\" ratio: 4 block_size: 16 }\n"));
+}
+
+// The servers of `config`, on ephemeral ports written into the config.
+class Servers {
+ public:
+  absl::Status Start(v1::JobConfig* config) {
+    for (int s = 0; s < config->cluster().servers_size(); ++s) {
+      ASSIGN_OR_RETURN(std::unique_ptr<PsServer> server,
+                       PsServer::Start(*config, s, "127.0.0.1:0"));
+      config->mutable_cluster()->set_servers(s, server->address());
+      shards_.push_back(std::move(server));
+    }
+    return absl::OkStatus();
+  }
+  PsServer& shard(int s) { return *shards_[s]; }
+  ~Servers() {
+    for (auto& server : shards_) server->Shutdown();
+  }
+
+ private:
+  std::vector<std::unique_ptr<PsServer>> shards_;
+};
+
+// A PsClient for local rank `local_rank` of a group of `local_size`: the
+// addresses of the shards it must not talk to point nowhere, so a call to
+// one could not succeed.
+absl::StatusOr<std::unique_ptr<PsClient>> ConnectLocalRank(v1::JobConfig config,
+                                                           uint64_t d,
+                                                           uint32_t local_size,
+                                                           uint32_t local_rank) {
+  for (int s = 0; s < config.cluster().servers_size(); ++s) {
+    if (static_cast<uint32_t>(s) % local_size != local_rank) {
+      config.mutable_cluster()->set_servers(s, kNowhere);
+    }
+  }
+  PsClientOptions options;
+  options.shard_stride = local_size;
+  options.shard_offset = local_rank;
+  options.setup_timeout = absl::Seconds(20);
+  options.rpc_slack = absl::Seconds(5);
+  return PsClient::Connect(config, d, options);
+}
+
+// Runs fn(node, local_rank, group member) on one thread per process of
+// kNodes nodes and returns each one's status, by member index
+// node * local_size + local_rank.
+std::vector<absl::Status> OnEveryProcess(
+    uint32_t nodes, uint32_t local_size,
+    const std::function<absl::Status(uint32_t, uint32_t, LocalGroup&)>& fn) {
+  std::vector<std::vector<std::unique_ptr<ThreadGroup>>> groups;
+  for (uint32_t n = 0; n < nodes; ++n) {
+    groups.push_back(ThreadGroup::Create(local_size, {.timeout = absl::Seconds(60)}));
+  }
+  std::vector<absl::Status> status(nodes * local_size);
+  std::vector<std::thread> threads;
+  for (uint32_t n = 0; n < nodes; ++n) {
+    for (uint32_t j = 0; j < local_size; ++j) {
+      threads.emplace_back([&, n, j] { status[n * local_size + j] = fn(n, j, *groups[n][j]); });
+    }
+  }
+  for (std::thread& t : threads) t.join();
+  return status;
+}
+
+struct Round {
+  v1::Stream stream;
+  uint64_t step;
+  uint32_t ratio;
+};
+const std::vector<Round>& Rounds() {
+  static const auto* rounds = new std::vector<Round>{
+      {v1::GRAD, 0, 4}, {v1::MODEL, 0, 1}, {v1::GRAD, 1, 4}};
+  return *rounds;
+}
+
+// values[k][m]: member m's values for round k, in [-1, 1).
+std::vector<testing::Models> Values(uint32_t members, size_t d) {
+  std::vector<testing::Models> values(Rounds().size());
+  for (size_t k = 0; k < values.size(); ++k) {
+    for (uint32_t m = 0; m < members; ++m) {
+      CounterRng rng(DeriveKey(DeriveKey(99, k), m));
+      std::vector<float> v(d);
+      for (float& x : v) x = 2.0f * rng.UniformFloat() - 1.0f;
+      values[k].push_back(std::move(v));
+    }
+  }
+  return values;
+}
+
+std::vector<uint32_t> Weights(uint32_t members) {
+  std::vector<uint32_t> w;
+  for (uint32_t m = 0; m < members; ++m) w.push_back(1 + (7 * m + 3) % 5);
+  return w;
+}
+
+// What Wait leaves in floats it does not write.
+float Sentinel(size_t i) { return 1000.0f + static_cast<float>(i); }
+
+// The floats of `v` inside `ranges`, concatenated.
+std::vector<float> Selected(const std::vector<float>& v, const Ranges& ranges) {
+  std::vector<float> out;
+  for (const auto& [begin, end] : ranges) out.insert(out.end(), v.begin() + begin, v.begin() + end);
+  return out;
+}
+
+::testing::AssertionResult OnlySelectedWritten(const std::vector<float>& mean,
+                                               const Ranges& ranges) {
+  std::vector<bool> selected(mean.size(), false);
+  for (const auto& [begin, end] : ranges) std::fill(selected.begin() + begin, selected.begin() + end, true);
+  for (size_t i = 0; i < mean.size(); ++i) {
+    if (!selected[i] && mean[i] != Sentinel(i)) {
+      return ::testing::AssertionFailure() << "float " << i << " was written but is not selected";
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// Floats of shard s (BlockLayout's rule from docs/protocol.md, written out
+// here): blocks [s*ceil(B/S), (s+1)*ceil(B/S)) of B = ceil(d/bs).
+std::pair<size_t, size_t> ShardFloats(size_t d, size_t bs, size_t shards, size_t s) {
+  const size_t blocks = (d + bs - 1) / bs;
+  const size_t per = (blocks + shards - 1) / shards;
+  return {std::min(d, std::min(blocks, s * per) * bs), std::min(d, std::min(blocks, (s + 1) * per) * bs)};
+}
+
+size_t Overlap(const Ranges& ranges, std::pair<size_t, size_t> shard) {
+  size_t n = 0;
+  for (const auto& [begin, end] : ranges) {
+    const size_t lo = std::max(begin, shard.first);
+    const size_t hi = std::min(end, shard.second);
+    if (hi > lo) n += hi - lo;
+  }
+  return n;
+}
+
+struct Shape {
+  uint32_t local_size;
+  uint32_t shards;
+};
+
+class HierarchicalShapes : public ::testing::TestWithParam<Shape> {};
+
+// Every process of two nodes averages three rounds (two GRAD at ratio 4 and
+// one MODEL at ratio 1, the three in flight together) through its node's
+// group; the same processes as separate members of a flat cluster are the
+// reference.
+TEST_P(HierarchicalShapes, MatchesTheFlatAverageOverEveryProcess) {
+  // Not a structured binding: C++17 lambdas cannot capture those.
+  const uint32_t local_size = GetParam().local_size;
+  const uint32_t shards = GetParam().shards;
+  const uint32_t members = kNodes * local_size;
+  v1::JobConfig config = Config(shards, kNodes, local_size);
+  const size_t d = testing::NumParams(config);
+  ASSERT_EQ(d, 1000u);
+  Servers servers;
+  ASSERT_TRUE(servers.Start(&config).ok());
+  const std::vector<testing::Models> values = Values(members, d);
+  const std::vector<uint32_t> weights = Weights(members);
+  std::vector<float> x0(d);
+  for (size_t i = 0; i < d; ++i) x0[i] = 0.25f * static_cast<float>(i % 13) - 1.0f;
+
+  std::vector<uint32_t> ranks(members);
+  std::vector<std::vector<float>> pulled(members);
+  std::vector<std::vector<std::vector<float>>> means(members);
+  std::vector<PsClient::StreamTraffic> grad_traffic(members), model_traffic(members);
+  const auto status = OnEveryProcess(kNodes, local_size, [&](uint32_t n, uint32_t j,
+                                                             LocalGroup& group) -> absl::Status {
+    const uint32_t m = n * local_size + j;
+    ASSIGN_OR_RETURN(std::unique_ptr<PsClient> client,
+                     ConnectLocalRank(config, d, local_size, j));
+    ASSIGN_OR_RETURN(ranks[m], RegisterNode(group, *client, -1, absl::StrCat("node-", n)));
+    if (ranks[m] == 0) {
+      // Only local rank 0's model counts.
+      std::vector<float> model = j == 0 ? x0 : std::vector<float>(d, std::nanf(""));
+      RETURN_IF_ERROR(PushNodeModel(group, *client, model));
+    }
+    pulled[m].assign(d, -1.0f);
+    RETURN_IF_ERROR(PullNodeModel(group, *client, absl::MakeSpan(pulled[m]), true));
+
+    HierarchicalCommunicator comm(config, d, &group, client.get());
+    means[m].resize(Rounds().size());
+    std::vector<std::unique_ptr<PendingAverage>> pending;
+    for (size_t k = 0; k < Rounds().size(); ++k) {
+      const Round& r = Rounds()[k];
+      means[m][k].resize(d);
+      for (size_t i = 0; i < d; ++i) means[m][k][i] = Sentinel(i);
+      pending.push_back(comm.StartAverage(r.stream, r.step, r.ratio, values[k][m],
+                                          static_cast<float>(weights[m]), kLr,
+                                          absl::MakeSpan(means[m][k])));
+    }
+    for (auto& p : pending) RETURN_IF_ERROR(p->Wait());
+    grad_traffic[m] = client->traffic(v1::GRAD);
+    model_traffic[m] = client->traffic(v1::MODEL);
+    return absl::OkStatus();
+  });
+  for (uint32_t m = 0; m < members; ++m) ASSERT_TRUE(status[m].ok()) << "member " << m << ": " << status[m];
+
+  // The same processes, each a member of its own.
+  v1::JobConfig flat_config = Config(shards, members, 1);
+  auto cluster = testing::InProcessCluster::Start(flat_config, d);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  std::vector<std::vector<std::vector<float>>> flat(members);
+  ASSERT_TRUE((*cluster)->OnEveryRank([&](int m) -> absl::Status {
+    std::vector<std::unique_ptr<PendingAverage>> pending;
+    flat[m].resize(Rounds().size());
+    for (size_t k = 0; k < Rounds().size(); ++k) {
+      const Round& r = Rounds()[k];
+      flat[m][k].assign(d, 0.0f);
+      pending.push_back((*cluster)->client(m).StartAverage(
+          r.stream, r.step, r.ratio, values[k][m], static_cast<float>(weights[m]), kLr,
+          absl::MakeSpan(flat[m][k])));
+    }
+    for (auto& p : pending) RETURN_IF_ERROR(p->Wait());
+    return absl::OkStatus();
+  }).ok());
+
+  // One member per node, under one rank on every shard.
+  for (uint32_t n = 0; n < kNodes; ++n) {
+    for (uint32_t j = 0; j < local_size; ++j) EXPECT_EQ(ranks[n * local_size + j], ranks[n * local_size]);
+  }
+  EXPECT_NE(ranks[0], ranks[local_size]);
+  EXPECT_LT(std::max(ranks[0], ranks[local_size]), kNodes);
+  for (uint32_t s = 0; s < shards; ++s) {
+    EXPECT_EQ(servers.shard(s).service().counters().registered, kNodes) << "shard " << s;
+  }
+  for (uint32_t m = 0; m < members; ++m) {
+    EXPECT_TRUE(testing::BitEqual(pulled[m], x0)) << "member " << m;
+  }
+
+  for (size_t k = 0; k < Rounds().size(); ++k) {
+    const Round& r = Rounds()[k];
+    SCOPED_TRACE(absl::StrCat("round ", k, ": ", v1::Stream_Name(r.stream), " step ", r.step,
+                              " ratio ", r.ratio));
+    const Ranges ranges = testing::SelectedRanges(config, r.stream, r.step, r.ratio);
+    const std::vector<float> expected =
+        Selected(testing::WeightedMean(values[k], weights, ranges), ranges);
+    const std::vector<float> reference = Selected(flat[0][k], ranges);
+    EXPECT_TRUE(testing::AllNear(reference, expected, 1e-6));
+    for (uint32_t m = 0; m < members; ++m) {
+      EXPECT_TRUE(testing::BitEqual(means[m][k], means[0][k])) << "member " << m;
+      EXPECT_TRUE(OnlySelectedWritten(means[m][k], ranges)) << "member " << m;
+    }
+    EXPECT_TRUE(testing::AllNear(Selected(means[0][k], ranges), reference, 1e-6));
+    EXPECT_TRUE(testing::AllNear(Selected(means[0][k], ranges), expected, 1e-6));
+  }
+
+  // Local rank j pushed exactly the selected floats of its shards.
+  for (uint32_t m = 0; m < members; ++m) {
+    const uint32_t j = m % local_size;
+    uint64_t grad = 0, model = 0;
+    for (const Round& r : Rounds()) {
+      const Ranges ranges = testing::SelectedRanges(config, r.stream, r.step, r.ratio);
+      for (uint32_t s = j; s < shards; s += local_size) {
+        const size_t n = Overlap(ranges, ShardFloats(d, 16, shards, s));
+        (r.stream == v1::GRAD ? grad : model) += n;
+      }
+    }
+    EXPECT_EQ(grad_traffic[m].floats_pushed, grad) << "member " << m;
+    EXPECT_EQ(model_traffic[m].floats_pushed, model) << "member " << m;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, HierarchicalShapes,
+                         ::testing::Values(Shape{2, 2}, Shape{2, 3}, Shape{3, 2},
+                                           Shape{3, 3}),
+                         [](const ::testing::TestParamInfo<Shape>& info) {
+                           return absl::StrCat("L", info.param.local_size, "_S",
+                                               info.param.shards);
+                         });
+
+TEST(GroupShardsTest, LocalRankJTakesTheShardsCongruentToJ) {
+  EXPECT_EQ(GroupShards(5, 2, 0), (std::vector<uint32_t>{0, 2, 4}));
+  EXPECT_EQ(GroupShards(5, 2, 1), (std::vector<uint32_t>{1, 3}));
+  EXPECT_EQ(GroupShards(2, 3, 2), (std::vector<uint32_t>{}));
+  EXPECT_EQ(GroupShards(3, 1, 0), (std::vector<uint32_t>{0, 1, 2}));
+}
+
+// One node of 3 processes and 2 shards (local rank 2 has none): a round the
+// servers refuse fails on every local rank, each naming the cause or the
+// local rank that met it, and the group goes on to the next round.
+TEST(HierarchicalCommunicatorTest, AServerErrorReachesEveryLocalRank) {
+  constexpr uint32_t kLocal = 3;
+  v1::JobConfig config = Config(2, 1, kLocal);
+  const size_t d = testing::NumParams(config);
+  Servers servers;
+  ASSERT_TRUE(servers.Start(&config).ok());
+  const std::vector<testing::Models> values = Values(kLocal, d);
+  const std::vector<uint32_t> weights = Weights(kLocal);
+  std::vector<absl::Status> refused(kLocal);
+  std::vector<std::vector<float>> means(kLocal, std::vector<float>(d, 0.0f));
+  const auto status = OnEveryProcess(1, kLocal, [&](uint32_t, uint32_t j,
+                                                    LocalGroup& group) -> absl::Status {
+    ASSIGN_OR_RETURN(std::unique_ptr<PsClient> client, ConnectLocalRank(config, d, kLocal, j));
+    RETURN_IF_ERROR(RegisterNode(group, *client, 0, "node").status());
+    HierarchicalCommunicator comm(config, d, &group, client.get());
+    // ef-sgd averages GRAD at ratio 4 only.
+    refused[j] = comm.AverageBlocks(v1::GRAD, 0, 2, values[0][j], static_cast<float>(weights[j]),
+                                    kLr, absl::MakeSpan(means[j]));
+    return comm.AverageBlocks(v1::GRAD, 1, 4, values[0][j], static_cast<float>(weights[j]), kLr,
+                              absl::MakeSpan(means[j]));
+  });
+  for (uint32_t j = 0; j < kLocal; ++j) {
+    ASSERT_TRUE(status[j].ok()) << "local rank " << j << ": " << status[j];
+    EXPECT_EQ(refused[j].code(), absl::StatusCode::kFailedPrecondition) << refused[j];
+  }
+  EXPECT_THAT(refused[0].message(), HasSubstr("local rank 0 (shards 0)"));
+  EXPECT_THAT(refused[0].message(), HasSubstr("is not the job's"));
+  EXPECT_THAT(refused[1].message(), HasSubstr("local rank 1 (shards 1)"));
+  EXPECT_THAT(refused[2].message(), HasSubstr("local rank 0 failed"));
+  const Ranges ranges = testing::SelectedRanges(config, v1::GRAD, 1, 4);
+  const std::vector<float> expected = Selected(testing::WeightedMean(values[0], weights, ranges), ranges);
+  for (uint32_t j = 0; j < kLocal; ++j) {
+    EXPECT_TRUE(testing::AllNear(Selected(means[j], ranges), expected, 1e-6)) << "local rank " << j;
+  }
+}
+
+TEST(HierarchicalCommunicatorTest, WrongSizedValuesAreRefused) {
+  v1::JobConfig config = Config(1, 1, 1);
+  const size_t d = testing::NumParams(config);
+  // Local rank 1 of 2 has no shard of 1, so no server communicator; the
+  // call fails before any collective, so its peer need not take part.
+  auto group = ThreadGroup::Create(2);
+  HierarchicalCommunicator comm(config, d, group[1].get(), nullptr);
+  std::vector<float> short_values(d - 1), mean(d);
+  const absl::Status s = comm.AverageBlocks(v1::MODEL, 0, 1, short_values, 1.0f, kLr,
+                                            absl::MakeSpan(mean));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(s.message(), HasSubstr("999 floats"));
+}
+
+// PsClient restricted to the shards of one local rank (PsClientOptions
+// shard_stride / shard_offset), beyond what the tests above use.
+TEST(RestrictedPsClientTest, RefusesBadOptionsAndCallsOutsideItsShards) {
+  v1::JobConfig config = Config(2, 1, 3);
+  const size_t d = testing::NumParams(config);
+  PsClientOptions bad;
+  bad.shard_stride = 2;
+  bad.shard_offset = 2;
+  const auto refused = PsClient::Connect(config, d, bad);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.status().message(), HasSubstr("shard_offset 2"));
+
+  // Local rank 2 of 3 has no shard of 2: it needs its rank given.
+  auto none = ConnectLocalRank(config, d, 3, 2);
+  ASSERT_TRUE(none.ok()) << none.status();
+  const auto unranked = (*none)->Register(-1, "node");
+  EXPECT_EQ(unranked.status().code(), absl::StatusCode::kInvalidArgument);
+  const auto given = (*none)->Register(0, "node");
+  ASSERT_TRUE(given.ok()) << given.status();
+  EXPECT_EQ(*given, 0u);
+
+  auto second = ConnectLocalRank(config, d, 3, 1);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ((*second)->GetStatus(0).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// topk-ssgd with one member: the servers answer every pushed entry, so each
+// restricted client must get back exactly the entries of its own shard.
+TEST(RestrictedPsClientTest, SparseExchangeCoversOnlyItsShards) {
+  v1::JobConfig config = testing::TestConfig(
+      "name: \"group-sparse\" seed: 5 epochs: 1\n"
+      "cluster { servers: \"127.0.0.1:0\" servers: \"127.0.0.1:0\" num_workers: 1 "
+      "local_size: 2 round_timeout_s: 20 }\n"
+      "model { kind: SOFTMAX input_dim: 99 num_classes: 10 }\n"
+      "data { batch_size: 1 }\n"
+      "optimizer { lr: 0.1 }\n"
+      "algorithm { name: \"topk-ssgd\" density: 0.01 block_size: 16 }\n");
+  const size_t d = testing::NumParams(config);
+  Servers servers;
+  ASSERT_TRUE(servers.Start(&config).ok());
+  const uint64_t k = SparseK(config.algorithm(), d);
+  SparseVector local;
+  std::vector<SparseVector> own(2);
+  for (uint32_t s = 0; s < 2; ++s) {
+    const auto [begin, end] = ShardFloats(d, 16, 2, s);
+    for (uint64_t i = 0; i < ShardSparseK(k, end - begin, d); ++i) {
+      const uint32_t index = static_cast<uint32_t>(begin + 3 * i);
+      const float value = 0.5f + static_cast<float>(i) + 10.0f * static_cast<float>(s);
+      local.indices.push_back(index);
+      local.values.push_back(value);
+      own[s].indices.push_back(index);
+      own[s].values.push_back(value);
+    }
+  }
+  for (uint32_t j = 0; j < 2; ++j) {
+    auto client = ConnectLocalRank(config, d, 2, j);
+    ASSERT_TRUE(client.ok()) << client.status();
+    ASSERT_TRUE((*client)->Register(0, "node").ok());
+    SparseVector result;
+    const absl::Status exchanged = (*client)->ExchangeSparse(0, local, &result);
+    ASSERT_TRUE(exchanged.ok()) << "local rank " << j << ": " << exchanged;
+    EXPECT_EQ(result.indices, own[j].indices) << "local rank " << j;
+    EXPECT_EQ(result.values, own[j].values) << "local rank " << j;
+    EXPECT_EQ((*client)->sparse_traffic().floats_pushed, own[j].values.size());
+  }
+}
+
+}  // namespace
+}  // namespace cserps

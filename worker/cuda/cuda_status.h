@@ -1,0 +1,200 @@
+// CUDA and cuBLAS errors as absl::Status, and RAII owners of device and
+// pinned host memory.
+//
+// Every CUDA runtime and cuBLAS call of the backend goes through
+// CSERPS_CUDA_RETURN_IF_ERROR / CSERPS_CUBLAS_RETURN_IF_ERROR, which return
+// a Status naming the call, the file and the line (nccl-tests' CUDACHECK, but
+// returning instead of exiting). Kernel launches are followed by
+// CSERPS_CUDA_RETURN_IF_LAUNCH_FAILED(name), which reads cudaGetLastError().
+//
+// Codes: an allocation failure is RESOURCE_EXHAUSTED; no device, no usable
+// driver or an uninitialised cuBLAS is FAILED_PRECONDITION; everything else
+// (a faulting kernel, a bad launch configuration) is INTERNAL.
+#ifndef CSERPS_WORKER_CUDA_CUDA_STATUS_H_
+#define CSERPS_WORKER_CUDA_CUDA_STATUS_H_
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <limits>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+
+namespace cserps {
+
+// "<call> failed at <file>:<line>: <error name>: <error string>"; OK for
+// cudaSuccess / CUBLAS_STATUS_SUCCESS.
+absl::Status CudaStatus(cudaError_t error, absl::string_view call,
+                        const char* file, int line);
+absl::Status CublasStatus(cublasStatus_t status, absl::string_view call,
+                          const char* file, int line);
+// The error of the most recent kernel launch on this thread (cleared by
+// reading it), as a Status naming `kernel`.
+absl::Status CudaLaunchStatus(absl::string_view kernel, const char* file,
+                              int line);
+
+// Number of CUDA devices visible to this process: 0 when the driver or the
+// device is missing (the reason is not an error for callers that only ask
+// whether to use a GPU).
+int CudaDeviceCount();
+
+}  // namespace cserps
+
+#define CSERPS_CUDA_RETURN_IF_ERROR(call)                                   \
+  do {                                                                      \
+    const cudaError_t cserps_cuda_error_ = (call);                          \
+    if (cserps_cuda_error_ != cudaSuccess) {                                \
+      return ::cserps::CudaStatus(cserps_cuda_error_, #call, __FILE__,      \
+                                  __LINE__);                                \
+    }                                                                       \
+  } while (0)
+
+#define CSERPS_CUBLAS_RETURN_IF_ERROR(call)                                 \
+  do {                                                                      \
+    const cublasStatus_t cserps_cublas_status_ = (call);                    \
+    if (cserps_cublas_status_ != CUBLAS_STATUS_SUCCESS) {                   \
+      return ::cserps::CublasStatus(cserps_cublas_status_, #call, __FILE__, \
+                                    __LINE__);                              \
+    }                                                                       \
+  } while (0)
+
+#define CSERPS_CUDA_RETURN_IF_LAUNCH_FAILED(kernel)                          \
+  do {                                                                       \
+    ::absl::Status cserps_launch_status_ =                                   \
+        ::cserps::CudaLaunchStatus(kernel, __FILE__, __LINE__);              \
+    if (!cserps_launch_status_.ok()) return cserps_launch_status_;           \
+  } while (0)
+
+namespace cserps {
+
+// `count` elements of T in device memory (cudaMalloc), freed on destruction.
+// Move-only. The contents start uninitialised. Destroying or reassigning a
+// buffer frees it with cudaFree, which waits for the device to go idle: do
+// not let buffers die on a hot path.
+template <typename T>
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  ~DeviceBuffer() { Reset(); }
+  DeviceBuffer(DeviceBuffer&& other) noexcept
+      : data_(std::exchange(other.data_, nullptr)),
+        size_(std::exchange(other.size_, 0)) {}
+  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept {
+    if (this != &other) {
+      Reset();
+      data_ = std::exchange(other.data_, nullptr);
+      size_ = std::exchange(other.size_, 0);
+    }
+    return *this;
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  // On the current device. count == 0 gives an empty buffer (null data()).
+  static absl::StatusOr<DeviceBuffer> Allocate(size_t count) {
+    DeviceBuffer buffer;
+    if (count == 0) return buffer;
+    if (count > std::numeric_limits<size_t>::max() / sizeof(T)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("DeviceBuffer: ", count, " elements of ", sizeof(T),
+                       " bytes overflow size_t"));
+    }
+    void* p = nullptr;
+    const cudaError_t error = cudaMalloc(&p, count * sizeof(T));
+    if (error != cudaSuccess) {
+      return CudaStatus(error,
+                        absl::StrCat("cudaMalloc(", count * sizeof(T), " bytes)"),
+                        __FILE__, __LINE__);
+    }
+    buffer.data_ = static_cast<T*>(p);
+    buffer.size_ = count;
+    return buffer;
+  }
+
+  T* data() const { return data_; }
+  size_t size() const { return size_; }
+  size_t bytes() const { return size_ * sizeof(T); }
+  bool empty() const { return size_ == 0; }
+
+  // Frees the memory; the buffer becomes empty. cudaFree's error is dropped:
+  // it can only report an earlier asynchronous fault, which the next checked
+  // call reports again.
+  void Reset() {
+    if (data_ != nullptr) static_cast<void>(cudaFree(data_));
+    data_ = nullptr;
+    size_ = 0;
+  }
+
+ private:
+  T* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+// `count` elements of T in page-locked host memory (cudaMallocHost), so that
+// cudaMemcpyAsync to and from it is truly asynchronous. Same ownership rules
+// as DeviceBuffer.
+template <typename T>
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  ~PinnedBuffer() { Reset(); }
+  PinnedBuffer(PinnedBuffer&& other) noexcept
+      : data_(std::exchange(other.data_, nullptr)),
+        size_(std::exchange(other.size_, 0)) {}
+  PinnedBuffer& operator=(PinnedBuffer&& other) noexcept {
+    if (this != &other) {
+      Reset();
+      data_ = std::exchange(other.data_, nullptr);
+      size_ = std::exchange(other.size_, 0);
+    }
+    return *this;
+  }
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+
+  static absl::StatusOr<PinnedBuffer> Allocate(size_t count) {
+    PinnedBuffer buffer;
+    if (count == 0) return buffer;
+    if (count > std::numeric_limits<size_t>::max() / sizeof(T)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("PinnedBuffer: ", count, " elements of ", sizeof(T),
+                       " bytes overflow size_t"));
+    }
+    void* p = nullptr;
+    const cudaError_t error = cudaMallocHost(&p, count * sizeof(T));
+    if (error != cudaSuccess) {
+      return CudaStatus(
+          error, absl::StrCat("cudaMallocHost(", count * sizeof(T), " bytes)"),
+          __FILE__, __LINE__);
+    }
+    buffer.data_ = static_cast<T*>(p);
+    buffer.size_ = count;
+    return buffer;
+  }
+
+  T* data() const { return data_; }
+  size_t size() const { return size_; }
+  size_t bytes() const { return size_ * sizeof(T); }
+  bool empty() const { return size_ == 0; }
+  absl::Span<T> span() const { return absl::Span<T>(data_, size_); }
+
+  void Reset() {
+    if (data_ != nullptr) static_cast<void>(cudaFreeHost(data_));
+    data_ = nullptr;
+    size_ = 0;
+  }
+
+ private:
+  T* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+}  // namespace cserps
+
+#endif  // CSERPS_WORKER_CUDA_CUDA_STATUS_H_

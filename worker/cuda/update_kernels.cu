@@ -1,0 +1,149 @@
+#include "worker/cuda/update_kernels.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "worker/cuda/cuda_status.h"
+
+namespace cserps {
+namespace cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+unsigned Blocks(size_t n) {
+  return static_cast<unsigned>(
+      std::min<size_t>((n + kThreads - 1) / kThreads, 65536));
+}
+
+enum class Kind { kNone, kHeavyBall, kNesterov };
+
+// p for element i, advancing m[i]; the rounding order of Direction::Compute.
+template <Kind kKind>
+__device__ __forceinline__ float DirectionAt(size_t i, float beta,
+                                             float lambda, const float* grad,
+                                             const float* params, float* m) {
+  const float d = __fadd_rn(grad[i], __fmul_rn(lambda, params[i]));
+  if (kKind == Kind::kNone) return d;
+  const float next = __fadd_rn(__fmul_rn(beta, m[i]), d);
+  m[i] = next;
+  if (kKind == Kind::kHeavyBall) return next;
+  return __fadd_rn(d, __fmul_rn(beta, next));
+}
+
+template <Kind kKind>
+__global__ void DirectionKernel(size_t n, float beta, float lambda,
+                                const float* grad, const float* params,
+                                float* m, float* direction) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n;
+       i += size_t{gridDim.x} * blockDim.x) {
+    direction[i] = DirectionAt<kKind>(i, beta, lambda, grad, params, m);
+  }
+}
+
+__global__ void DescendKernel(size_t n, float lr, const float* direction,
+                              float* params) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n;
+       i += size_t{gridDim.x} * blockDim.x) {
+    params[i] = __fsub_rn(params[i], __fmul_rn(lr, direction[i]));
+  }
+}
+
+template <Kind kKind>
+__global__ void SgdStepKernel(size_t n, float beta, float lambda, float lr,
+                              const float* grad, float* m, float* params) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n;
+       i += size_t{gridDim.x} * blockDim.x) {
+    const float p = DirectionAt<kKind>(i, beta, lambda, grad, params, m);
+    params[i] = __fsub_rn(params[i], __fmul_rn(lr, p));
+  }
+}
+
+absl::StatusOr<Kind> KindOf(const DirectionRule& rule) {
+  switch (rule.kind) {
+    case v1::OptimizerConfig::MOMENTUM_UNSPECIFIED:
+    case v1::OptimizerConfig::NONE:
+      return Kind::kNone;
+    case v1::OptimizerConfig::HEAVY_BALL:
+      return Kind::kHeavyBall;
+    case v1::OptimizerConfig::NESTEROV:
+      return Kind::kNesterov;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          "optimizer.momentum_kind: unknown value ", static_cast<int>(rule.kind)));
+  }
+}
+
+}  // namespace
+
+DirectionRule MakeDirectionRule(const v1::OptimizerConfig& config) {
+  DirectionRule rule;
+  rule.kind = config.momentum_kind() == v1::OptimizerConfig::MOMENTUM_UNSPECIFIED
+                  ? v1::OptimizerConfig::NONE
+                  : config.momentum_kind();
+  rule.beta = config.momentum();
+  rule.weight_decay = config.weight_decay();
+  return rule;
+}
+
+absl::Status LaunchDirection(const DirectionRule& rule, size_t n,
+                             const float* grad, const float* params,
+                             float* momentum, float* direction,
+                             cudaStream_t stream) {
+  const absl::StatusOr<Kind> kind = KindOf(rule);
+  if (!kind.ok()) return kind.status();
+  if (n == 0) return absl::OkStatus();
+  const float beta = rule.beta, lambda = rule.weight_decay;
+  switch (*kind) {
+    case Kind::kNone:
+      DirectionKernel<Kind::kNone><<<Blocks(n), kThreads, 0, stream>>>(
+          n, beta, lambda, grad, params, momentum, direction);
+      break;
+    case Kind::kHeavyBall:
+      DirectionKernel<Kind::kHeavyBall><<<Blocks(n), kThreads, 0, stream>>>(
+          n, beta, lambda, grad, params, momentum, direction);
+      break;
+    case Kind::kNesterov:
+      DirectionKernel<Kind::kNesterov><<<Blocks(n), kThreads, 0, stream>>>(
+          n, beta, lambda, grad, params, momentum, direction);
+      break;
+  }
+  CSERPS_CUDA_RETURN_IF_LAUNCH_FAILED("DirectionKernel");
+  return absl::OkStatus();
+}
+
+absl::Status LaunchDescend(size_t n, float lr, const float* direction,
+                           float* params, cudaStream_t stream) {
+  if (n == 0) return absl::OkStatus();
+  DescendKernel<<<Blocks(n), kThreads, 0, stream>>>(n, lr, direction, params);
+  CSERPS_CUDA_RETURN_IF_LAUNCH_FAILED("DescendKernel");
+  return absl::OkStatus();
+}
+
+absl::Status LaunchSgdStep(const DirectionRule& rule, size_t n, float lr,
+                           const float* grad, float* momentum, float* params,
+                           cudaStream_t stream) {
+  const absl::StatusOr<Kind> kind = KindOf(rule);
+  if (!kind.ok()) return kind.status();
+  if (n == 0) return absl::OkStatus();
+  const float beta = rule.beta, lambda = rule.weight_decay;
+  switch (*kind) {
+    case Kind::kNone:
+      SgdStepKernel<Kind::kNone><<<Blocks(n), kThreads, 0, stream>>>(
+          n, beta, lambda, lr, grad, momentum, params);
+      break;
+    case Kind::kHeavyBall:
+      SgdStepKernel<Kind::kHeavyBall><<<Blocks(n), kThreads, 0, stream>>>(
+          n, beta, lambda, lr, grad, momentum, params);
+      break;
+    case Kind::kNesterov:
+      SgdStepKernel<Kind::kNesterov><<<Blocks(n), kThreads, 0, stream>>>(
+          n, beta, lambda, lr, grad, momentum, params);
+      break;
+  }
+  CSERPS_CUDA_RETURN_IF_LAUNCH_FAILED("SgdStepKernel");
+  return absl::OkStatus();
+}
+
+}  // namespace cuda
+}  // namespace cserps
