@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # Checks the CUDA backend on a machine with a GPU, in one go (well under 8
-# minutes on one H200): configures and builds the GPU tests and
-# cserps-bench-gpu (Release, -DCSERPS_CUDA=ON), runs `ctest -L gpu`, runs the
-# benchmark, and ends with one summary table.
+# minutes on one H200): runs every GPU test binary and cserps-bench-gpu and
+# ends with one summary table.
 #
-#   tools/gpu_check.sh
-#   CUDA_ARCH=80 BUILD_DIR=build-a100 tools/gpu_check.sh
+#   tools/gpu_check.sh                      build here (Release, -DCSERPS_CUDA=ON), then run
+#   tools/gpu_check.sh --bundle .gpu-bundle run what tools/gpu_bundle.sh packed
 #
-# CUDA_ARCH   CMAKE_CUDA_ARCHITECTURES, default 90 (H100/H200, sm_90)
+# The bundle is for GPU machines without the Debian packages the build needs
+# (the device tool's): binaries built on a development machine, run through
+# the bundle's own loader and libraries, with the machine's driver and CUDA
+# libraries.
+#
+# CUDA_ARCH   CMAKE_CUDA_ARCHITECTURES when building, default 90 (H100/H200)
 # BUILD_DIR   build directory, default build-gpu-check
 # OUT         when set, the whole log is also written to $OUT/gpu_check.log
 #
@@ -21,9 +25,38 @@ cd "$(dirname "$0")/.." || exit 1
 
 BUILD_DIR=${BUILD_DIR:-build-gpu-check}
 CUDA_ARCH=${CUDA_ARCH:-90}
+BUNDLE=""
+if [ "${1:-}" = "--bundle" ]; then
+  BUNDLE=$(cd "${2:?--bundle DIR}" && pwd) || exit 1
+fi
 JOBS=$(nproc)
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
+
+# Directories holding the driver's and CUDA's libraries on this machine, for
+# the bundle's loader (which does not read this machine's configuration).
+cuda_library_path() {
+  local dirs=() name found
+  local roots=(/usr/local/cuda/ /usr/local/nvidia/ /usr/lib/x86_64-linux-gnu/ /usr/lib64/ /opt/)
+  # pip's nvidia-* wheels keep their libraries under site-packages/nvidia/.
+  roots+=($(python3 -c 'import site; print(*site.getsitepackages())' 2>/dev/null))
+  for name in libcuda.so.1 libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libnccl.so.2; do
+    found=$( (ldconfig -p 2>/dev/null | awk -v n="$name" '$1 == n {print $NF; exit}';
+              timeout 60 find "${roots[@]}" -maxdepth 8 -name "$name" 2>/dev/null) | head -1)
+    [ -n "$found" ] && dirs+=("$(dirname "$(readlink -f "$found")")")
+  done
+  printf '%s\n' "${dirs[@]}" | awk '!seen[$0]++' | paste -sd: -
+}
+
+# Sets CMD to the command line that runs the built or bundled binary $1.
+binary_command() {
+  if [ -n "$BUNDLE" ]; then
+    CMD=("$BUNDLE/sys/ld-linux-x86-64.so.2" --library-path "$BUNDLE/lib:$BUNDLE/sys:$CUDA_PATH"
+         "$BUNDLE/bin/$1")
+  else
+    CMD=("$BUILD_DIR/bin/$1")
+  fi
+}
 
 main() {
   local failures=() gpu_listing="" have_gpu=0
@@ -31,7 +64,7 @@ main() {
     gpu_listing=$(nvidia-smi -L 2>/dev/null | grep '^GPU ' || true)
   fi
   [ -n "$gpu_listing" ] && have_gpu=1
-  echo "== gpu_check: $(date -u +%FT%TZ), arch sm_${CUDA_ARCH}, ${JOBS} jobs, build ${BUILD_DIR}"
+  echo "== gpu_check: $(date -u +%FT%TZ), ${BUNDLE:+bundle $BUNDLE}${BUNDLE:-arch sm_${CUDA_ARCH}, ${JOBS} jobs, build ${BUILD_DIR}}"
   if [ "$have_gpu" = 1 ]; then
     echo "$gpu_listing"
   else
@@ -39,11 +72,17 @@ main() {
   fi
 
   # --- build -------------------------------------------------------------
-  local t0=$SECONDS build_result
-  if cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DCSERPS_CUDA=ON \
-       -DCMAKE_CUDA_ARCHITECTURES="$CUDA_ARCH" &&
-     cmake --build "$BUILD_DIR" -j"$JOBS" --target cserps_gpu_tests cserps-bench-gpu; then
+  local t0=$SECONDS build_result bin_dir
+  CUDA_PATH=""
+  if [ -n "$BUNDLE" ]; then
+    CUDA_PATH=$(cuda_library_path)
+    build_result="bundle (CUDA libraries from ${CUDA_PATH:-nowhere found})"
+    bin_dir=$BUNDLE/bin
+  elif cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DCSERPS_CUDA=ON \
+         -DCMAKE_CUDA_ARCHITECTURES="$CUDA_ARCH" &&
+       cmake --build "$BUILD_DIR" -j"$JOBS" --target cserps_gpu_tests cserps-bench-gpu; then
     build_result="ok ($((SECONDS - t0)) s)"
+    bin_dir=$BUILD_DIR/bin
   else
     build_result="FAILED ($((SECONDS - t0)) s)"
     failures+=("build")
@@ -53,34 +92,39 @@ main() {
   local tests_result="not run" bench_result="not run"
   if [ ${#failures[@]} -eq 0 ]; then
     t0=$SECONDS
-    ctest --test-dir "$BUILD_DIR" -L gpu --output-on-failure --timeout 300 \
-      2>&1 | tee "$WORK/ctest.txt"
-    local ctest_rc=${PIPESTATUS[0]}
-    local total passed failed skipped
-    total=$(grep -cE '^ *[0-9]+/[0-9]+ Test +#' "$WORK/ctest.txt")
-    passed=$(grep -E '^ *[0-9]+/[0-9]+ Test +#' "$WORK/ctest.txt" | grep -c ' Passed ')
-    skipped=$(grep -c '\*\*\*Skipped' "$WORK/ctest.txt")
-    failed=$((total - passed - skipped))
-    tests_result="${passed} passed, ${failed} failed, ${skipped} skipped of ${total} ($((SECONDS - t0)) s)"
-    if [ "$total" -eq 0 ]; then
-      failures+=("no GPU tests found")
-    fi
-    if [ "$ctest_rc" -ne 0 ] || [ "$failed" -ne 0 ]; then
-      failures+=("GPU tests")
-    fi
+    local total=0 passed=0 failed=0 skipped=0 test name rc CMD
+    for test in "$bin_dir"/gpu_*_test; do
+      [ -x "$test" ] || continue
+      name=$(basename "$test")
+      total=$((total + 1))
+      echo "--- $name"
+      binary_command "$name"
+      timeout 300 "${CMD[@]}" >"$WORK/$name.txt" 2>&1
+      rc=$?
+      cat "$WORK/$name.txt"
+      if [ $rc -ne 0 ]; then
+        failed=$((failed + 1))
+      elif grep -q '^\[  SKIPPED \]' "$WORK/$name.txt"; then
+        skipped=$((skipped + 1))
+      else
+        passed=$((passed + 1))
+      fi
+    done
+    tests_result="${passed} passed, ${failed} failed, ${skipped} skipped of ${total} binaries ($((SECONDS - t0)) s)"
+    [ "$total" -eq 0 ] && failures+=("no GPU tests found")
+    [ "$failed" -ne 0 ] && failures+=("GPU tests")
     if [ "$skipped" -ne 0 ] && [ "$have_gpu" = 1 ]; then
       failures+=("GPU tests SKIPPED on a machine with a GPU")
       echo
-      echo "!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!"
-      echo "!!! FAIL: ${skipped} GPU test(s) SKIPPED although nvidia-smi lists a GPU:"
-      grep '\*\*\*Skipped' "$WORK/ctest.txt" | sed 's/^/!!!   /'
+      echo "!!! FAIL: ${skipped} GPU test binaries SKIPPED although nvidia-smi lists a GPU:"
+      grep -l '^\[  SKIPPED \]' "$WORK"/gpu_*_test.txt | sed 's/^/!!!   /'
       echo "!!! The tests did not see the device (CUDA_VISIBLE_DEVICES? driver?)."
-      echo "!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!"
     fi
 
     # --- benchmark -------------------------------------------------------
     t0=$SECONDS
-    timeout 300 "$BUILD_DIR/bin/cserps-bench-gpu" 2>&1 | tee "$WORK/bench.txt"
+    binary_command cserps-bench-gpu
+    timeout 300 "${CMD[@]}" 2>&1 | tee "$WORK/bench.txt"
     local bench_rc=${PIPESTATUS[0]}
     if [ "$bench_rc" -eq 0 ]; then
       bench_result="ok ($((SECONDS - t0)) s)"
@@ -109,7 +153,7 @@ main() {
     return 1
   fi
   if [ "$have_gpu" = 0 ]; then
-    echo "gpu_check: NO GPU HERE: built, tests skipped, nothing measured"
+    echo "gpu_check: NO GPU HERE: tests skipped, nothing measured"
     return 0
   fi
   echo "gpu_check: OK"
