@@ -182,7 +182,7 @@ prometheus::MetricFamily Family(std::string name, std::string help,
 absl::StatusOr<std::unique_ptr<ServerMetrics>> ServerMetrics::Create(
     MetricsRegistry* registry, uint32_t shard) {
   std::unique_ptr<ServerMetrics> metrics(new ServerMetrics(registry, shard));
-  for (const char* stream : {"GRAD", "MODEL"}) {
+  for (const char* stream : {"GRAD", "MODEL", "sparse"}) {
     ASSIGN_OR_RETURN(
         metrics->round_latency_[stream],
         registry->Histogram("cserps_server_round_latency_seconds",
@@ -205,32 +205,37 @@ void ServerMetrics::Attach(std::function<Snapshot()> snapshot) {
       out.back().metric.push_back(
           Sample({{"shard", shard}}, static_cast<double>(value), type));
     };
-    single("cserps_server_rounds_completed_total",
-           "Averaging rounds (PushPull, one chunk of one step and stream) completed.",
-           MetricType::Counter, s.rounds_completed);
-    single("cserps_server_rounds_failed_total",
-           "Averaging rounds failed (timeout or shutdown).", MetricType::Counter,
-           s.rounds_failed);
     single("cserps_server_members_registered", "Workers registered with the shard.",
            MetricType::Gauge, s.members_registered);
-    single("cserps_server_open_rounds", "Rounds waiting for pushes.",
+    single("cserps_server_members_alive",
+           "Registered workers heard from within cluster.round_timeout_s, or "
+           "waiting in a call.",
+           MetricType::Gauge, s.members_alive);
+    single("cserps_server_open_rounds", "Rounds (dense and sparse) waiting for pushes.",
            MetricType::Gauge, s.open_rounds);
-    single("cserps_server_model_step", "Newest step of any completed round.",
+    single("cserps_server_model_step",
+           "Newest step of any completed round or applied asynchronous push.",
            MetricType::Gauge, s.newest_step);
     auto by_stream = [&](const char* name, const char* help,
-                         const std::map<std::string, uint64_t>& bytes) {
+                         const std::map<std::string, uint64_t>& values) {
       out.push_back(Family(name, help, MetricType::Counter));
-      for (const auto& [stream, value] : bytes) {
+      for (const auto& [stream, value] : values) {
         out.back().metric.push_back(Sample({{"shard", shard}, {"stream", stream}},
                                            static_cast<double>(value),
                                            MetricType::Counter));
       }
     };
+    by_stream("cserps_server_rounds_completed_total",
+              "Rounds completed: PushPull averaging rounds (one chunk of one step), "
+              "sparse rounds (one step), applied asynchronous pushes.",
+              s.rounds_completed);
+    by_stream("cserps_server_rounds_failed_total",
+              "Rounds failed (timeout or shutdown).", s.rounds_failed);
     by_stream("cserps_server_bytes_in_total",
-              "Serialized request bytes received by the ParameterServer service.",
+              "Serialized request bytes received by the shard's services.",
               s.bytes_in);
     by_stream("cserps_server_bytes_out_total",
-              "Serialized reply bytes sent by the ParameterServer service.",
+              "Serialized reply bytes sent by the shard's services.",
               s.bytes_out);
     return out;
   });

@@ -102,15 +102,22 @@ class MetricsRegistry::Collector {
 // One server shard's metrics (labels shard, stream).
 class ServerMetrics {
  public:
-  // What the shard's service counts, read at every scrape.
+  // What the shard's services count, read at every scrape.
   struct Snapshot {
-    uint64_t rounds_completed = 0;
-    uint64_t rounds_failed = 0;
+    // Rounds by stream: "GRAD" / "MODEL" (PushPull), "sparse"
+    // (SparsePushPull), "async" (AsyncPushPull: one applied push is one
+    // round; a push failed at shutdown is a failed one).
+    std::map<std::string, uint64_t> rounds_completed;
+    std::map<std::string, uint64_t> rounds_failed;
     uint64_t members_registered = 0;
-    uint64_t open_rounds = 0;
+    // Members heard from within cluster.round_timeout_s, or waiting in a
+    // call (server/member_activity.h).
+    uint64_t members_alive = 0;
+    uint64_t open_rounds = 0;  // dense and sparse
     uint64_t newest_step = 0;
-    // Traffic by stream name ("GRAD", "MODEL", and "other" for what no
-    // stream's PushPull carried: model pushes/pulls and refused requests).
+    // Traffic by stream: the streams above for the requests they accepted
+    // and the replies they sent, and "other" for the rest (PushModel and
+    // PullModel, refused requests).
     std::map<std::string, uint64_t> bytes_in;
     std::map<std::string, uint64_t> bytes_out;
   };
@@ -125,8 +132,8 @@ class ServerMetrics {
   // Stops reading the snapshot; waits for a scrape in progress.
   void Detach();
 
-  // A round of `stream` ("GRAD"/"MODEL") completed `latency` after its
-  // first push.
+  // A round of `stream` ("GRAD", "MODEL" or "sparse"; others are ignored)
+  // completed `latency` after its first push.
   void ObserveRoundLatency(const std::string& stream, absl::Duration latency);
 
  private:

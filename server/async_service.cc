@@ -72,8 +72,6 @@ void AsyncService::Shutdown() {
 }
 
 absl::Status AsyncService::Validate(const v1::AsyncPushPullRequest& request) const {
-  RETURN_IF_ERROR(shard_.CheckFingerprint(request.fingerprint()));
-  RETURN_IF_ERROR(shard_.CheckMember(request.rank()));
   if (!std::isfinite(request.lr()) || request.lr() < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("lr ", request.lr(), " must be finite and >= 0"));
@@ -147,6 +145,10 @@ absl::Status AsyncService::Apply(const v1::AsyncPushPullRequest& request,
     store.ApplyMean(/*is_model_stream=*/false, all_blocks_,
                     offset - store.first_float(), g, request.lr());
     applied_[key] = request.step();
+    pushes_applied_.fetch_add(1, std::memory_order_relaxed);
+    if (request.step() > newest_step_.load(std::memory_order_relaxed)) {
+      newest_step_.store(request.step(), std::memory_order_relaxed);
+    }
   }
   return store.Read(offset, count, response->mutable_model());
 }
@@ -155,17 +157,43 @@ grpc::ServerUnaryReactor* AsyncService::AsyncPushPull(
     grpc::CallbackServerContext* context, const v1::AsyncPushPullRequest* request,
     v1::AsyncPushPullResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  const absl::Status valid = Validate(*request);
+  absl::Status valid = shard_.CheckFingerprint(request->fingerprint());
+  if (valid.ok()) valid = shard_.CheckMember(request->rank());
+  const absl::Time arrived = options_.now();
+  if (valid.ok()) {
+    shard_.activity().Heard(request->rank(), arrived);
+    valid = Validate(*request);
+  }
   if (!valid.ok()) {
+    refused_bytes_in_.fetch_add(request->ByteSizeLong(), std::memory_order_relaxed);
     reactor->Finish(ToGrpcStatus(Prefixed(*request, valid)));
     return reactor;
   }
-  gate_.Arrive(request->rank(), request->step(), options_.now(),
+  bytes_in_.fetch_add(request->ByteSizeLong(), std::memory_order_relaxed);
+  shard_.activity().CallStarted(request->rank(), arrived);
+  gate_.Arrive(request->rank(), request->step(), arrived,
                [this, reactor, request, response](absl::Status status) {
                  if (status.ok()) status = Apply(*request, response);
+                 if (status.ok()) {
+                   bytes_out_.fetch_add(response->ByteSizeLong(), std::memory_order_relaxed);
+                 } else {
+                   pushes_failed_.fetch_add(1, std::memory_order_relaxed);
+                 }
+                 shard_.activity().CallEnded(request->rank(), options_.now());
                  reactor->Finish(ToGrpcStatus(Prefixed(*request, status)));
                });
   return reactor;
+}
+
+AsyncService::Counters AsyncService::counters() const {
+  Counters c;
+  c.pushes_applied = pushes_applied_.load(std::memory_order_relaxed);
+  c.pushes_failed = pushes_failed_.load(std::memory_order_relaxed);
+  c.newest_step = newest_step_.load(std::memory_order_relaxed);
+  c.bytes_in = bytes_in_.load(std::memory_order_relaxed);
+  c.refused_bytes_in = refused_bytes_in_.load(std::memory_order_relaxed);
+  c.bytes_out = bytes_out_.load(std::memory_order_relaxed);
+  return c;
 }
 
 }  // namespace cserps

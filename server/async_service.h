@@ -35,7 +35,8 @@ namespace cserps {
 class AsyncService final : public v1::AsyncParameterServer::CallbackService {
  public:
   struct Options {
-    // Injectable clock for the liveness rule (tests); absl::Now by default.
+    // Injectable clock for the liveness rule and member activity (tests);
+    // absl::Now by default.
     std::function<absl::Time()> now;
     // Run the thread that declares silent ranks dead. Tests that drive
     // liveness through ExpireSilentRanks turn it off.
@@ -63,6 +64,23 @@ class AsyncService final : public v1::AsyncParameterServer::CallbackService {
     return gate_.WaitForParked(count, timeout);
   }
 
+  // What the service counts, for metrics (docs/metrics.md, stream "async").
+  struct Counters {
+    // Pushes applied to the model; a retry, answered without being applied
+    // again, is not counted.
+    uint64_t pushes_applied = 0;
+    // Pushes that passed the checks but were never applied: failed at
+    // shutdown while parked, or by an error applying them.
+    uint64_t pushes_failed = 0;
+    uint64_t newest_step = 0;  // of any applied push; 0 before the first
+    // AsyncPushPull requests that passed the checks and reached the
+    // staleness gate, and those refused before.
+    uint64_t bytes_in = 0;
+    uint64_t refused_bytes_in = 0;
+    uint64_t bytes_out = 0;  // replies carrying the updated chunk
+  };
+  Counters counters() const;
+
   grpc::ServerUnaryReactor* AsyncPushPull(grpc::CallbackServerContext* context,
                                           const v1::AsyncPushPullRequest* request,
                                           v1::AsyncPushPullResponse* response) override;
@@ -70,7 +88,8 @@ class AsyncService final : public v1::AsyncParameterServer::CallbackService {
  private:
   AsyncService(ShardContext* shard, Options options);
 
-  // Checks everything but the staleness bound.
+  // Checks everything but the sender (fingerprint, membership) and the
+  // staleness bound.
   absl::Status Validate(const v1::AsyncPushPullRequest& request) const;
   // Applies the push (unless it is a retry) and fills `response`.
   absl::Status Apply(const v1::AsyncPushPullRequest& request,
@@ -88,6 +107,14 @@ class AsyncService final : public v1::AsyncParameterServer::CallbackService {
   // retry.
   absl::flat_hash_map<std::pair<uint32_t, uint64_t>, uint64_t> applied_
       ABSL_GUARDED_BY(update_mu_);
+
+  std::atomic<uint64_t> pushes_applied_{0};
+  std::atomic<uint64_t> pushes_failed_{0};
+  // Written under update_mu_ only.
+  std::atomic<uint64_t> newest_step_{0};
+  std::atomic<uint64_t> bytes_in_{0};
+  std::atomic<uint64_t> refused_bytes_in_{0};
+  std::atomic<uint64_t> bytes_out_{0};
 
   std::atomic<bool> shut_down_{false};
   // Last: destroyed (joined) first, while what it calls still exists.

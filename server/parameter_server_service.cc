@@ -92,6 +92,7 @@ grpc::ServerUnaryReactor* ParameterServerService::Register(
   absl::StatusOr<uint32_t> rank =
       members_.Register(request->requested_rank(), request->worker_id());
   if (!rank.ok()) return FinishWith(context, rank.status());
+  shard_.activity().Heard(*rank, options_.now());
   response->set_rank(*rank);
   response->set_world_size(members_.world_size());
   response->set_job_seed(config_.seed());
@@ -144,12 +145,15 @@ grpc::ServerUnaryReactor* ParameterServerService::PushPull(
       StreamName(request->stream()), ", chunk ", request->chunk(),
       ") from rank ", request->rank());
   auto refuse = [&](const absl::Status& status) {
+    other_bytes_in_.fetch_add(request->ByteSizeLong(), std::memory_order_relaxed);
     return FinishWith(context, absl::Status(status.code(),
                                             absl::StrCat(round, ": ", status.message())));
   };
   absl::Status ok = shard_.CheckFingerprint(request->fingerprint());
   if (ok.ok()) ok = shard_.CheckMember(request->rank());
   if (!ok.ok()) return refuse(ok);
+  const absl::Time arrived = options_.now();
+  shard_.activity().Heard(request->rank(), arrived);
   if (request->stream() != v1::GRAD && request->stream() != v1::MODEL) {
     return refuse(absl::InvalidArgumentError(
         absl::StrCat("unknown stream ", request->stream(), " (known: GRAD, MODEL)")));
@@ -181,19 +185,20 @@ grpc::ServerUnaryReactor* ParameterServerService::PushPull(
   stream_bytes_in_[stream].fetch_add(request->ByteSizeLong(), std::memory_order_relaxed);
   stream_floats_in_[stream].fetch_add(values.size(), std::memory_order_relaxed);
   if (on_round_latency_) {
-    const absl::Time now = options_.now();
     absl::MutexLock lock(&first_push_mu_);
-    auto [it, added] = first_push_.try_emplace(key, now);
+    auto [it, added] = first_push_.try_emplace(key, arrived);
     // An entry older than a timeout belongs to a round that failed.
-    if (!added && it->second < now - rounds_timeout_) it->second = now;
+    if (!added && it->second < arrived - rounds_timeout_) it->second = arrived;
   }
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   response->set_step(key.step);
   response->set_stream(request->stream());
   response->set_chunk(key.chunk);
-  rounds_.Push(key, request->rank(), request->weight(), request->lr(), values,
-               options_.now(),
-               [this, reactor, response, round, stream](absl::StatusOr<RoundMean> mean) {
+  const uint32_t rank = request->rank();
+  shard_.activity().CallStarted(rank, arrived);
+  rounds_.Push(key, rank, request->weight(), request->lr(), values, arrived,
+               [this, reactor, response, round, stream, rank](absl::StatusOr<RoundMean> mean) {
+                 shard_.activity().CallEnded(rank, options_.now());
                  if (!mean.ok()) {
                    reactor->Finish(ToGrpcStatus(absl::Status(
                        mean.status().code(),
@@ -229,6 +234,7 @@ grpc::ServerUnaryReactor* ParameterServerService::PullModel(
     }
     if (status.ok()) {
       bytes_out_.fetch_add(response->ByteSizeLong(), std::memory_order_relaxed);
+      other_bytes_out_.fetch_add(response->ByteSizeLong(), std::memory_order_relaxed);
     }
     reactor->Finish(ToGrpcStatus(status));
   };
@@ -247,9 +253,13 @@ grpc::ServerUnaryReactor* ParameterServerService::PushModel(
     grpc::CallbackServerContext* context, const v1::PushModelRequest* request,
     v1::PushModelResponse* response) {
   bytes_in_.fetch_add(request->ByteSizeLong(), std::memory_order_relaxed);
+  other_bytes_in_.fetch_add(request->ByteSizeLong(), std::memory_order_relaxed);
   absl::Status ok = shard_.CheckFingerprint(request->fingerprint());
   if (ok.ok()) ok = shard_.CheckMember(request->rank());
-  if (ok.ok()) ok = CheckFloatBytes(request->values(), "PushModel values");
+  if (ok.ok()) {
+    shard_.activity().Heard(request->rank(), options_.now());
+    ok = CheckFloatBytes(request->values(), "PushModel values");
+  }
   if (!ok.ok()) return FinishWith(context, ok);
   std::vector<float> values(request->values().size() / sizeof(float));
   ok = BytesToFloats(request->values(), absl::MakeSpan(values), "values");
@@ -269,6 +279,10 @@ ParameterServerService::Counters ParameterServerService::counters() const {
   c.registered = members_.registered();
   c.rounds_completed = rounds_.rounds_completed();
   c.rounds_failed = rounds_.rounds_failed();
+  c.grad_rounds_completed = rounds_.rounds_completed(v1::GRAD);
+  c.grad_rounds_failed = rounds_.rounds_failed(v1::GRAD);
+  c.model_rounds_completed = rounds_.rounds_completed(v1::MODEL);
+  c.model_rounds_failed = rounds_.rounds_failed(v1::MODEL);
   c.open_rounds = rounds_.open_rounds();
   c.newest_step = rounds_.newest_step();
   // Streams before totals: a request adds to its total before its stream,
@@ -279,6 +293,8 @@ ParameterServerService::Counters ParameterServerService::counters() const {
   c.model_bytes_out = stream_bytes_out_[v1::MODEL].load(std::memory_order_relaxed);
   c.bytes_in = bytes_in_.load(std::memory_order_relaxed);
   c.bytes_out = bytes_out_.load(std::memory_order_relaxed);
+  c.other_bytes_in = other_bytes_in_.load(std::memory_order_relaxed);
+  c.other_bytes_out = other_bytes_out_.load(std::memory_order_relaxed);
   return c;
 }
 

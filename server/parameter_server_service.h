@@ -28,7 +28,8 @@ namespace cserps {
 class ParameterServerService final : public v1::ParameterServer::CallbackService {
  public:
   struct Options {
-    // Injectable clock for round timeouts (tests); absl::Now by default.
+    // Injectable clock for round timeouts and member activity (tests);
+    // absl::Now by default.
     std::function<absl::Time()> now;
     // Run the thread that fails overdue rounds. Tests that drive timeouts
     // through ExpireOverdueRounds turn it off.
@@ -40,12 +41,18 @@ class ParameterServerService final : public v1::ParameterServer::CallbackService
     uint64_t registered = 0;
     uint64_t rounds_completed = 0;
     uint64_t rounds_failed = 0;
+    uint64_t grad_rounds_completed = 0, grad_rounds_failed = 0;
+    uint64_t model_rounds_completed = 0, model_rounds_failed = 0;
     uint64_t open_rounds = 0;
     uint64_t newest_step = 0;
     uint64_t bytes_in = 0;   // every request, PushModel included
     uint64_t bytes_out = 0;  // every reply, PullModel included
     uint64_t grad_bytes_in = 0, grad_bytes_out = 0;    // PushPull, GRAD
     uint64_t model_bytes_in = 0, model_bytes_out = 0;  // PushPull, MODEL
+    // The rest, counted where it happens (not as a difference, so that it
+    // never goes down): PushModel requests and refused PushPull requests;
+    // PullModel replies.
+    uint64_t other_bytes_in = 0, other_bytes_out = 0;
   };
 
   // Starts the expiry thread when asked. `shard` outlives the service.
@@ -117,6 +124,8 @@ class ParameterServerService final : public v1::ParameterServer::CallbackService
   std::atomic<uint64_t> stream_bytes_in_[kStreams] = {};
   std::atomic<uint64_t> stream_bytes_out_[kStreams] = {};
   std::atomic<uint64_t> stream_floats_in_[kStreams] = {};
+  std::atomic<uint64_t> other_bytes_in_{0};
+  std::atomic<uint64_t> other_bytes_out_{0};
 
   std::function<void(const RoundKey&, absl::Duration)> on_round_latency_;
   // First push time of each round not yet completed; kept only with

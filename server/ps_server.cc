@@ -3,10 +3,13 @@
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server_builder.h>
 
+#include <algorithm>
+#include <functional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "server/unary_reply.h"
 
 namespace cserps {
 
@@ -19,11 +22,14 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(
   if (metrics != nullptr) {
     ASSIGN_OR_RETURN(server->metrics_, ServerMetrics::Create(metrics, shard));
   }
+  if (!options.now) options.now = RealNow;
+  const std::function<absl::Time()> now = options.now;
   ASSIGN_OR_RETURN(server->service_,
                    ParameterServerService::Create(server->shard_.get(), std::move(options)));
   ASSIGN_OR_RETURN(server->sparse_service_,
-                   SparseExchangeService::Create(server->shard_.get()));
-  ASSIGN_OR_RETURN(server->async_service_, AsyncService::Create(server->shard_.get()));
+                   SparseExchangeService::Create(server->shard_.get(), {.now = now}));
+  ASSIGN_OR_RETURN(server->async_service_,
+                   AsyncService::Create(server->shard_.get(), {.now = now}));
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(listen_address, grpc::InsecureServerCredentials(), &port);
@@ -32,28 +38,43 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(
   if (server->metrics_ != nullptr) {
     ServerMetrics* m = server->metrics_.get();
     ParameterServerService* service = server->service_.get();
+    SparseExchangeService* sparse = server->sparse_service_.get();
+    AsyncService* async = server->async_service_.get();
+    const ShardContext* context = server->shard_.get();
     service->SetRoundLatencyObserver([m](const RoundKey& key, absl::Duration latency) {
       m->ObserveRoundLatency(
           v1::Stream_IsValid(key.stream) ? v1::Stream_Name(key.stream) : "other",
           latency);
     });
-    server->metrics_->Attach([service] {
+    sparse->SetRoundLatencyObserver(
+        [m](absl::Duration latency) { m->ObserveRoundLatency("sparse", latency); });
+    server->metrics_->Attach([service, sparse, async, context, now] {
       const ParameterServerService::Counters c = service->counters();
+      const SparseExchangeService::Counters sc = sparse->counters();
+      const AsyncService::Counters ac = async->counters();
       ServerMetrics::Snapshot s;
-      s.rounds_completed = c.rounds_completed;
-      s.rounds_failed = c.rounds_failed;
+      s.rounds_completed = {{"GRAD", c.grad_rounds_completed},
+                            {"MODEL", c.model_rounds_completed},
+                            {"sparse", sc.rounds_completed},
+                            {"async", ac.pushes_applied}};
+      s.rounds_failed = {{"GRAD", c.grad_rounds_failed},
+                         {"MODEL", c.model_rounds_failed},
+                         {"sparse", sc.rounds_failed},
+                         {"async", ac.pushes_failed}};
       s.members_registered = c.registered;
-      s.open_rounds = c.open_rounds;
-      s.newest_step = c.newest_step;
-      auto rest = [](uint64_t total, uint64_t a, uint64_t b) {
-        return total > a + b ? total - a - b : 0;
-      };
+      s.members_alive = context->activity().Alive(now());
+      s.open_rounds = c.open_rounds + sc.open_rounds;
+      s.newest_step = std::max({c.newest_step, sc.newest_step, ac.newest_step});
       s.bytes_in = {{"GRAD", c.grad_bytes_in},
                     {"MODEL", c.model_bytes_in},
-                    {"other", rest(c.bytes_in, c.grad_bytes_in, c.model_bytes_in)}};
+                    {"sparse", sc.bytes_in},
+                    {"async", ac.bytes_in},
+                    {"other", c.other_bytes_in + sc.refused_bytes_in + ac.refused_bytes_in}};
       s.bytes_out = {{"GRAD", c.grad_bytes_out},
                      {"MODEL", c.model_bytes_out},
-                     {"other", rest(c.bytes_out, c.grad_bytes_out, c.model_bytes_out)}};
+                     {"sparse", sc.bytes_out},
+                     {"async", ac.bytes_out},
+                     {"other", c.other_bytes_out}};
       return s;
     });
   }

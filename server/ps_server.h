@@ -21,8 +21,11 @@ namespace cserps {
 class PsServer {
  public:
   // Listens on `listen_address` ("host:port"; port 0 picks a free port).
-  // With `metrics` (which outlives the server), exports the shard's
-  // ServerMetrics there.
+  // `options.now` is the clock of every service of the shard (round
+  // timeouts, async liveness, member activity); `options.expiry_thread`
+  // applies to the ParameterServer service only. With `metrics` (which
+  // outlives the server), exports the shard's ServerMetrics there, every
+  // service counted.
   static absl::StatusOr<std::unique_ptr<PsServer>> Start(
       const v1::JobConfig& config, uint32_t shard,
       const std::string& listen_address,

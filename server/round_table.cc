@@ -86,6 +86,7 @@ std::vector<RoundCallback> RoundTable::FinishLocked(const RoundKey& key,
     history.by_step.erase(oldest);
   }
   ++rounds_completed_;
+  ++completed_by_stream_[key.stream];
   newest_step_ = std::max(newest_step_, key.step);
   return waiters;
 }
@@ -220,6 +221,7 @@ int RoundTable::ExpireOverdue(absl::Time now) {
               absl::StrJoin(missing, ", "), " of world_size ",
               options_.world_size)),
           std::move(round.waiters));
+      ++failed_by_stream_[it->first.stream];
       it = open_.erase(it);
       ++rounds_failed_;
     }
@@ -252,6 +254,7 @@ void RoundTable::FailAll(const std::string& reason) {
                               RoundName(key), " failed: ", reason)),
                           std::move(round.waiters));
       ++rounds_failed_;
+      ++failed_by_stream_[key.stream];
     }
     open_.clear();
   }
@@ -273,6 +276,18 @@ uint64_t RoundTable::rounds_completed() const {
 uint64_t RoundTable::rounds_failed() const {
   absl::MutexLock lock(&mu_);
   return rounds_failed_;
+}
+
+uint64_t RoundTable::rounds_completed(int stream) const {
+  absl::MutexLock lock(&mu_);
+  auto it = completed_by_stream_.find(stream);
+  return it == completed_by_stream_.end() ? 0 : it->second;
+}
+
+uint64_t RoundTable::rounds_failed(int stream) const {
+  absl::MutexLock lock(&mu_);
+  auto it = failed_by_stream_.find(stream);
+  return it == failed_by_stream_.end() ? 0 : it->second;
 }
 
 uint64_t RoundTable::newest_step() const {

@@ -119,6 +119,9 @@ class RoundTable {
   size_t open_rounds() const;
   uint64_t rounds_completed() const;
   uint64_t rounds_failed() const;
+  // The same, of the rounds of one stream (RoundKey::stream).
+  uint64_t rounds_completed(int stream) const;
+  uint64_t rounds_failed(int stream) const;
   // Newest step of any completed round; 0 before the first.
   uint64_t newest_step() const;
 
@@ -169,6 +172,8 @@ class RoundTable {
   std::string shutdown_reason_ ABSL_GUARDED_BY(mu_);
   uint64_t rounds_completed_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t rounds_failed_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<int, uint64_t> completed_by_stream_ ABSL_GUARDED_BY(mu_);
+  std::map<int, uint64_t> failed_by_stream_ ABSL_GUARDED_BY(mu_);
   uint64_t newest_step_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

@@ -31,6 +31,8 @@ ShardContext::ShardContext(const v1::JobConfig& config, uint32_t shard,
               config.cluster().servers_size()),
       chunk_floats_(ChunkFloats(config.cluster().max_message_bytes())),
       members_(config.cluster().num_workers()),
+      activity_(config.cluster().num_workers(),
+                absl::Seconds(config.cluster().round_timeout_s())),
       store_(layout_.ShardFirstFloat(shard), layout_.ShardSize(shard)) {}
 
 absl::Status ShardContext::CheckFingerprint(uint64_t fingerprint) const {

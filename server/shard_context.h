@@ -1,5 +1,6 @@
 // What every gRPC service of one server shard shares: the job config, the
-// block layout, the registered members and the shard's part of the model.
+// block layout, the registered members and when they were last heard from,
+// and the shard's part of the model.
 // Built once by PsServer; outlives the services.
 #ifndef CSERPS_SERVER_SHARD_CONTEXT_H_
 #define CSERPS_SERVER_SHARD_CONTEXT_H_
@@ -10,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "common/block_layout.h"
 #include "cserps/v1/config.pb.h"
+#include "server/member_activity.h"
 #include "server/member_registry.h"
 #include "server/shard_store.h"
 
@@ -29,6 +31,9 @@ class ShardContext {
   uint64_t chunk_floats() const { return chunk_floats_; }
   MemberRegistry& members() { return members_; }
   const MemberRegistry& members() const { return members_; }
+  // Silence timeout cluster.round_timeout_s.
+  MemberActivity& activity() { return activity_; }
+  const MemberActivity& activity() const { return activity_; }
   ShardStore& store() { return store_; }
   const ShardStore& store() const { return store_; }
 
@@ -47,6 +52,7 @@ class ShardContext {
   const BlockLayout layout_;
   const uint64_t chunk_floats_;
   MemberRegistry members_;
+  MemberActivity activity_;
   ShardStore store_;
 };
 

@@ -73,6 +73,10 @@ SparseExchangeService::SparseExchangeService(ShardContext* shard, Options option
               [this](uint64_t, std::vector<SparseEntries> pushes) {
                 return CompleteRound(std::move(pushes));
               },
+          .on_latency =
+              [this](absl::Duration latency) {
+                if (on_round_latency_) on_round_latency_(latency);
+              },
       }) {
   if (momentum_kind_ == v1::OptimizerConfig::HEAVY_BALL ||
       momentum_kind_ == v1::OptimizerConfig::NESTEROV) {
@@ -143,17 +147,19 @@ SparseReply SparseExchangeService::CompleteRound(std::vector<SparseEntries> push
 grpc::ServerUnaryReactor* SparseExchangeService::SparsePushPull(
     grpc::CallbackServerContext* context, const v1::SparsePushPullRequest* request,
     v1::SparsePushPullResponse* response) {
-  bytes_in_.fetch_add(request->ByteSizeLong(), std::memory_order_relaxed);
   const std::string name =
       absl::StrCat("SparsePushPull (step ", request->step(), ") from rank ",
                    request->rank(), " to shard ", shard_.shard());
   auto refuse = [&](const absl::Status& status) {
+    refused_bytes_in_.fetch_add(request->ByteSizeLong(), std::memory_order_relaxed);
     return FinishWith(context, absl::Status(status.code(),
                                             absl::StrCat(name, ": ", status.message())));
   };
   absl::Status ok = shard_.CheckFingerprint(request->fingerprint());
   if (ok.ok()) ok = shard_.CheckMember(request->rank());
   if (!ok.ok()) return refuse(ok);
+  const absl::Time arrived = options_.now();
+  shard_.activity().Heard(request->rank(), arrived);
   if (!sparse_job_) {
     return refuse(absl::FailedPreconditionError(absl::StrCat(
         "algorithm ", shard_.config().algorithm().name(),
@@ -174,10 +180,14 @@ grpc::ServerUnaryReactor* SparseExchangeService::SparsePushPull(
       layout.ShardFirstFloat(shard_.shard()), layout.ShardEndFloat(shard_.shard()));
   if (!entries.ok()) return refuse(entries.status());
 
+  bytes_in_.fetch_add(request->ByteSizeLong(), std::memory_order_relaxed);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   response->set_step(request->step());
-  rounds_.Push(request->step(), request->rank(), *std::move(entries), options_.now(),
-               [this, reactor, response, name](absl::StatusOr<SparseRoundReply> reply) {
+  const uint32_t rank = request->rank();
+  shard_.activity().CallStarted(rank, arrived);
+  rounds_.Push(request->step(), rank, *std::move(entries), arrived,
+               [this, reactor, response, name, rank](absl::StatusOr<SparseRoundReply> reply) {
+                 shard_.activity().CallEnded(rank, options_.now());
                  if (!reply.ok()) {
                    reactor->Finish(ToGrpcStatus(absl::Status(
                        reply.status().code(),
@@ -190,6 +200,18 @@ grpc::ServerUnaryReactor* SparseExchangeService::SparsePushPull(
                  reactor->Finish(grpc::Status::OK);
                });
   return reactor;
+}
+
+SparseExchangeService::Counters SparseExchangeService::counters() const {
+  Counters c;
+  c.rounds_completed = rounds_.rounds_completed();
+  c.rounds_failed = rounds_.rounds_failed();
+  c.open_rounds = rounds_.open_rounds();
+  c.newest_step = rounds_.newest_step();
+  c.bytes_in = bytes_in_.load(std::memory_order_relaxed);
+  c.refused_bytes_in = refused_bytes_in_.load(std::memory_order_relaxed);
+  c.bytes_out = bytes_out_.load(std::memory_order_relaxed);
+  return c;
 }
 
 }  // namespace cserps

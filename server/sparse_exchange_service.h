@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -30,7 +31,8 @@ namespace cserps {
 class SparseExchangeService final : public v1::SparseExchange::CallbackService {
  public:
   struct Options {
-    // Injectable clock for round timeouts (tests); absl::Now by default.
+    // Injectable clock for round timeouts and member activity (tests);
+    // absl::Now by default.
     std::function<absl::Time()> now;
     // Run the thread that fails overdue rounds (only for sparse jobs).
     // Tests that drive timeouts through ExpireOverdueRounds turn it off.
@@ -55,9 +57,27 @@ class SparseExchangeService final : public v1::SparseExchange::CallbackService {
 
   // This shard's k_s (0 for a job that does not use the exchange).
   uint64_t shard_k() const { return k_s_; }
-  uint64_t rounds_completed() const { return rounds_.rounds_completed(); }
-  uint64_t bytes_in() const { return bytes_in_.load(std::memory_order_relaxed); }
-  uint64_t bytes_out() const { return bytes_out_.load(std::memory_order_relaxed); }
+
+  // What the service counts, for metrics (docs/metrics.md, stream "sparse").
+  struct Counters {
+    uint64_t rounds_completed = 0;
+    uint64_t rounds_failed = 0;  // timed out, or failed at shutdown
+    uint64_t open_rounds = 0;
+    uint64_t newest_step = 0;  // of any completed round; 0 before the first
+    // SparsePushPull requests that passed the checks and were handed to
+    // their round, and those refused before.
+    uint64_t bytes_in = 0;
+    uint64_t refused_bytes_in = 0;
+    uint64_t bytes_out = 0;  // replies carrying a round's result
+  };
+  Counters counters() const;
+
+  // `observer` is called once per completed round with the time from its
+  // first push to the push that completed it (clock Options::now); for
+  // metrics. Call before the service receives calls.
+  void SetRoundLatencyObserver(std::function<void(absl::Duration)> observer) {
+    on_round_latency_ = std::move(observer);
+  }
 
   grpc::ServerUnaryReactor* SparsePushPull(grpc::CallbackServerContext* context,
                                            const v1::SparsePushPullRequest* request,
@@ -83,9 +103,11 @@ class SparseExchangeService final : public v1::SparseExchange::CallbackService {
   absl::Mutex apply_mu_;
   std::vector<float> momentum_ ABSL_GUARDED_BY(apply_mu_);
 
+  std::function<void(absl::Duration)> on_round_latency_;
   SparseRoundTable rounds_;
 
   std::atomic<uint64_t> bytes_in_{0};
+  std::atomic<uint64_t> refused_bytes_in_{0};
   std::atomic<uint64_t> bytes_out_{0};
 
   std::atomic<bool> shut_down_{false};

@@ -104,6 +104,7 @@ void SparseRoundTable::Push(uint64_t step, uint32_t rank, SparseEntries entries,
   // This push completed the round; nothing else touches its pushes now.
   SparseRoundReply reply = std::make_shared<const SparseReply>(
       options_.complete(step, std::move(completed.pushes)));
+  if (options_.on_latency) options_.on_latency(now - completed.first_push);
   std::vector<SparseRoundCallback> waiters = std::move(completed.waiters);
   {
     absl::MutexLock lock(&mu_);
@@ -199,6 +200,11 @@ uint64_t SparseRoundTable::rounds_completed() const {
 uint64_t SparseRoundTable::rounds_failed() const {
   absl::MutexLock lock(&mu_);
   return rounds_failed_;
+}
+
+uint64_t SparseRoundTable::newest_step() const {
+  absl::MutexLock lock(&mu_);
+  return newest_step_;
 }
 
 }  // namespace cserps

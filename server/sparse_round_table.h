@@ -49,6 +49,10 @@ class SparseRoundTable {
     // without the lock, before any waiter is answered. Required.
     std::function<SparseReply(uint64_t step, std::vector<SparseEntries> pushes)>
         complete;
+    // Optional: called once per completed round, after `complete` and before
+    // any waiter is answered, with the time from the round's first push to
+    // the push that completed it (the `now`s given to Push).
+    std::function<void(absl::Duration)> on_latency;
   };
 
   explicit SparseRoundTable(Options options);
@@ -77,6 +81,8 @@ class SparseRoundTable {
   size_t open_rounds() const;
   uint64_t rounds_completed() const;
   uint64_t rounds_failed() const;
+  // Newest step of any completed round; 0 before the first.
+  uint64_t newest_step() const;
 
  private:
   struct Round {

@@ -568,5 +568,39 @@ TEST(RoundTableTest, ConcurrentPushesAnswerEveryCallbackOnceWithTheMean) {
   EXPECT_EQ(table.newest_step(), kSteps);
 }
 
+TEST(RoundTableTest, CountsRoundsByStream) {
+  RoundTable table(SmallOptions(2));
+  const std::vector<float> v = {1.0f, 2.0f};
+  // Stream 1 (GRAD): two completed rounds; stream 2 (MODEL): one completed,
+  // one timed out, one failed at shutdown.
+  for (uint64_t step = 0; step < 2; ++step) {
+    Answer a[2];
+    for (uint32_t r = 0; r < 2; ++r) {
+      table.Push(RoundKey{step, 1, 0}, r, 1.0f, kLr, v, kT0, a[r].Callback());
+    }
+    ASSERT_TRUE(a[1].ok()) << a[1].status();
+  }
+  Answer m[2];
+  for (uint32_t r = 0; r < 2; ++r) {
+    table.Push(RoundKey{0, 2, 0}, r, 1.0f, kLr, v, kT0, m[r].Callback());
+  }
+  ASSERT_TRUE(m[1].ok()) << m[1].status();
+  Answer overdue, at_shutdown;
+  table.Push(RoundKey{1, 2, 0}, 0, 1.0f, kLr, v, kT0, overdue.Callback());
+  ASSERT_EQ(table.ExpireOverdue(kT0 + absl::Seconds(60)), 1);
+  table.Push(RoundKey{2, 2, 0}, 0, 1.0f, kLr, v, kT0, at_shutdown.Callback());
+  table.FailAll("stopping");
+  ASSERT_EQ(at_shutdown.calls, 1);
+
+  EXPECT_EQ(table.rounds_completed(1), 2u);
+  EXPECT_EQ(table.rounds_failed(1), 0u);
+  EXPECT_EQ(table.rounds_completed(2), 1u);
+  EXPECT_EQ(table.rounds_failed(2), 2u);
+  EXPECT_EQ(table.rounds_completed(0), 0u);
+  // The totals are the sums.
+  EXPECT_EQ(table.rounds_completed(), 3u);
+  EXPECT_EQ(table.rounds_failed(), 2u);
+}
+
 }  // namespace
 }  // namespace cserps

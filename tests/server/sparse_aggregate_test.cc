@@ -163,6 +163,7 @@ class SparseRoundTableTest : public ::testing::Test {
               return EncodeSparse(
                   AggregateSparse(pushes, SparseSelection::kUnion, 0));
             },
+        .on_latency = [this](absl::Duration latency) { latencies_.push_back(latency); },
     };
   }
   // What `done` of one push got; `called` false while it is parked.
@@ -185,7 +186,39 @@ class SparseRoundTableTest : public ::testing::Test {
     return v;
   }
   std::map<uint64_t, int> completions_;
+  std::vector<absl::Duration> latencies_;
 };
+
+TEST_F(SparseRoundTableTest, ReportsLatencyAndNewestStepOfCompletedRoundsOnly) {
+  SparseRoundTable table(Opts());
+  EXPECT_EQ(table.newest_step(), 0u);
+  const absl::Time t0 = absl::UnixEpoch() + absl::Seconds(100);
+  Answer a[3];
+  Push(table, 1, 1, 1.0f, &a[1], t0);
+  Push(table, 1, 0, 1.0f, &a[0], t0 + absl::Seconds(2));
+  // A retry later than the first push changes nothing.
+  Answer retry;
+  Push(table, 1, 1, 1.0f, &retry, t0 + absl::Seconds(4));
+  EXPECT_TRUE(latencies_.empty());
+  Push(table, 1, 2, 1.0f, &a[2], t0 + absl::Seconds(7));
+  ASSERT_TRUE(a[2].called && a[2].reply.ok());
+  EXPECT_EQ(latencies_, std::vector<absl::Duration>{absl::Seconds(7)});
+  EXPECT_EQ(table.newest_step(), 1u);
+
+  // A failed round reports no latency; an older completed step does not
+  // lower the newest.
+  Answer lone;
+  Push(table, 2, 0, 1.0f, &lone, t0 + absl::Seconds(8));
+  EXPECT_EQ(table.ExpireOverdue(t0 + absl::Seconds(30)), 1);
+  EXPECT_EQ(latencies_.size(), 1u);
+  Answer b[3];
+  for (uint32_t r = 0; r < 3; ++r) Push(table, 3, r, 1.0f, &b[r], t0 + absl::Seconds(40));
+  Answer c[3];
+  for (uint32_t r = 0; r < 3; ++r) Push(table, 2, r, 1.0f, &c[r], t0 + absl::Seconds(41));
+  ASSERT_TRUE(c[2].called && c[2].reply.ok());
+  EXPECT_EQ(table.newest_step(), 3u);
+  EXPECT_EQ(latencies_.size(), 3u);
+}
 
 TEST_F(SparseRoundTableTest, CompletesOnceAndRetriesAreNotCountedTwice) {
   SparseRoundTable table(Opts());

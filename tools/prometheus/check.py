@@ -140,7 +140,8 @@ def verify_scrape(port, out, workers, servers):
     first = by_label(query(port, f"min_over_time(cserps_worker_steps_total{window})"), "rank")
     grad = by_label(query(port, 'last_over_time(cserps_worker_bytes_pushed_total{stream="GRAD"}'
                           + window + ")"), "rank")
-    rounds = query(port, f"max_over_time(cserps_server_rounds_completed_total{window})")
+    rounds = query(port, "sum by (shard) (max_over_time(cserps_server_rounds_completed_total"
+                   + window + "))")
     problems = []
     for rank in range(workers):
         with open(os.path.join(out, f"worker_{rank}.json")) as f:
