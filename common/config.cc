@@ -344,15 +344,32 @@ absl::Status ValidateModel(const v1::ModelConfig& model) {
   return MakeModelSpec(model).status();
 }
 
-// A per-rank list: empty, or one finite value >= `min` per worker.
+// How many entries a per-rank data list must have: one per worker process,
+// i.e. cluster.num_workers x cluster.local_size (each local rank of a node
+// has its own batch size, data partition and slowdown).
+struct WorkerProcesses {
+  uint64_t count = 0;
+  std::string described;  // for messages
+};
+
+WorkerProcesses CountWorkerProcesses(const v1::ClusterConfig& cluster) {
+  const uint64_t count = uint64_t{cluster.num_workers()} * cluster.local_size();
+  if (cluster.local_size() == 1) {
+    return {count, absl::StrCat("cluster.num_workers is ", cluster.num_workers())};
+  }
+  return {count, absl::StrCat("cluster.num_workers x cluster.local_size is ",
+                              cluster.num_workers(), " x ", cluster.local_size(),
+                              " = ", count)};
+}
+
+// A per-rank list: empty, or one finite value >= `min` per worker process.
 absl::Status ValidatePerRank(const google::protobuf::RepeatedField<float>& values,
-                             const std::string& field, uint32_t num_workers,
+                             const std::string& field, const WorkerProcesses& workers,
                              float min, bool min_exclusive) {
   if (values.empty()) return absl::OkStatus();
-  if (static_cast<uint32_t>(values.size()) != num_workers) {
+  if (static_cast<uint64_t>(values.size()) != workers.count) {
     return Invalid(field, absl::StrCat("must have one entry per worker: has ",
-                                       values.size(), ", cluster.num_workers is ",
-                                       num_workers));
+                                       values.size(), ", ", workers.described));
   }
   for (int i = 0; i < values.size(); ++i) {
     const float v = values[i];
@@ -365,11 +382,11 @@ absl::Status ValidatePerRank(const google::protobuf::RepeatedField<float>& value
   return absl::OkStatus();
 }
 
-absl::Status ValidateData(const v1::DataConfig& data, uint32_t num_workers) {
+absl::Status ValidateData(const v1::DataConfig& data, const WorkerProcesses& workers) {
   RETURN_IF_ERROR(ValidatePerRank(data.rank_slowdown(), "data.rank_slowdown",
-                                  num_workers, 1.0f, false));
+                                  workers, 1.0f, false));
   RETURN_IF_ERROR(ValidatePerRank(data.rank_speeds(), "data.rank_speeds",
-                                  num_workers, 0.0f, true));
+                                  workers, 0.0f, true));
   if (data.rank_speeds_size() > 0 && data.rank_batch_sizes_size() > 0) {
     return Invalid("data.rank_speeds",
                    "set either rank_speeds or rank_batch_sizes, not both");
@@ -379,16 +396,16 @@ absl::Status ValidateData(const v1::DataConfig& data, uint32_t num_workers) {
       return Invalid("data.batch_size",
                      "must be >= 1 (got 0) unless data.rank_batch_sizes is set");
     }
-    if (data.rank_speeds_size() > 0 && data.batch_size() * num_workers < num_workers) {
+    if (data.rank_speeds_size() > 0 &&
+        uint64_t{data.batch_size()} * workers.count < workers.count) {
       return Invalid("data.batch_size", "too small to give every rank an example");
     }
     return absl::OkStatus();
   }
-  if (static_cast<uint32_t>(data.rank_batch_sizes_size()) != num_workers) {
+  if (static_cast<uint64_t>(data.rank_batch_sizes_size()) != workers.count) {
     return Invalid("data.rank_batch_sizes",
                    absl::StrCat("must have one entry per worker: has ",
-                                data.rank_batch_sizes_size(),
-                                ", cluster.num_workers is ", num_workers));
+                                data.rank_batch_sizes_size(), ", ", workers.described));
   }
   for (int i = 0; i < data.rank_batch_sizes_size(); ++i) {
     if (data.rank_batch_sizes(i) < 1) {
@@ -807,7 +824,7 @@ absl::Status ValidateJobConfig(const v1::JobConfig& config,
   }
   RETURN_IF_ERROR(ValidateCluster(config.cluster(), options));
   RETURN_IF_ERROR(ValidateModel(config.model()));
-  RETURN_IF_ERROR(ValidateData(config.data(), config.cluster().num_workers()));
+  RETURN_IF_ERROR(ValidateData(config.data(), CountWorkerProcesses(config.cluster())));
   // Before the optimizer: its warm-up is bounded by epochs.
   if (config.epochs() < 1) {
     return Invalid("epochs", "must be >= 1 (got 0)");
@@ -822,8 +839,27 @@ absl::Status ValidateJobConfig(const v1::JobConfig& config,
   if (config.algorithm().block_size() < 1) {
     return Invalid("algorithm.block_size", "must be >= 1 (got 0)");
   }
+  // These exchange through the servers alone (AsyncPushPull, the sparse
+  // exchange): there is no intra-node form of them to average a node first.
+  if (config.cluster().local_size() > 1) {
+    for (const char* flat_only : {"async-sgd", "gtopk-ssgd", "topk-ssgd"}) {
+      if (config.algorithm().name() == flat_only) {
+        return Invalid("cluster.local_size",
+                       absl::StrCat("must be 1 with algorithm.name \"", flat_only,
+                                    "\", which has no hierarchical (intra-node) form (got ",
+                                    config.cluster().local_size(), ")"));
+      }
+    }
+  }
   return ValidateAlgorithm(config.algorithm(), config.optimizer());
 }
+
+namespace {
+// cluster.local_size, where a config without defaults leaves it 0.
+uint32_t LocalSize(const v1::JobConfig& config) {
+  return std::max<uint32_t>(1, config.cluster().local_size());
+}
+}  // namespace
 
 std::vector<uint32_t> RankBatchSizes(const v1::JobConfig& config) {
   const v1::DataConfig& data = config.data();
@@ -831,10 +867,10 @@ std::vector<uint32_t> RankBatchSizes(const v1::JobConfig& config) {
     return {data.rank_batch_sizes().begin(), data.rank_batch_sizes().end()};
   }
   if (data.rank_speeds_size() > 0) {
-    // Proportional sampling: the total of num_workers * batch_size split in
-    // proportion to the speeds by largest remainder (ties to the lower rank),
-    // each rank at least 1.
-    const uint32_t n = config.cluster().num_workers();
+    // Proportional sampling: the total of (worker processes) * batch_size
+    // split in proportion to the speeds by largest remainder (ties to the
+    // lower rank), each rank at least 1.
+    const uint32_t n = config.cluster().num_workers() * LocalSize(config);
     const uint64_t total = uint64_t{data.batch_size()} * n;
     double speed_sum = 0;
     for (float s : data.rank_speeds()) speed_sum += s;
@@ -852,7 +888,7 @@ std::vector<uint32_t> RankBatchSizes(const v1::JobConfig& config) {
     for (uint32_t& s : sizes) s = std::max<uint32_t>(s, 1);
     return sizes;
   }
-  return std::vector<uint32_t>(config.cluster().num_workers(),
+  return std::vector<uint32_t>(config.cluster().num_workers() * LocalSize(config),
                                data.batch_size());
 }
 

@@ -49,7 +49,9 @@ absl::Status ApplyOverride(v1::JobConfig* config, absl::string_view assignment);
 
 // Fills the documented defaults of fields left at zero/empty:
 // cluster.max_message_bytes 4 MiB, round_timeout_s 60, max_step_lag 8,
-// retained_rounds 4; model.input_dim 784, num_classes 10; data.dir
+// retained_rounds 4, local_size 1; model.input_dim 784 (a CNN: conv_channels
+// [16, 32], kernel_size 5, a 28 x 28 x 1 image and input_dim its size),
+// num_classes 10; data.dir
 // /usr/share/datasets/fashion-mnist; optimizer.momentum_kind NONE and
 // schedule CONSTANT when UNSPECIFIED; algorithm.name "ssgd",
 // algorithm.block_size 1024; log_every_steps 50; output_dir "out".
@@ -70,10 +72,13 @@ struct ValidateOptions {
 // each "host:port" (host may be "[v6addr]") with port in 1..65535 (0 with
 // allow_port_zero), no address listed twice (port 0 excepted);
 // cluster.num_workers >= 1; max_message_bytes in [64 KiB, 1 GiB];
-// round_timeout_s > 0 and finite; retained_rounds >= 1; model.kind set,
-// input_dim >= 1, num_classes >= 2, MLP hidden non-empty with widths > 0,
-// SOFTMAX hidden empty; data.batch_size >= 1 unless rank_batch_sizes is set,
-// rank_batch_sizes has num_workers entries each >= 1; optimizer.lr > 0 and
+// round_timeout_s > 0 and finite; retained_rounds >= 1; local_size >= 1 and 1
+// for async-sgd, gtopk-ssgd and topk-ssgd; model.kind set, input_dim >= 1,
+// num_classes >= 2, MLP hidden non-empty with widths > 0, SOFTMAX hidden
+// empty, the CNN's fields only on a CNN and a valid layout (MakeModelSpec);
+// data.batch_size >= 1 unless rank_batch_sizes is set, rank_batch_sizes (and
+// rank_speeds, rank_slowdown) have num_workers x local_size entries, batch
+// sizes >= 1; optimizer.lr > 0 and
 // finite, momentum in [0,1) and > 0 for HEAVY_BALL/NESTEROV, weight_decay >= 0
 // and finite, enums known, STEP_DECAY: step_epochs >= 1 and gamma in (0,1],
 // WARMUP_COSINE: warmup_epochs >= 0 and < epochs; epochs >= 1;
@@ -81,8 +86,9 @@ struct ValidateOptions {
 absl::Status ValidateJobConfig(const v1::JobConfig& config,
                                ValidateOptions options = {});
 
-// The per-rank batch sizes: data.rank_batch_sizes when set, else
-// cluster.num_workers copies of data.batch_size.
+// The per-process batch sizes (num_workers x local_size, node-major):
+// data.rank_batch_sizes when set, else proportional to rank_speeds, else
+// copies of data.batch_size.
 std::vector<uint32_t> RankBatchSizes(const v1::JobConfig& config);
 
 // A 64-bit fingerprint of every non-local field. Local fields (ignored):

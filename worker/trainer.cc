@@ -23,42 +23,86 @@ double Accuracy(const EvalSums& sums) {
 
 }  // namespace
 
+uint32_t DataPartition(uint32_t rank, uint32_t local_rank, uint32_t local_size) {
+  return rank * local_size + local_rank;
+}
+
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
     const v1::JobConfig& config, PsClient* client, const Dataset* train,
     const Dataset* test, WorkerMetrics* metrics) {
-  const std::vector<uint32_t> batch_sizes = RankBatchSizes(config);
-  const uint32_t rank = client->rank();
-  if (rank >= batch_sizes.size()) {
+  return Create(config, TrainerLink{client, nullptr}, train, test, metrics);
+}
+
+absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
+    const v1::JobConfig& config, TrainerLink link, const Dataset* train,
+    const Dataset* test, WorkerMetrics* metrics, std::unique_ptr<Model> model) {
+  const uint32_t local_size = config.cluster().local_size();
+  if (link.group == nullptr && local_size != 1) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cluster.local_size is ", local_size,
+        " but this worker has no local group: every node runs its ", local_size,
+        " local ranks together (cserps-worker runs them as threads with "
+        "--backend=cpu, or one process per GPU with --backend=cuda and "
+        "--local_rank)"));
+  }
+  if (link.group != nullptr && link.group->size() != local_size) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cluster.local_size is ", local_size, " but the local group has ",
+        link.group->size(), " members"));
+  }
+  const uint32_t rank = link.client->rank();
+  const uint32_t local_rank = link.group != nullptr ? link.group->local_rank() : 0;
+  if (rank >= config.cluster().num_workers()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "rank ", rank, " has no batch size: the job has ", batch_sizes.size(),
-        " workers"));
+        "rank ", rank, " is not below cluster.num_workers (",
+        config.cluster().num_workers(), ")"));
+  }
+  const uint32_t partition = DataPartition(rank, local_rank, local_size);
+  const std::vector<uint32_t> batch_sizes = RankBatchSizes(config);
+  if (partition >= batch_sizes.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank ", rank, " local rank ", local_rank, " (data partition ", partition,
+        ") has no batch size: the job has ", batch_sizes.size(), " worker processes"));
   }
   const size_t steps_per_epoch = StepsPerEpoch(train->size, batch_sizes);
   if (steps_per_epoch == 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "data: ", train->size, " training examples are too few for ",
-        batch_sizes.size(), " workers with batch sizes of up to ",
+        batch_sizes.size(), " worker processes with batch sizes of up to ",
         *std::max_element(batch_sizes.begin(), batch_sizes.end()),
         ": not one step per epoch"));
   }
-  ASSIGN_OR_RETURN(std::unique_ptr<Model> model, MakeCpuModel(config.model()));
+  if (model == nullptr) {
+    ASSIGN_OR_RETURN(model, MakeCpuModel(config.model()));
+  }
   if (model->spec().input_dim != train->dim) {
     return absl::InvalidArgumentError(absl::StrCat(
         "model.input_dim is ", model->spec().input_dim, " but the data has ",
         train->dim, " features per example"));
   }
-  if (model->spec().num_params != client->layout().num_params()) {
+  const BlockLayout& layout = link.client->layout();
+  if (model->spec().num_params != layout.num_params()) {
     return absl::InternalError("model and client disagree on the model size");
   }
   std::unique_ptr<Trainer> trainer(new Trainer(
-      config, client, train, test, steps_per_epoch,
-      RankRange(train->size, batch_sizes, rank), batch_sizes[rank], std::move(model)));
+      config, link, partition, train, test, steps_per_epoch,
+      RankRange(train->size, batch_sizes, partition), batch_sizes[partition],
+      std::move(model)));
+  for (uint32_t s : GroupShards(layout.num_shards(), local_size, local_rank)) {
+    trainer->shard_floats_ += layout.ShardSize(s);
+  }
+  if (link.group != nullptr) {
+    trainer->hierarchical_ = std::make_unique<HierarchicalCommunicator>(
+        trainer->config_, layout.num_params(), link.group, link.client);
+    trainer->comm_ = trainer->hierarchical_.get();
+    trainer->log_prefix_ = absl::StrCat("local rank ", local_rank, ": ");
+  }
   AlgorithmContext context;
   context.config = &trainer->config_;
-  context.comm = client;
+  context.comm = trainer->comm_;
   context.direction = &trainer->direction_;
-  context.layout = &client->layout();
-  context.weight = static_cast<float>(batch_sizes[rank]);
+  context.layout = &layout;
+  context.weight = static_cast<float>(batch_sizes[partition]);
   context.steps_per_epoch = steps_per_epoch;
   ASSIGN_OR_RETURN(trainer->algorithm_,
                    DefaultAlgorithms().Create(config.algorithm().name(), context));
@@ -66,32 +110,47 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
   return trainer;
 }
 
-Trainer::Trainer(const v1::JobConfig& config, PsClient* client,
+Trainer::Trainer(const v1::JobConfig& config, TrainerLink link, uint32_t partition,
                  const Dataset* train, const Dataset* test,
                  size_t steps_per_epoch, Range range, uint32_t batch_size,
                  std::unique_ptr<Model> model)
     : config_(config),
-      client_(client),
+      client_(link.client),
+      group_(link.group),
+      comm_(link.client),
       test_(test),
-      rank_(client->rank()),
+      rank_(link.client->rank()),
+      local_rank_(link.group != nullptr ? link.group->local_rank() : 0),
+      partition_(partition),
       steps_per_epoch_(steps_per_epoch),
       batch_size_(batch_size),
       model_(std::move(model)),
-      batcher_(*train, range, batch_size, config.seed(), client->rank()),
+      batcher_(*train, range, batch_size, config.seed(), partition),
       direction_(config.optimizer(), model_->spec().num_params),
       schedule_(config.optimizer(), steps_per_epoch, config.epochs()),
       slowdown_(config.data().rank_slowdown_size() > 0
-                    ? config.data().rank_slowdown(client->rank())
+                    ? config.data().rank_slowdown(partition)
                     : 1.0f),
       x_(model_->spec().num_params),
       grad_(model_->spec().num_params) {}
 
+absl::Status Trainer::PushModel(absl::Span<const float> model) {
+  if (group_ == nullptr) return client_->PushModel(model);
+  return PushNodeModel(*group_, *client_, model);
+}
+
+absl::Status Trainer::PullModel(absl::Span<float> model, bool wait_for_init) {
+  if (group_ == nullptr) return client_->PullModel(model, wait_for_init);
+  return PullNodeModel(*group_, *client_, model, wait_for_init);
+}
+
 absl::Status Trainer::InitializeModel() {
   if (rank_ == 0) {
-    model_->Initialize(config_.seed(), absl::MakeSpan(x_));
-    RETURN_IF_ERROR(client_->PushModel(x_));
+    // Only local rank 0's model is pushed; every local rank joins the push.
+    if (local_rank_ == 0) model_->Initialize(config_.seed(), absl::MakeSpan(x_));
+    RETURN_IF_ERROR(PushModel(x_));
   }
-  return client_->PullModel(absl::MakeSpan(x_), /*wait_for_init=*/true);
+  return PullModel(absl::MakeSpan(x_), /*wait_for_init=*/true);
 }
 
 absl::StatusOr<float> Trainer::Step() {
@@ -134,7 +193,7 @@ EvalSums Trainer::EvaluateTest() {
 
 double Trainer::AchievedCompression(uint64_t floats_pushed) const {
   return floats_pushed == 0 ? 0.0
-                            : static_cast<double>(step_) * x_.size() / floats_pushed;
+                            : static_cast<double>(step_) * shard_floats_ / floats_pushed;
 }
 
 uint64_t Trainer::TrainingFloatsPushed() const {
@@ -187,8 +246,8 @@ absl::Status Trainer::Run() {
       if (log_every != 0 && step_ % log_every == 0) {
         const absl::Time now = absl::Now();
         const double seconds = absl::ToDoubleSeconds(now - window_start);
-        spdlog::info("step {} epoch {} loss {:.4f} lr {:.4g} samples/s {:.0f} pushed {:.1f} MB pulled {:.1f} MB",
-                     step_, epoch, loss, schedule_.At(step_ - 1),
+        spdlog::info("{}step {} epoch {} loss {:.4f} lr {:.4g} samples/s {:.0f} pushed {:.1f} MB pulled {:.1f} MB",
+                     log_prefix_, step_, epoch, loss, schedule_.At(step_ - 1),
                      seconds > 0 ? window_steps * batch_size_ / seconds : 0.0,
                      client_->bytes_pushed() / 1e6, client_->bytes_pulled() / 1e6);
         window_start = now;
@@ -206,13 +265,13 @@ absl::Status Trainer::Run() {
     point.bytes_pushed = client_->bytes_pushed();
     point.bytes_pulled = client_->bytes_pulled();
     curve_.push_back(point);
-    spdlog::info("epoch {} done: train loss {:.4f} test loss {:.4f} test accuracy {:.2f}% ({:.1f} s)",
-                 point.epoch, point.train_loss, point.test_loss,
+    spdlog::info("{}epoch {} done: train loss {:.4f} test loss {:.4f} test accuracy {:.2f}% ({:.1f} s)",
+                 log_prefix_, point.epoch, point.train_loss, point.test_loss,
                  100 * point.test_accuracy, point.wall_seconds);
   }
   RETURN_IF_ERROR(FinishTraining());
-  spdlog::info("final: local model {:.2f}%, global model {:.2f}%, achieved compression {:.1f}x",
-               100 * final_.local_accuracy, 100 * final_.global_accuracy,
+  spdlog::info("{}final: local model {:.2f}%, global model {:.2f}%, achieved compression {:.1f}x",
+               log_prefix_, 100 * final_.local_accuracy, 100 * final_.global_accuracy,
                final_.achieved_compression);
   return WriteOutputs(absl::ToDoubleSeconds(absl::Now() - start));
 }
@@ -225,13 +284,18 @@ absl::Status Trainer::FinishTraining() {
   final_.local_accuracy = Accuracy(EvaluateTest());
   RETURN_IF_ERROR(algorithm_->Finish(step_, absl::MakeSpan(x_)));
   std::vector<float> global(x_.size());
-  RETURN_IF_ERROR(client_->PullModel(absl::MakeSpan(global), /*wait_for_init=*/false));
+  RETURN_IF_ERROR(PullModel(absl::MakeSpan(global), /*wait_for_init=*/false));
   final_.global_accuracy = Accuracy(Evaluate(global));
   if (metrics_ != nullptr) {
     metrics_->SetTestAccuracy(/*global=*/true, final_.global_accuracy);
     UpdateTrafficMetrics();
   }
   return absl::OkStatus();
+}
+
+std::string Trainer::SummaryBaseName() const {
+  if (config_.cluster().local_size() == 1) return absl::StrCat("worker_", rank_);
+  return absl::StrCat("worker_", rank_, "_", local_rank_);
 }
 
 absl::Status Trainer::WriteOutputs(double wall_seconds) const {
@@ -242,7 +306,7 @@ absl::Status Trainer::WriteOutputs(double wall_seconds) const {
     return absl::PermissionDeniedError(absl::StrCat(
         "output_dir: cannot create ", dir.string(), ": ", error.message()));
   }
-  const std::string base = absl::StrCat("worker_", rank_);
+  const std::string base = SummaryBaseName();
   {
     std::ofstream csv(dir / (base + ".csv"));
     csv << "epoch,step,train_loss,test_loss,test_accuracy,wall_seconds,bytes_pushed,bytes_pulled\n";
@@ -258,7 +322,8 @@ absl::Status Trainer::WriteOutputs(double wall_seconds) const {
   const PsClient::StreamTraffic grad = client_->traffic(v1::GRAD);
   const PsClient::StreamTraffic model = client_->traffic(v1::MODEL);
   json << absl::StrFormat(
-      "{\n  \"job\": \"%s\",\n  \"rank\": %d,\n  \"algorithm\": \"%s\",\n"
+      "{\n  \"job\": \"%s\",\n  \"rank\": %d,\n  \"local_rank\": %d,\n"
+      "  \"local_size\": %d,\n  \"algorithm\": \"%s\",\n"
       "  \"num_params\": %d,\n  \"epochs\": %d,\n  \"steps\": %d,\n"
       "  \"batch_size\": %d,\n  \"train_loss\": %.6f,\n  \"test_loss\": %.6f,\n"
       "  \"test_accuracy\": %.6f,\n  \"wall_seconds\": %.3f,\n"
@@ -269,7 +334,8 @@ absl::Status Trainer::WriteOutputs(double wall_seconds) const {
       "  \"training_floats_pushed\": %d,\n  \"overall_ratio\": %.6g,\n"
       "  \"achieved_compression\": %.6g,\n"
       "  \"test_accuracy_local\": %.6f,\n  \"test_accuracy_global\": %.6f\n}\n",
-      config_.name(), rank_, config_.algorithm().name(), x_.size(),
+      config_.name(), rank_, local_rank_, config_.cluster().local_size(),
+      config_.algorithm().name(), x_.size(),
       config_.epochs(), step_, batch_size_, last.train_loss, last.test_loss,
       last.test_accuracy, wall_seconds,
       wall_seconds > 0 ? step_ * batch_size_ / wall_seconds : 0.0,

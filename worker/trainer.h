@@ -1,5 +1,12 @@
 // The worker's training loop: data shard, model forward/backward, the
 // algorithm's step, evaluation, progress lines and the run's outputs.
+//
+// A trainer is one process of the job (a thread, for local ranks run as
+// threads): flat, it is a member of its own; in a node of
+// cluster.local_size = L > 1 processes it is one local rank, and the node is
+// the member (worker/hierarchical_communicator.h). Either way it trains on
+// its own data partition with its own batch size and writes its own
+// summary.
 #ifndef CSERPS_WORKER_TRAINER_H_
 #define CSERPS_WORKER_TRAINER_H_
 
@@ -16,6 +23,8 @@
 #include "worker/algorithms/algorithm.h"
 #include "worker/data/batcher.h"
 #include "worker/data/dataset.h"
+#include "worker/group/local_group.h"
+#include "worker/hierarchical_communicator.h"
 #include "worker/model/model.h"
 #include "worker/optim/direction.h"
 #include "worker/optim/lr_schedule.h"
@@ -43,18 +52,51 @@ struct FinalReport {
   double achieved_compression = 0;      // steps * d / training_floats_pushed
 };
 
+// How a trainer reaches the servers. Both pointers outlive the trainer.
+struct TrainerLink {
+  // This process's client, registered: client->rank() is the member's rank
+  // (the node's, in a node). In a node it covers only this local rank's
+  // shards (PsClientOptions::shard_stride = L, shard_offset = local rank)
+  // and was registered with RegisterNode. The summary and the metrics report
+  // its traffic: this process's share of the node's.
+  PsClient* client = nullptr;
+  // This process's member of its node's group, whose size must be
+  // cluster.local_size; null for a flat worker (cluster.local_size 1). With
+  // a group, the trainer averages through a HierarchicalCommunicator over
+  // `group` and `client`, and every local rank of the node must drive its
+  // trainer through the same calls in the same order (they are collectives).
+  LocalGroup* group = nullptr;
+};
+
+// The data partition of local rank `local_rank` of the node (or flat
+// worker, local_size 1) of rank `rank`: rank * local_size + local_rank. The
+// training set is split into num_workers * local_size partitions, one per
+// process, in proportion to RankBatchSizes (one entry per process), and
+// data.rank_slowdown is indexed the same way.
+uint32_t DataPartition(uint32_t rank, uint32_t local_rank, uint32_t local_size);
+
 class Trainer {
  public:
-  // `config` has defaults applied and is valid; `client` is registered
-  // (client->rank() is this worker's rank). `train` and `test` and `client`
-  // outlive the trainer. With `metrics` (which outlives the trainer too),
-  // every step and evaluation updates it; nullptr: no metrics.
+  // `config` has defaults applied and is valid; `train` and `test` outlive
+  // the trainer. With `metrics` (which outlives the trainer too), every step
+  // and evaluation updates it; nullptr: no metrics. `model` computes the
+  // loss and gradients (a CUDA model, say); nullptr: the CPU model of
+  // config.model. Errors: FAILED_PRECONDITION naming cluster.local_size when
+  // the link's group (or its absence) does not match it; INVALID_ARGUMENT
+  // for a rank or partition the config has no batch size for, too few
+  // examples for one step, or a model that does not fit the data.
+  static absl::StatusOr<std::unique_ptr<Trainer>> Create(
+      const v1::JobConfig& config, TrainerLink link, const Dataset* train,
+      const Dataset* test, WorkerMetrics* metrics = nullptr,
+      std::unique_ptr<Model> model = nullptr);
+  // A flat worker: Create(config, {client, nullptr}, train, test, metrics).
   static absl::StatusOr<std::unique_ptr<Trainer>> Create(
       const v1::JobConfig& config, PsClient* client, const Dataset* train,
       const Dataset* test, WorkerMetrics* metrics = nullptr);
 
-  // Rank 0 initialises the model from the job seed and pushes it; every rank
-  // then pulls it, so all start from the identical model.
+  // Rank 0 initialises the model from the job seed and pushes it (in a
+  // node: local rank 0's, with PushNodeModel); every rank then pulls it, so
+  // all start from the identical model.
   absl::Status InitializeModel();
   // Runs the next step; returns its training loss.
   absl::StatusOr<float> Step();
@@ -65,9 +107,15 @@ class Trainer {
   absl::Status FinishTraining();
   // InitializeModel, then every epoch's steps with progress lines every
   // log_every_steps and a test evaluation at the end of each epoch; finally
-  // writes <output_dir>/worker_<rank>.json and .csv.
+  // writes <output_dir>/<SummaryBaseName()>.json and .csv.
   absl::Status Run();
 
+  // "worker_<rank>", or "worker_<rank>_<local_rank>" when local_size > 1.
+  std::string SummaryBaseName() const;
+
+  uint32_t rank() const { return rank_; }
+  uint32_t local_rank() const { return local_rank_; }
+  uint32_t partition() const { return partition_; }
   absl::Span<const float> params() const { return x_; }
   uint64_t step() const { return step_; }
   size_t steps_per_epoch() const { return steps_per_epoch_; }
@@ -75,21 +123,37 @@ class Trainer {
   const FinalReport& final_report() const { return final_; }
 
  private:
-  Trainer(const v1::JobConfig& config, PsClient* client, const Dataset* train,
-          const Dataset* test, size_t steps_per_epoch, Range range,
-          uint32_t batch_size, std::unique_ptr<Model> model);
+  Trainer(const v1::JobConfig& config, TrainerLink link, uint32_t partition,
+          const Dataset* train, const Dataset* test, size_t steps_per_epoch,
+          Range range, uint32_t batch_size, std::unique_ptr<Model> model);
   absl::Status WriteOutputs(double wall_seconds) const;
-  // Floats the training steps pushed so far, over every stream.
-  // S-SGD's floats for the steps so far over `floats_pushed`.
+  // The whole model to or from the servers: the client's calls, or in a
+  // node the group's (PushNodeModel, PullNodeModel).
+  absl::Status PushModel(absl::Span<const float> model);
+  absl::Status PullModel(absl::Span<float> model, bool wait_for_init);
+  // S-SGD's floats for this process's shards over the steps so far, over
+  // `floats_pushed`.
   double AchievedCompression(uint64_t floats_pushed) const;
+  // Floats the training steps pushed so far, over every stream.
   uint64_t TrainingFloatsPushed() const;
   void UpdateTrafficMetrics();
   EvalSums Evaluate(absl::Span<const float> params);
 
   const v1::JobConfig config_;
   PsClient* const client_;
+  LocalGroup* const group_;  // null: flat
+  // In a node, what the algorithm averages through; declared before
+  // algorithm_, which uses it until destroyed.
+  std::unique_ptr<HierarchicalCommunicator> hierarchical_;
+  Communicator* comm_ = nullptr;  // client_ or hierarchical_
   const Dataset* const test_;
   const uint32_t rank_;
+  const uint32_t local_rank_;
+  const uint32_t partition_;
+  // Floats of the shards this process talks to (all d when flat): what its
+  // achieved compression is measured against.
+  uint64_t shard_floats_ = 0;
+  std::string log_prefix_;  // "local rank j: " in a node
   const size_t steps_per_epoch_;
   const uint32_t batch_size_;
   std::unique_ptr<Model> model_;
@@ -97,7 +161,7 @@ class Trainer {
   Direction direction_;
   LrSchedule schedule_;
   std::unique_ptr<Algorithm> algorithm_;
-  const float slowdown_;  // data.rank_slowdown of this rank, 1 = full speed
+  const float slowdown_;  // data.rank_slowdown of this partition, 1 = full speed
   std::vector<float> x_;
   std::vector<float> grad_;
   uint64_t step_ = 0;

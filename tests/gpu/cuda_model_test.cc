@@ -13,6 +13,7 @@
 #include "common/prng.h"
 #include "gtest/gtest.h"
 #include "tests/gpu/gpu_test_util.h"
+#include "worker/model/conv2d_layer.h"
 #include "worker/model/model.h"
 
 namespace cserps {
@@ -150,6 +151,17 @@ void ExpectTensorNear(absl::Span<const float> cpu, absl::Span<const float> gpu,
 void ExpectGradientNear(const ModelSpec& spec, const std::vector<float>& cpu,
                         const std::vector<float>& gpu, const std::string& what) {
   ASSERT_EQ(cpu.size(), gpu.size());
+  for (size_t s = 0; s < spec.convs.size(); ++s) {
+    const ConvLayerSpec& conv = spec.convs[s];
+    ExpectTensorNear(
+        absl::MakeConstSpan(cpu).subspan(conv.weight_offset, conv.weight_size()),
+        absl::MakeConstSpan(gpu).subspan(conv.weight_offset, conv.weight_size()),
+        what + ": dK of conv stage " + std::to_string(s));
+    ExpectTensorNear(
+        absl::MakeConstSpan(cpu).subspan(conv.bias_offset, conv.out_channels),
+        absl::MakeConstSpan(gpu).subspan(conv.bias_offset, conv.out_channels),
+        what + ": dc of conv stage " + std::to_string(s));
+  }
   for (size_t l = 0; l < spec.layers.size(); ++l) {
     const LinearLayerSpec& layer = spec.layers[l];
     const size_t w = layer.out * layer.in;
@@ -204,14 +216,29 @@ TEST(CudaModelConfigTest, RejectsWhatItCannotRunWithoutTouchingTheDevice) {
   EXPECT_TRUE(absl::StartsWith(model.status().message(), "model.hidden"))
       << model.status();
 
-  // Kind 3 is the CNN, which this backend does not run (yet): rejected
-  // naming model.kind, whether or not the CPU side knows the kind.
-  v1::ModelConfig cnn;
-  cnn.set_kind(static_cast<v1::ModelConfig::Kind>(3));
-  model = MakeCudaModel(cnn);
+  v1::ModelConfig even_kernel;
+  even_kernel.set_kind(v1::ModelConfig::CNN);
+  even_kernel.set_kernel_size(4);
+  model = MakeCudaModel(even_kernel);
   ASSERT_FALSE(model.ok());
-  EXPECT_TRUE(absl::StartsWith(model.status().message(), "model.kind"))
+  EXPECT_EQ(model.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StartsWith(model.status().message(), "model.kernel_size"))
       << model.status();
+}
+
+// A valid CNN is accepted: it fails only for want of a device.
+TEST(CudaModelConfigTest, AcceptsCnn) {
+  v1::ModelConfig cnn;
+  cnn.set_kind(v1::ModelConfig::CNN);
+  const absl::StatusOr<std::unique_ptr<CudaModel>> model = CudaModel::Create(cnn);
+  if (CudaDeviceCount() == 0) {
+    ASSERT_FALSE(model.ok());
+    EXPECT_EQ(model.status().code(), absl::StatusCode::kFailedPrecondition)
+        << model.status();
+  } else {
+    ASSERT_TRUE(model.ok()) << model.status();
+    EXPECT_EQ((*model)->spec().convs.size(), 2u);
+  }
 }
 
 // The precondition of the agreement tests, on the host only.
@@ -324,17 +351,11 @@ TEST(CudaModelTest, HugeLogitsStayFinite) {
 }
 
 // The device API on caller-owned buffers and a caller's stream gives the
-// host API's answer.
-TEST(CudaModelTest, DeviceApiMatchesCpu) {
-  CSERPS_SKIP_WITHOUT_GPU();
-  const Case c = {"mlp", v1::ModelConfig::MLP, {32, 16}, 40, 7, 0, 14};
-  const v1::ModelConfig config = ConfigOf(c);
-  std::unique_ptr<Model> cpu = CpuModelOf(config);
-  CSERPS_ASSERT_OK_AND_ASSIGN(std::unique_ptr<CudaModel> gpu,
-                              CudaModel::Create(config));
-  const ModelSpec& spec = cpu->spec();
-  const std::vector<float> params = TestParams(spec, *cpu, c.seed);
-  const OwnedBatch batch = RandomBatch(DeriveKey(c.seed, 7), 50, c.input_dim, c.classes);
+// CPU's answer.
+void ExpectDeviceApiMatchesCpu(Model& cpu, CudaModel& gpu,
+                               const std::vector<float>& params,
+                               const OwnedBatch& batch) {
+  const ModelSpec& spec = cpu.spec();
 
   CSERPS_ASSERT_OK_AND_ASSIGN(DeviceBuffer<float> d_params, Upload(params));
   CSERPS_ASSERT_OK_AND_ASSIGN(DeviceBuffer<float> d_features, Upload(batch.features));
@@ -349,11 +370,11 @@ TEST(CudaModelTest, DeviceApiMatchesCpu) {
   cudaStream_t stream = nullptr;
   ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
 
-  CSERPS_ASSERT_OK(gpu->Reserve(batch.labels.size()));
-  CSERPS_ASSERT_OK(gpu->LossAndGradientDevice(
+  CSERPS_ASSERT_OK(gpu.Reserve(batch.labels.size()));
+  CSERPS_ASSERT_OK(gpu.LossAndGradientDevice(
       d_params.data(), d_features.data(), d_labels.data(), batch.labels.size(),
       d_grad.data(), d_loss.data(), stream));
-  CSERPS_ASSERT_OK(gpu->EvaluateDevice(d_params.data(), d_features.data(),
+  CSERPS_ASSERT_OK(gpu.EvaluateDevice(d_params.data(), d_features.data(),
                                        d_labels.data(), batch.labels.size(),
                                        d_loss_sum.data(), d_correct.data(), stream));
   ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
@@ -366,23 +387,397 @@ TEST(CudaModelTest, DeviceApiMatchesCpu) {
                               Download(d_correct.data(), 1));
 
   std::vector<float> cpu_grad(spec.num_params);
-  const float cpu_loss = cpu->LossAndGradient(params, batch.View(), absl::MakeSpan(cpu_grad));
-  const EvalSums cpu_eval = cpu->Evaluate(params, batch.View());
+  const float cpu_loss = cpu.LossAndGradient(params, batch.View(), absl::MakeSpan(cpu_grad));
+  const EvalSums cpu_eval = cpu.Evaluate(params, batch.View());
   ExpectRelNear(cpu_loss, loss[0], "device loss");
   ExpectGradientNear(spec, cpu_grad, grad, "device gradient");
   ExpectRelNear(cpu_eval.loss_sum, loss_sum[0], "device loss_sum");
   EXPECT_EQ(cpu_eval.correct, correct[0]);
 
   // rows == 0 through the device API: zero gradient, zero loss.
-  CSERPS_ASSERT_OK(gpu->LossAndGradientDevice(d_params.data(), d_features.data(),
-                                              d_labels.data(), 0, d_grad.data(),
-                                              d_loss.data(), stream));
+  CSERPS_ASSERT_OK(gpu.LossAndGradientDevice(d_params.data(), d_features.data(),
+                                             d_labels.data(), 0, d_grad.data(),
+                                             d_loss.data(), stream));
   ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
   CSERPS_ASSERT_OK_AND_ASSIGN(grad, Download(d_grad.data(), spec.num_params));
   CSERPS_ASSERT_OK_AND_ASSIGN(loss, Download(d_loss.data(), 1));
   EXPECT_EQ(loss[0], 0.0f);
   for (float g : grad) ASSERT_EQ(g, 0.0f);
   ASSERT_EQ(cudaStreamDestroy(stream), cudaSuccess);
+}
+
+TEST(CudaModelTest, DeviceApiMatchesCpu) {
+  CSERPS_SKIP_WITHOUT_GPU();
+  const Case c = {"mlp", v1::ModelConfig::MLP, {32, 16}, 40, 7, 0, 14};
+  const v1::ModelConfig config = ConfigOf(c);
+  std::unique_ptr<Model> cpu = CpuModelOf(config);
+  CSERPS_ASSERT_OK_AND_ASSIGN(std::unique_ptr<CudaModel> gpu,
+                              CudaModel::Create(config));
+  const std::vector<float> params = TestParams(cpu->spec(), *cpu, c.seed);
+  const OwnedBatch batch = RandomBatch(DeriveKey(c.seed, 7), 50, c.input_dim, c.classes);
+  ExpectDeviceApiMatchesCpu(*cpu, *gpu, params, batch);
+}
+
+// CNN cases. Their data are chosen so that the forward pass through the conv
+// stages is exact in float, whatever the order of the sums: features are
+// multiples of 2^-3, conv kernels multiples of 2^-6 and conv biases of the
+// stage's output quantum, and every partial sum stays within the range where
+// floats hold every multiple of that quantum (CnnForwardIsExact checks it on
+// the host). Both backends then pool the same bits, so a max-pool tie (which
+// the coarse data make common) or a ReLU at 0 goes the same way on both, and
+// only the backward sums and the linear layer differ by rounding.
+struct CnnCase {
+  std::string name;
+  std::vector<uint32_t> conv_channels;  // empty: the default [16, 32]
+  uint32_t kernel;                      // 0: the defaults, for all four
+  uint32_t height;
+  uint32_t width;
+  uint32_t image_channels;
+  uint32_t classes;
+  size_t rows;
+  uint64_t seed;
+};
+
+constexpr int kFeatureBits = 3;  // features are multiples of 2^-3
+constexpr int kKernelBits = 6;   // conv kernels are multiples of 2^-6
+
+std::vector<CnnCase> CnnCases() {
+  return {
+      {"cnn_default_one_image", {}, 0, 0, 0, 0, 10, 1, 21},
+      // More images than the CPU's conv group of 8, and not a multiple.
+      {"cnn_default_13_images", {}, 0, 0, 0, 0, 10, 13, 22},
+      // Non-square, odd sides (a row and a column dropped by each pool),
+      // three input channels, k = 3.
+      {"cnn_k3_odd_one_image", {5, 4}, 3, 11, 7, 3, 6, 1, 23},
+      {"cnn_k3_odd_19_images", {5, 4}, 3, 11, 7, 3, 6, 19, 24},
+      // No padding at all.
+      {"cnn_k1", {3}, 1, 4, 6, 2, 3, 9, 25},
+      // A kernel wider than the image: most taps read padding.
+      {"cnn_kernel_exceeds_image", {3}, 5, 3, 2, 2, 4, 10, 26},
+  };
+}
+
+// CnnFollowsChangedParamsAndBatchSizes: new parameters (another seed) and
+// another batch size at each step, on CnnCases()[3]'s model.
+std::vector<CnnCase> CnnStepCases() {
+  std::vector<CnnCase> steps;
+  const size_t rows[] = {5, 70, 3, 33};
+  for (size_t i = 0; i < 4; ++i) {
+    CnnCase c = CnnCases()[3];
+    c.name = "step " + std::to_string(i) + ", rows " + std::to_string(rows[i]);
+    c.rows = rows[i];
+    c.seed = 31 + i;
+    steps.push_back(c);
+  }
+  return steps;
+}
+
+v1::ModelConfig ConfigOf(const CnnCase& c) {
+  v1::ModelConfig config;
+  config.set_kind(v1::ModelConfig::CNN);
+  for (uint32_t channels : c.conv_channels) config.add_conv_channels(channels);
+  config.set_kernel_size(c.kernel);
+  config.set_image_height(c.height);
+  config.set_image_width(c.width);
+  config.set_image_channels(c.image_channels);
+  config.set_num_classes(c.classes);
+  return config;
+}
+
+OwnedBatch QuantizedBatch(uint64_t key, size_t rows, size_t dim, size_t classes) {
+  CounterRng rng(key);
+  OwnedBatch b;
+  b.dim = dim;
+  b.features.resize(rows * dim);
+  const int steps = 1 << kFeatureBits;  // values in [-1, 1]
+  for (float& x : b.features) {
+    x = std::ldexp(static_cast<float>(static_cast<int>(rng.Below(2 * steps + 1)) - steps),
+                   -kFeatureBits);
+  }
+  b.labels.resize(rows);
+  for (uint8_t& y : b.labels) y = static_cast<uint8_t>(rng.Below(classes));
+  return b;
+}
+
+// The exponent q of conv stage s's output quantum 2^-q.
+int StageOutputBits(size_t s) {
+  return kFeatureBits + static_cast<int>(s + 1) * kKernelBits;
+}
+
+// Initialised weights with the conv kernels rounded to multiples of 2^-6,
+// conv biases random multiples of the stage's output quantum in about
+// [-0.2, 0.2], linear biases random floats.
+std::vector<float> QuantizedCnnParams(const ModelSpec& spec, const Model& model,
+                                      uint64_t seed) {
+  std::vector<float> params(spec.num_params);
+  model.Initialize(seed, absl::MakeSpan(params));
+  CounterRng rng(DeriveKey(seed, 99));
+  for (size_t s = 0; s < spec.convs.size(); ++s) {
+    const ConvLayerSpec& conv = spec.convs[s];
+    for (size_t i = 0; i < conv.weight_size(); ++i) {
+      float& w = params[conv.weight_offset + i];
+      w = std::ldexp(std::nearbyint(std::ldexp(w, kKernelBits)), -kKernelBits);
+    }
+    const int bits = StageOutputBits(s);
+    const uint64_t range = static_cast<uint64_t>(std::ldexp(0.2, bits));
+    for (size_t o = 0; o < conv.out_channels; ++o) {
+      const double quanta = static_cast<double>(rng.Below(2 * range + 1)) -
+                            static_cast<double>(range);
+      params[conv.bias_offset + o] = static_cast<float>(std::ldexp(quanta, -bits));
+    }
+  }
+  for (const LinearLayerSpec& layer : spec.layers) {
+    for (size_t j = 0; j < layer.out; ++j) {
+      params[layer.bias_offset + j] = 0.4f * rng.UniformFloat() - 0.2f;
+    }
+  }
+  return params;
+}
+
+bool OnGrid(double v, int bits) {
+  const double scaled = std::ldexp(v, bits);
+  return scaled == std::nearbyint(scaled);
+}
+
+// What CnnForwardIsExact checks, from a plain double forward pass.
+struct CnnExactness {
+  bool inputs_on_grid = true;  // features, kernels, biases, stage inputs
+  // The largest, over conv outputs, of (|bias| + sum of |tap products|) *
+  // 2^q / 2^24 for the stage's quantum 2^-q: every partial sum of the
+  // output is an exact float when this is <= 1.
+  double worst_range = 0;
+  double min_margin = INFINITY;  // between a row's two largest logits
+};
+
+CnnExactness ReferenceCnnExactness(const ModelSpec& spec,
+                                   const std::vector<float>& params,
+                                   const OwnedBatch& batch) {
+  CnnExactness e;
+  const size_t rows = batch.labels.size();
+  for (size_t r = 0; r < rows; ++r) {
+    std::vector<double> a(batch.features.begin() + r * batch.dim,
+                          batch.features.begin() + (r + 1) * batch.dim);
+    int input_bits = kFeatureBits;
+    for (size_t s = 0; s < spec.convs.size(); ++s) {
+      const ConvLayerSpec& c = spec.convs[s];
+      const int bits = StageOutputBits(s);
+      for (double v : a) e.inputs_on_grid &= OnGrid(v, input_bits);
+      for (size_t i = 0; i < c.weight_size(); ++i) {
+        e.inputs_on_grid &= OnGrid(params[c.weight_offset + i], kKernelBits);
+      }
+      const long pad = static_cast<long>(c.kernel / 2);
+      const long h = static_cast<long>(c.height), w = static_cast<long>(c.width);
+      std::vector<double> z(c.conv_output_size());
+      for (size_t o = 0; o < c.out_channels; ++o) {
+        const double bias = params[c.bias_offset + o];
+        e.inputs_on_grid &= OnGrid(bias, bits);
+        for (long y = 0; y < h; ++y) {
+          for (long x = 0; x < w; ++x) {
+            double sum = bias, range = std::fabs(bias);
+            for (size_t i = 0; i < c.in_channels; ++i) {
+              for (long ky = 0; ky < static_cast<long>(c.kernel); ++ky) {
+                for (long kx = 0; kx < static_cast<long>(c.kernel); ++kx) {
+                  const long iy = y + ky - pad, ix = x + kx - pad;
+                  if (iy < 0 || iy >= h || ix < 0 || ix >= w) continue;
+                  const double t =
+                      params[c.weight_offset +
+                             ((o * c.in_channels + i) * c.kernel + ky) * c.kernel + kx] *
+                      a[(i * c.height + iy) * c.width + ix];
+                  sum += t;
+                  range += std::fabs(t);
+                }
+              }
+            }
+            e.worst_range = std::max(e.worst_range, std::ldexp(range, bits - 24));
+            z[(o * c.height + y) * c.width + x] = sum;
+          }
+        }
+      }
+      std::vector<double> pooled(c.output_size());
+      for (size_t o = 0; o < c.out_channels; ++o) {
+        for (size_t py = 0; py < c.pooled_height; ++py) {
+          for (size_t px = 0; px < c.pooled_width; ++px) {
+            double m = 0;  // ReLU folded in
+            for (size_t dy = 0; dy < 2; ++dy) {
+              for (size_t dx = 0; dx < 2; ++dx) {
+                m = std::max(m, z[(o * c.height + 2 * py + dy) * c.width + 2 * px + dx]);
+              }
+            }
+            pooled[(o * c.pooled_height + py) * c.pooled_width + px] = m;
+          }
+        }
+      }
+      a = std::move(pooled);
+      input_bits = bits;
+    }
+    const LinearLayerSpec& layer = spec.layers.back();
+    std::vector<double> logits(layer.out);
+    for (size_t o = 0; o < layer.out; ++o) {
+      double sum = params[layer.bias_offset + o];
+      for (size_t i = 0; i < layer.in; ++i) {
+        sum += static_cast<double>(params[layer.weight_offset + o * layer.in + i]) * a[i];
+      }
+      logits[o] = sum;
+    }
+    std::sort(logits.rbegin(), logits.rend());
+    if (logits.size() > 1) e.min_margin = std::min(e.min_margin, logits[0] - logits[1]);
+  }
+  return e;
+}
+
+struct CnnFixture {
+  std::unique_ptr<Model> cpu;
+  std::vector<float> params;
+  OwnedBatch batch;
+};
+
+CnnFixture MakeCnnFixture(const CnnCase& c) {
+  CnnFixture f;
+  f.cpu = CpuModelOf(ConfigOf(c));
+  if (f.cpu == nullptr) return f;
+  const ModelSpec& spec = f.cpu->spec();
+  f.params = QuantizedCnnParams(spec, *f.cpu, c.seed);
+  f.batch = QuantizedBatch(DeriveKey(c.seed, 7), c.rows, spec.input_dim, c.classes);
+  return f;
+}
+
+// Conv groups of `images` images for `spec`: the smallest budget that holds
+// them.
+CudaModelOptions GroupsOf(const ModelSpec& spec, size_t images) {
+  size_t per_image = 0;
+  for (const ConvLayerSpec& c : spec.convs) {
+    per_image = std::max(per_image,
+                         Conv2dWorkspaceSize({1, c.in_channels, c.height, c.width,
+                                              c.out_channels, c.kernel}));
+  }
+  CudaModelOptions options;
+  options.conv_workspace_floats = images * per_image;
+  return options;
+}
+
+// The precondition of the CNN agreement tests, on the host only.
+TEST(CudaModelDataTest, CnnForwardIsExact) {
+  std::vector<CnnCase> cases = CnnCases();
+  for (const CnnCase& c : CnnStepCases()) cases.push_back(c);
+  for (const CnnCase& c : cases) {
+    const CnnFixture f = MakeCnnFixture(c);
+    ASSERT_NE(f.cpu, nullptr) << c.name;
+    const CnnExactness e = ReferenceCnnExactness(f.cpu->spec(), f.params, f.batch);
+    EXPECT_TRUE(e.inputs_on_grid) << c.name;
+    EXPECT_LE(e.worst_range, 1.0) << c.name;
+    EXPECT_GT(e.min_margin, kMinDistance) << c.name;
+  }
+}
+
+TEST(CudaModelTest, CnnInitializeEqualsCpu) {
+  CSERPS_SKIP_WITHOUT_GPU();
+  for (const CnnCase& c : CnnCases()) {
+    const v1::ModelConfig config = ConfigOf(c);
+    std::unique_ptr<Model> cpu = CpuModelOf(config);
+    CSERPS_ASSERT_OK_AND_ASSIGN(std::unique_ptr<CudaModel> gpu,
+                                CudaModel::Create(config));
+    ASSERT_EQ(gpu->spec().num_params, cpu->spec().num_params);
+    std::vector<float> a(cpu->spec().num_params), b(cpu->spec().num_params);
+    cpu->Initialize(42, absl::MakeSpan(a));
+    gpu->Initialize(42, absl::MakeSpan(b));
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0)
+        << c.name;
+  }
+}
+
+TEST(CudaModelTest, CnnLossGradientAndEvaluationMatchCpu) {
+  CSERPS_SKIP_WITHOUT_GPU();
+  for (const CnnCase& c : CnnCases()) {
+    CnnFixture f = MakeCnnFixture(c);
+    ASSERT_NE(f.cpu, nullptr);
+    CSERPS_ASSERT_OK_AND_ASSIGN(std::unique_ptr<CudaModel> gpu,
+                                CudaModel::Create(ConfigOf(c)));
+    ExpectAgreement(*f.cpu, *gpu, f.params, f.batch, c.name);
+  }
+}
+
+// Conv groups of 1, 4 (the last one partial) and 7 images give the CPU's
+// answer too: each group's slice of the batch, its pooling choices and the
+// accumulation of the kernel and bias gradients across groups.
+TEST(CudaModelTest, CnnConvGroupsMatchCpu) {
+  CSERPS_SKIP_WITHOUT_GPU();
+  const CnnCase c = CnnCases()[3];  // k3, odd sides, 19 images
+  CnnFixture f = MakeCnnFixture(c);
+  ASSERT_NE(f.cpu, nullptr);
+  for (const size_t images : {size_t{1}, size_t{4}, size_t{7}}) {
+    CSERPS_ASSERT_OK_AND_ASSIGN(
+        std::unique_ptr<CudaModel> gpu,
+        CudaModel::Create(ConfigOf(c), GroupsOf(f.cpu->spec(), images)));
+    ExpectAgreement(*f.cpu, *gpu, f.params, f.batch,
+                    "groups of " + std::to_string(images));
+  }
+}
+
+// No atomics anywhere: the same call repeats bit for bit, also after a
+// call on another batch in between.
+TEST(CudaModelTest, CnnRepeatsBitForBit) {
+  CSERPS_SKIP_WITHOUT_GPU();
+  const CnnCase c = CnnCases()[1];  // the default CNN
+  CnnFixture f = MakeCnnFixture(c);
+  ASSERT_NE(f.cpu, nullptr);
+  const ModelSpec& spec = f.cpu->spec();
+  CSERPS_ASSERT_OK_AND_ASSIGN(std::unique_ptr<CudaModel> gpu,
+                              CudaModel::Create(ConfigOf(c), GroupsOf(spec, 5)));
+  const OwnedBatch other =
+      QuantizedBatch(DeriveKey(c.seed, 8), 40, spec.input_dim, c.classes);
+  std::vector<float> first(spec.num_params), second(spec.num_params),
+      scratch(spec.num_params);
+  CSERPS_ASSERT_OK_AND_ASSIGN(
+      const float loss1,
+      gpu->TryLossAndGradient(f.params, f.batch.View(), absl::MakeSpan(first)));
+  CSERPS_ASSERT_OK_AND_ASSIGN(const EvalSums eval1,
+                              gpu->TryEvaluate(f.params, f.batch.View()));
+  CSERPS_ASSERT_OK(
+      gpu->TryLossAndGradient(f.params, other.View(), absl::MakeSpan(scratch))
+          .status());
+  CSERPS_ASSERT_OK_AND_ASSIGN(
+      const float loss2,
+      gpu->TryLossAndGradient(f.params, f.batch.View(), absl::MakeSpan(second)));
+  CSERPS_ASSERT_OK_AND_ASSIGN(const EvalSums eval2,
+                              gpu->TryEvaluate(f.params, f.batch.View()));
+  EXPECT_EQ(std::memcmp(&loss1, &loss2, sizeof(float)), 0);
+  EXPECT_EQ(std::memcmp(first.data(), second.data(), first.size() * sizeof(float)), 0);
+  EXPECT_EQ(std::memcmp(&eval1.loss_sum, &eval2.loss_sum, sizeof(double)), 0);
+  EXPECT_EQ(eval1.correct, eval2.correct);
+}
+
+// Nothing is cached between calls and growing and shrinking batches reuse
+// the conv scratch: new parameters in the same host buffer and batches of
+// changing size (in groups of 16 images, so some steps have several) give
+// the CPU's answer at every step.
+TEST(CudaModelTest, CnnFollowsChangedParamsAndBatchSizes) {
+  CSERPS_SKIP_WITHOUT_GPU();
+  const std::vector<CnnCase> steps = CnnStepCases();
+  std::unique_ptr<Model> cpu = CpuModelOf(ConfigOf(steps[0]));
+  ASSERT_NE(cpu, nullptr);
+  CSERPS_ASSERT_OK_AND_ASSIGN(
+      std::unique_ptr<CudaModel> gpu,
+      CudaModel::Create(ConfigOf(steps[0]), GroupsOf(cpu->spec(), 16)));
+  std::vector<float> params(cpu->spec().num_params);
+  for (const CnnCase& c : steps) {
+    CnnFixture f = MakeCnnFixture(c);
+    ASSERT_NE(f.cpu, nullptr);
+    std::copy(f.params.begin(), f.params.end(), params.begin());
+    ExpectAgreement(*cpu, *gpu, params, f.batch, c.name);
+  }
+}
+
+TEST(CudaModelTest, CnnDeviceApiMatchesCpu) {
+  CSERPS_SKIP_WITHOUT_GPU();
+  for (const CnnCase& c : {CnnCases()[1], CnnCases()[3]}) {
+    SCOPED_TRACE(c.name);
+    CnnFixture f = MakeCnnFixture(c);
+    ASSERT_NE(f.cpu, nullptr);
+    CSERPS_ASSERT_OK_AND_ASSIGN(
+        std::unique_ptr<CudaModel> gpu,
+        CudaModel::Create(ConfigOf(c), GroupsOf(f.cpu->spec(), 4)));
+    ExpectDeviceApiMatchesCpu(*f.cpu, *gpu, f.params, f.batch);
+  }
 }
 
 }  // namespace

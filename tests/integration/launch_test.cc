@@ -91,6 +91,41 @@ TEST_F(LaunchTest, TinyJobTrainsAndWritesSummaries) {
   EXPECT_EQ(accuracy[0], accuracy[1]);
 }
 
+// cluster.local_size 2 on the CPU: each of the 2 worker processes is a node
+// running its 2 local ranks as threads; each local rank trains on its own
+// quarter of the data and writes its own summary.
+TEST_F(LaunchTest, NodesOfLocalRankThreadsWriteASummaryPerLocalRank) {
+  const Result r = Launch(absl::StrCat("output_dir=", out_.string(),
+                                       ";cluster.local_size=2"
+                                       ";cluster.servers=127.0.0.1:0,127.0.0.1:0"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("starting 2 workers of 2 local-rank threads each"),
+            std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("2 workers of 2 local ranks =="), std::string::npos) << r.output;
+  double accuracy[2][2];
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_FALSE(std::filesystem::exists(out_ / absl::StrCat("worker_", rank, ".json")));
+    for (int j = 0; j < 2; ++j) {
+      SCOPED_TRACE(absl::StrCat("rank ", rank, " local rank ", j));
+      const std::string json =
+          ReadFile(out_ / absl::StrCat("worker_", rank, "_", j, ".json"));
+      ASSERT_FALSE(json.empty());
+      EXPECT_EQ(JsonNumber(json, "rank"), rank);
+      EXPECT_EQ(JsonNumber(json, "local_rank"), j);
+      EXPECT_EQ(JsonNumber(json, "steps"), 7);  // floor(2000 / 4 / 64)
+      accuracy[rank][j] = JsonNumber(json, "test_accuracy");
+      // The summary table has a row for every local rank.
+      EXPECT_NE(r.output.find(absl::StrCat("\n", rank, ".", j, " ")), std::string::npos)
+          << r.output;
+    }
+  }
+  // S-SGD: one model everywhere, and it has learnt something.
+  EXPECT_GT(accuracy[0][0], 0.5);
+  EXPECT_EQ(accuracy[0][0], accuracy[0][1]);
+  EXPECT_EQ(accuracy[0][0], accuracy[1][0]);
+  EXPECT_EQ(accuracy[0][0], accuracy[1][1]);
+}
+
 TEST_F(LaunchTest, MetricsEndpointsAreListedForPrometheus) {
   const Result r = Launch(absl::StrCat("output_dir=", out_.string()), "--metrics");
   ASSERT_EQ(r.exit_code, 0) << r.output;

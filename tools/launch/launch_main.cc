@@ -2,6 +2,9 @@
 // the S servers (each picks a free port and reports it), then the n workers
 // pointed at them; prefixes and streams their output; stops everything when
 // one fails or on Ctrl-C; exits non-zero if any failed; prints a summary.
+// With cluster.local_size L > 1 each worker is a node of L local ranks
+// (docs/node_groups.md): one process running L threads (--backend=cpu), or
+// L processes, one per GPU (--backend=cuda).
 #include <poll.h>
 #include <signal.h>
 #include <sys/signalfd.h>
@@ -43,8 +46,13 @@ ABSL_FLAG(bool, metrics, false,
           "listing them.");
 ABSL_FLAG(int, metrics_port_base, 0,
           "With --metrics: server s listens for metrics on 127.0.0.1:BASE+s and worker r "
-          "on BASE+S+r, so Prometheus can be configured before the job starts; 0 = "
-          "free ports.");
+          "on BASE+S+r (with --backend=cuda and cluster.local_size L > 1, local rank j "
+          "of worker r on BASE+S+r*L+j), so Prometheus can be configured before the job "
+          "starts; 0 = free ports.");
+ABSL_FLAG(std::string, backend, "cpu",
+          "The workers' --backend. With cluster.local_size L > 1: cpu starts one "
+          "process per node (its L local ranks are threads), cuda starts L per node "
+          "(--local_rank 0..L-1, one GPU each).");
 
 namespace {
 
@@ -70,32 +78,57 @@ std::string JsonField(const std::string& json, const std::string& key) {
   return value;
 }
 
+// The summary of rank r's local rank j, and the label of its row.
+struct SummaryFile {
+  std::string label;
+  std::string path;
+};
+
+std::vector<SummaryFile> SummaryFiles(const cserps::v1::JobConfig& config) {
+  const std::filesystem::path dir(config.output_dir());
+  const uint32_t local_size = config.cluster().local_size();
+  std::vector<SummaryFile> files;
+  for (uint32_t r = 0; r < config.cluster().num_workers(); ++r) {
+    if (local_size == 1) {
+      files.push_back({absl::StrCat(r), (dir / absl::StrCat("worker_", r, ".json")).string()});
+      continue;
+    }
+    for (uint32_t j = 0; j < local_size; ++j) {
+      files.push_back({absl::StrCat(r, ".", j),
+                       (dir / absl::StrCat("worker_", r, "_", j, ".json")).string()});
+    }
+  }
+  return files;
+}
+
 void PrintSummary(const cserps::v1::JobConfig& config) {
-  std::printf("\n== summary: job %s, algorithm %s, %d servers, %d workers ==\n",
+  const uint32_t local_size = config.cluster().local_size();
+  std::printf("\n== summary: job %s, algorithm %s, %d servers, %d workers",
               config.name().c_str(), config.algorithm().name().c_str(),
               config.cluster().servers_size(), config.cluster().num_workers());
-  std::printf("%-6s %10s %10s %10s %10s %12s %12s\n", "rank", "test_acc", "test_loss",
-              "steps", "seconds", "MB_pushed", "MB_pulled");
-  for (uint32_t r = 0; r < config.cluster().num_workers(); ++r) {
-    const std::string path =
-        (std::filesystem::path(config.output_dir()) / absl::StrCat("worker_", r, ".json")).string();
-    std::ifstream in(path);
+  if (local_size > 1) std::printf(" of %u local ranks", local_size);
+  std::printf(" ==\n");
+  std::printf("%-6s %10s %10s %10s %10s %12s %12s\n", local_size > 1 ? "rank.j" : "rank",
+              "test_acc", "test_loss", "steps", "seconds", "MB_pushed", "MB_pulled");
+  for (const SummaryFile& file : SummaryFiles(config)) {
+    std::ifstream in(file.path);
     std::stringstream text;
     text << in.rdbuf();
     const std::string json = text.str();
     if (json.empty()) {
-      std::printf("%-6u (no summary at %s)\n", r, path.c_str());
+      std::printf("%-6s (no summary at %s)\n", file.label.c_str(), file.path.c_str());
       continue;
     }
     double pushed = 0, pulled = 0;
     (void)absl::SimpleAtod(JsonField(json, "bytes_pushed"), &pushed);
     (void)absl::SimpleAtod(JsonField(json, "bytes_pulled"), &pulled);
-    std::printf("%-6u %10s %10s %10s %10s %12.1f %12.1f\n", r,
+    std::printf("%-6s %10s %10s %10s %10s %12.1f %12.1f\n", file.label.c_str(),
                 JsonField(json, "test_accuracy").c_str(), JsonField(json, "test_loss").c_str(),
                 JsonField(json, "steps").c_str(), JsonField(json, "wall_seconds").c_str(),
                 pushed / 1e6, pulled / 1e6);
   }
-  std::printf("outputs: %s/worker_<rank>.json and .csv\n", config.output_dir().c_str());
+  std::printf("outputs: %s/%s.json and .csv\n", config.output_dir().c_str(),
+              local_size > 1 ? "worker_<rank>_<local rank>" : "worker_<rank>");
   std::fflush(stdout);
 }
 
@@ -170,17 +203,46 @@ class Cluster {
     std::string overrides = overrides_;
     if (!overrides.empty()) overrides += ";";
     overrides += absl::StrCat("cluster.servers=", absl::StrJoin(server_addresses_, ","));
-    std::printf("[launch] servers at %s; starting %u workers\n",
-                absl::StrJoin(server_addresses_, ", ").c_str(),
-                config_.cluster().num_workers());
-    std::fflush(stdout);
-    for (uint32_t r = 0; r < config_.cluster().num_workers(); ++r) {
-      if (!Spawn(absl::StrCat("worker ", r), absl::StrCat(bin_dir_, "/cserps-worker"),
-                 {absl::StrCat("--rank=", r)}, overrides)) {
-        return;
-      }
-      ++workers_;
+    const uint32_t local_size = config_.cluster().local_size();
+    const std::string backend = absl::GetFlag(FLAGS_backend);
+    std::string shape;
+    if (local_size > 1) {
+      shape = absl::StrCat(" of ", local_size,
+                           backend == "cuda" ? " processes (local ranks, one GPU each)"
+                                             : " local-rank threads",
+                           " each");
     }
+    std::printf("[launch] servers at %s; starting %u workers%s\n",
+                absl::StrJoin(server_addresses_, ", ").c_str(),
+                config_.cluster().num_workers(), shape.c_str());
+    std::fflush(stdout);
+    const std::string backend_flag = absl::StrCat("--backend=", backend);
+    for (uint32_t r = 0; r < config_.cluster().num_workers(); ++r) {
+      if (backend != "cuda" || local_size == 1) {
+        if (!Spawn(absl::StrCat("worker ", r), absl::StrCat(bin_dir_, "/cserps-worker"),
+                   {absl::StrCat("--rank=", r), backend_flag}, overrides)) {
+          return;
+        }
+        ++workers_;
+        continue;
+      }
+      for (uint32_t j = 0; j < local_size; ++j) {
+        if (!Spawn(absl::StrCat("worker ", r, ".", j), absl::StrCat(bin_dir_, "/cserps-worker"),
+                   {absl::StrCat("--rank=", r), backend_flag, absl::StrCat("--local_rank=", j)},
+                   overrides)) {
+          return;
+        }
+        ++workers_;
+      }
+    }
+  }
+
+  // Worker processes of the job: one per node, or with --backend=cuda one
+  // per local rank.
+  uint32_t ExpectedWorkerProcesses() const {
+    const uint32_t nodes = config_.cluster().num_workers();
+    return absl::GetFlag(FLAGS_backend) == "cuda" ? nodes * config_.cluster().local_size()
+                                                  : nodes;
   }
 
   void Poll(int signal_fd) {
@@ -268,7 +330,7 @@ class Cluster {
       }
     }
     if (!stopping_ && workers_started_ && workers_done_ == workers_ &&
-        workers_ == config_.cluster().num_workers()) {
+        workers_ == ExpectedWorkerProcesses()) {
       succeeded_ = true;
       StopAll();
     }
@@ -354,6 +416,12 @@ int main(int argc, char** argv) {
   }
   std::printf("[launch] job %s: %s\n", config->name().c_str(),
               cserps::DescribeAlgorithm(config->algorithm()).c_str());
+  if (const std::string backend = absl::GetFlag(FLAGS_backend);
+      backend != "cpu" && backend != "cuda") {
+    std::fprintf(stderr, "cserps-launch: --backend: unknown backend \"%s\"; known: cpu, cuda\n",
+                 backend.c_str());
+    return 2;
+  }
   std::string bin_dir = absl::GetFlag(FLAGS_bin_dir);
   if (bin_dir.empty()) bin_dir = SelfDir();
   Cluster cluster(*config, path, overrides, bin_dir);

@@ -9,13 +9,24 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "worker/cuda/conv_kernels.h"
 #include "worker/cuda/model_kernels.h"
+#include "worker/model/conv2d_layer.h"
 #include "worker/model/initialize.h"
 
 namespace cserps {
 namespace {
 
 int Dim(size_t n) { return static_cast<int>(n); }
+
+Conv2dShape StageShape(const ConvLayerSpec& conv, size_t images) {
+  return {images, conv.in_channels, conv.height, conv.width,
+          conv.out_channels, conv.kernel};
+}
+
+size_t PatchSize(const ConvLayerSpec& conv) {
+  return conv.in_channels * conv.kernel * conv.kernel;
+}
 
 // The Model interface has no Status: a device failure in the middle of a
 // step leaves nothing to recover, so it ends the process with the reason.
@@ -46,13 +57,26 @@ absl::Status Grow(size_t count, PinnedBuffer<T>* buffer) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Create(
-    const v1::ModelConfig& config) {
+    const v1::ModelConfig& config, const CudaModelOptions& options) {
   ASSIGN_OR_RETURN(ModelSpec spec, MakeModelSpec(config));
   if (config.kind() != v1::ModelConfig::SOFTMAX &&
-      config.kind() != v1::ModelConfig::MLP) {
+      config.kind() != v1::ModelConfig::MLP &&
+      config.kind() != v1::ModelConfig::CNN) {
     return absl::UnimplementedError(absl::StrCat(
-        "model.kind: the CUDA backend supports SOFTMAX and MLP, not ",
+        "model.kind: the CUDA backend supports SOFTMAX, MLP and CNN, not ",
         v1::ModelConfig::Kind_Name(config.kind())));
+  }
+  for (size_t s = 0; s < spec.convs.size(); ++s) {
+    const ConvLayerSpec& conv = spec.convs[s];
+    // One image's im2col product must fit; CudaModel's constructor keeps
+    // groups of images within int columns.
+    if (PatchSize(conv) > INT_MAX || conv.out_channels > INT_MAX ||
+        conv.height * conv.width > INT_MAX) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model: conv stage ", s, " (", conv.in_channels, " x ", conv.height,
+          " x ", conv.width, " -> ", conv.out_channels, ", kernel ",
+          conv.kernel, ") exceeds the int dimensions of cuBLAS"));
+    }
   }
   for (size_t l = 0; l < spec.layers.size(); ++l) {
     if (spec.layers[l].in > INT_MAX || spec.layers[l].out > INT_MAX) {
@@ -67,7 +91,8 @@ absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Create(
   }
   int device = 0;
   CSERPS_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
-  std::unique_ptr<CudaModel> model(new CudaModel(std::move(spec), device));
+  std::unique_ptr<CudaModel> model(
+      new CudaModel(std::move(spec), device, options));
   RETURN_IF_ERROR(model->Init());
   return model;
 }
@@ -78,11 +103,28 @@ absl::StatusOr<std::unique_ptr<Model>> MakeCudaModel(
   return std::unique_ptr<Model>(std::move(model));
 }
 
-CudaModel::CudaModel(ModelSpec spec, int device)
-    : spec_(std::move(spec)), device_(device), activations_(spec_.layers.size()) {
+CudaModel::CudaModel(ModelSpec spec, int device,
+                     const CudaModelOptions& options)
+    : spec_(std::move(spec)),
+      device_(device),
+      activations_(spec_.layers.size()),
+      pooled_(spec_.convs.size()),
+      argmax_(spec_.convs.size()) {
   CSERPS_CHECK(!spec_.layers.empty());
   for (const LinearLayerSpec& layer : spec_.layers) {
     max_width_ = std::max({max_width_, layer.in, layer.out});
+  }
+  size_t per_image = 0;
+  size_t max_plane = 1;
+  for (const ConvLayerSpec& conv : spec_.convs) {
+    max_width_ = std::max({max_width_, conv.input_size(), conv.output_size()});
+    per_image = std::max(per_image, Conv2dWorkspaceSize(StageShape(conv, 1)));
+    max_plane = std::max(max_plane, conv.height * conv.width);
+  }
+  if (!spec_.convs.empty()) {
+    // A group's columns (images * height * width) are an int of cuBLAS.
+    max_conv_group_ = std::clamp<size_t>(
+        options.conv_workspace_floats / per_image, 1, INT_MAX / max_plane);
   }
 }
 
@@ -127,7 +169,105 @@ absl::Status CudaModel::Reserve(size_t rows) {
   ASSIGN_OR_RETURN(grad_in_, DeviceBuffer<float>::Allocate(rows * max_width_));
   ASSIGN_OR_RETURN(row_loss_, DeviceBuffer<double>::Allocate(rows));
   ASSIGN_OR_RETURN(row_correct_, DeviceBuffer<uint32_t>::Allocate(rows));
+  const size_t group = std::min(rows, max_conv_group_);
+  size_t cols = 0, conv_out = 0;
+  for (size_t s = 0; s < spec_.convs.size(); ++s) {
+    const ConvLayerSpec& conv = spec_.convs[s];
+    ASSIGN_OR_RETURN(pooled_[s],
+                     DeviceBuffer<float>::Allocate(rows * conv.output_size()));
+    ASSIGN_OR_RETURN(argmax_[s],
+                     DeviceBuffer<uint8_t>::Allocate(rows * conv.output_size()));
+    cols = std::max(cols, PatchSize(conv) * group * conv.height * conv.width);
+    conv_out = std::max(conv_out, group * conv.conv_output_size());
+  }
+  ASSIGN_OR_RETURN(cols_, DeviceBuffer<float>::Allocate(cols));
+  ASSIGN_OR_RETURN(conv_out_, DeviceBuffer<float>::Allocate(conv_out));
   scratch_rows_ = rows;
+  return absl::OkStatus();
+}
+
+const float* CudaModel::StageInput(size_t s, const float* d_features) const {
+  return s == 0 ? d_features : pooled_[s - 1].data();
+}
+
+const float* CudaModel::LayerInput(size_t l, const float* d_features) const {
+  if (l > 0) return activations_[l - 1].data();
+  if (spec_.convs.empty()) return d_features;
+  return pooled_.back().data();
+}
+
+absl::Status CudaModel::ConvStageForward(size_t s, const float* d_params,
+                                         const float* d_features, size_t rows,
+                                         cudaStream_t stream) {
+  const ConvLayerSpec& conv = spec_.convs[s];
+  const float* input = StageInput(s, d_features);
+  const size_t group = std::min(rows, max_conv_group_);
+  const float one = 1.0f, zero = 0.0f;
+  for (size_t first = 0; first < rows; first += group) {
+    const Conv2dShape shape = StageShape(conv, std::min(group, rows - first));
+    const size_t columns = shape.images * conv.height * conv.width;
+    RETURN_IF_ERROR(cuda::LaunchIm2Col(
+        shape, input + first * conv.input_size(), cols_.data(), stream));
+    // Row-major out (out_channels x columns) = K cols is column-major
+    // out^T = cols^T K^T: cols is column-major cols^T (columns x patch), K
+    // column-major K^T (patch x out_channels).
+    CSERPS_CUBLAS_RETURN_IF_ERROR(cublasSgemm(
+        cublas_, CUBLAS_OP_N, CUBLAS_OP_N, Dim(columns), Dim(conv.out_channels),
+        Dim(PatchSize(conv)), &one, cols_.data(), Dim(columns),
+        d_params + conv.weight_offset, Dim(PatchSize(conv)), &zero,
+        conv_out_.data(), Dim(columns)));
+    const size_t pooled_offset = first * conv.output_size();
+    RETURN_IF_ERROR(cuda::LaunchBiasMaxPoolRelu(
+        shape, conv_out_.data(), d_params + conv.bias_offset,
+        pooled_[s].data() + pooled_offset, argmax_[s].data() + pooled_offset,
+        stream));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaModel::ConvStageBackward(size_t s, const float* d_params,
+                                          const float* d_features, size_t rows,
+                                          const float* dy, float* d_grad,
+                                          float* dx, cudaStream_t stream) {
+  const ConvLayerSpec& conv = spec_.convs[s];
+  const float* input = StageInput(s, d_features);
+  const size_t group = std::min(rows, max_conv_group_);
+  const size_t patch = PatchSize(conv);
+  const float one = 1.0f, zero = 0.0f;
+  for (size_t first = 0; first < rows; first += group) {
+    const Conv2dShape shape = StageShape(conv, std::min(group, rows - first));
+    const size_t columns = shape.images * conv.height * conv.width;
+    const size_t pooled_offset = first * conv.output_size();
+    float* dout = conv_out_.data();
+    RETURN_IF_ERROR(cuda::LaunchMaxPoolBackward(
+        shape, dy + pooled_offset, argmax_[s].data() + pooled_offset, dout,
+        stream));
+    RETURN_IF_ERROR(cuda::LaunchIm2Col(
+        shape, input + first * conv.input_size(), cols_.data(), stream));
+    // Later groups add to the first group's sums, as Conv2dBackward does.
+    const float beta = first == 0 ? 0.0f : 1.0f;
+    // Row-major dK (out_channels x patch) = dout cols^T is column-major
+    // dK^T = cols dout^T: cols is column-major cols^T (columns x patch),
+    // used transposed; dout column-major dout^T (columns x out_channels).
+    CSERPS_CUBLAS_RETURN_IF_ERROR(cublasSgemm(
+        cublas_, CUBLAS_OP_T, CUBLAS_OP_N, Dim(patch), Dim(conv.out_channels),
+        Dim(columns), &one, cols_.data(), Dim(columns), dout, Dim(columns),
+        &beta, d_grad + conv.weight_offset, Dim(patch)));
+    RETURN_IF_ERROR(cuda::LaunchChannelSums(conv.out_channels, columns, dout,
+                                            /*accumulate=*/first > 0,
+                                            d_grad + conv.bias_offset, stream));
+    if (dx == nullptr) continue;
+    // cols has served dK; it now receives d(cols) = K^T dout, row-major
+    // patch x columns, i.e. column-major d(cols)^T = dout^T K with K
+    // column-major K^T (patch x out_channels), used transposed.
+    CSERPS_CUBLAS_RETURN_IF_ERROR(cublasSgemm(
+        cublas_, CUBLAS_OP_N, CUBLAS_OP_T, Dim(columns), Dim(patch),
+        Dim(conv.out_channels), &one, dout, Dim(columns),
+        d_params + conv.weight_offset, Dim(patch), &zero, cols_.data(),
+        Dim(columns)));
+    RETURN_IF_ERROR(cuda::LaunchCol2Im(
+        shape, cols_.data(), dx + first * conv.input_size(), stream));
+  }
   return absl::OkStatus();
 }
 
@@ -135,11 +275,14 @@ absl::StatusOr<const float*> CudaModel::Forward(const float* d_params,
                                                 const float* d_features,
                                                 size_t rows,
                                                 cudaStream_t stream) {
+  for (size_t s = 0; s < spec_.convs.size(); ++s) {
+    RETURN_IF_ERROR(ConvStageForward(s, d_params, d_features, rows, stream));
+  }
   const float one = 1.0f, zero = 0.0f;
   const size_t num_layers = spec_.layers.size();
   for (size_t l = 0; l < num_layers; ++l) {
     const LinearLayerSpec& layer = spec_.layers[l];
-    const float* x = l == 0 ? d_features : activations_[l - 1].data();
+    const float* x = LayerInput(l, d_features);
     float* y = activations_[l].data();
     // Row-major Y (rows x out) is column-major Y^T = W X^T: W is column-major
     // W^T (in x out) and X column-major X^T (in x rows).
@@ -184,7 +327,7 @@ absl::Status CudaModel::LossAndGradientDevice(const float* d_params,
   const float one = 1.0f, zero = 0.0f;
   for (size_t l = spec_.layers.size(); l-- > 0;) {
     const LinearLayerSpec& layer = spec_.layers[l];
-    const float* x = l == 0 ? d_features : activations_[l - 1].data();
+    const float* x = LayerInput(l, d_features);
     // dW (row-major out x in) is column-major dW^T = X^T dY: X is column-major
     // X^T (in x rows), dY column-major dY^T (out x rows), used transposed.
     CSERPS_CUBLAS_RETURN_IF_ERROR(cublasSgemm(
@@ -193,14 +336,24 @@ absl::Status CudaModel::LossAndGradientDevice(const float* d_params,
         d_grad + layer.weight_offset, Dim(layer.in)));
     RETURN_IF_ERROR(cuda::LaunchBiasGradient(rows, layer.out, dy,
                                              d_grad + layer.bias_offset, stream));
-    if (l == 0) break;
+    // The features need no gradient; every other input is a ReLU output.
+    if (l == 0 && spec_.convs.empty()) break;
     // dX (row-major rows x in) is column-major dX^T = W^T dY^T.
     CSERPS_CUBLAS_RETURN_IF_ERROR(cublasSgemm(
         cublas_, CUBLAS_OP_N, CUBLAS_OP_N, Dim(layer.in), Dim(rows),
         Dim(layer.out), &one, d_params + layer.weight_offset, Dim(layer.in), dy,
         Dim(layer.out), &zero, dx, Dim(layer.in)));
+    RETURN_IF_ERROR(
+        cuda::LaunchReluBackward(rows * layer.in, x, dx, stream));
+    std::swap(dy, dx);
+  }
+  for (size_t s = spec_.convs.size(); s-- > 0;) {
+    RETURN_IF_ERROR(ConvStageBackward(s, d_params, d_features, rows, dy,
+                                      d_grad, s > 0 ? dx : nullptr, stream));
+    if (s == 0) break;
     RETURN_IF_ERROR(cuda::LaunchReluBackward(
-        rows * layer.in, activations_[l - 1].data(), dx, stream));
+        rows * spec_.convs[s].input_size(), StageInput(s, d_features), dx,
+        stream));
     std::swap(dy, dx);
   }
   return absl::OkStatus();

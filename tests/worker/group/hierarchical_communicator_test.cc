@@ -405,11 +405,13 @@ TEST(RestrictedPsClientTest, RefusesBadOptionsAndCallsOutsideItsShards) {
 
 // topk-ssgd with one member: the servers answer every pushed entry, so each
 // restricted client must get back exactly the entries of its own shard.
+// The clients are restricted by their options alone: the config keeps
+// local_size 1, which topk-ssgd requires (it has no intra-node form).
 TEST(RestrictedPsClientTest, SparseExchangeCoversOnlyItsShards) {
   v1::JobConfig config = testing::TestConfig(
       "name: \"group-sparse\" seed: 5 epochs: 1\n"
       "cluster { servers: \"127.0.0.1:0\" servers: \"127.0.0.1:0\" num_workers: 1 "
-      "local_size: 2 round_timeout_s: 20 }\n"
+      "round_timeout_s: 20 }\n"
       "model { kind: SOFTMAX input_dim: 99 num_classes: 10 }\n"
       "data { batch_size: 1 }\n"
       "optimizer { lr: 0.1 }\n"

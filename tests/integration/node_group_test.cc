@@ -1,0 +1,360 @@
+// Nodes of several local ranks on a real cluster in one process: 2 server
+// shards on 127.0.0.1 and 2 nodes of cluster.local_size 2 (4 local ranks,
+// threads joined by a ThreadGroup per node, each with its own client and
+// trainer, as cserps-worker runs a GPU-less node). Every local rank trains
+// on its own data partition (node * 2 + local rank), so the job must follow
+// the same trajectory as the flat job of 4 members on the same partitions;
+// the servers must see 2 members; each local rank must write its own
+// summary and push only its own shard.
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/time.h"
+#include "common/block_layout.h"
+#include "common/config.h"
+#include "common/prng.h"
+#include "common/status.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testing/in_process_cluster.h"
+#include "worker/data/partition.h"
+#include "worker/group/thread_group.h"
+#include "worker/hierarchical_communicator.h"
+#include "worker/model/model.h"
+#include "worker/ps_client.h"
+#include "worker/trainer.h"
+
+namespace cserps {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr uint32_t kNodes = 2;
+constexpr uint32_t kLocalSize = 2;
+constexpr uint32_t kShards = 2;
+constexpr size_t kDim = 20;
+constexpr size_t kClasses = 4;
+// One batch size per process (data.rank_batch_sizes reads per process):
+// unequal, so that every process's weight and the node's summed weight
+// matter. 240 examples split 40/53/67/80: 13 steps per epoch.
+constexpr size_t kExamples = 240;
+constexpr uint32_t kBatchSizes[] = {3, 4, 5, 6};
+
+// MLP 20 -> 16 -> 4: d = 404 floats in blocks of 8, split over 2 shards.
+// `algorithm` is an AlgorithmConfig body.
+v1::JobConfig MakeConfig(uint32_t members, uint32_t local_size, const std::string& algorithm,
+                         const std::string& output_dir) {
+  return testing::TestConfig(absl::StrCat(
+      "name: \"node-group-test\" seed: 17 epochs: 2 log_every_steps: 1000\n",
+      "output_dir: \"", output_dir, "\"\n",
+      "cluster { servers: \"127.0.0.1:0\" servers: \"127.0.0.1:0\" num_workers: ", members,
+      " local_size: ", local_size, " round_timeout_s: 30 }\n",
+      "model { kind: MLP hidden: 16 input_dim: ", kDim, " num_classes: ", kClasses, " }\n",
+      "data { rank_batch_sizes: [", absl::StrJoin(kBatchSizes, ", "), "] }\n",
+      "optimizer { lr: 0.1 momentum_kind: NESTEROV momentum: 0.9 }\n",
+      "algorithm { block_size: 8 ", algorithm, " }\n"));
+}
+
+// Random features and labels, made here so the test needs no data files.
+Dataset MakeDataset(size_t examples, uint64_t key) {
+  Dataset data;
+  data.size = examples;
+  data.dim = kDim;
+  data.num_classes = kClasses;
+  CounterRng rng(key);
+  for (size_t i = 0; i < examples * kDim; ++i) {
+    data.features.push_back(2.0f * rng.UniformFloat() - 1.0f);
+  }
+  for (size_t i = 0; i < examples; ++i) {
+    data.labels.push_back(static_cast<uint8_t>(rng.Below(kClasses)));
+  }
+  return data;
+}
+
+double RelativeL2(absl::Span<const float> a, absl::Span<const float> b) {
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+    norm += double(b[i]) * b[i];
+  }
+  return std::sqrt(diff / norm);
+}
+
+std::string ReadFile(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+double JsonNumber(const std::string& json, const std::string& key) {
+  const std::string needle = absl::StrCat("\"", key, "\": ");
+  const size_t at = json.find(needle);
+  if (at == std::string::npos) return -1;
+  double value = -1;
+  const size_t begin = at + needle.size();
+  if (!absl::SimpleAtod(json.substr(begin, json.find_first_of(",\n", begin) - begin), &value)) {
+    return -1;
+  }
+  return value;
+}
+
+std::filesystem::path FreshDir(const std::string& name) {
+  const std::filesystem::path dir = std::filesystem::path(::testing::TempDir()) / name;
+  std::filesystem::remove_all(dir);
+  return dir;
+}
+
+// What one process of a run ended with.
+struct ProcessResult {
+  absl::Status status;
+  std::vector<float> params;
+  uint32_t rank = 0;
+  uint32_t partition = 0;
+};
+
+// The flat job: `members` members (one trainer each, threads), Run() to
+// the end.
+std::vector<ProcessResult> RunFlat(const v1::JobConfig& config, const Dataset& train,
+                                   const Dataset& test, uint64_t d) {
+  std::vector<ProcessResult> results(config.cluster().num_workers());
+  absl::StatusOr<std::unique_ptr<testing::InProcessCluster>> cluster =
+      testing::InProcessCluster::Start(config, d);
+  if (!cluster.ok()) {
+    results[0].status = cluster.status();
+    return results;
+  }
+  const absl::Status run = (*cluster)->OnEveryRank([&](int r) -> absl::Status {
+    ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
+                     Trainer::Create((*cluster)->config(), &(*cluster)->client(r), &train, &test));
+    RETURN_IF_ERROR(trainer->Run());
+    results[r].params.assign(trainer->params().begin(), trainer->params().end());
+    results[r].rank = trainer->rank();
+    results[r].partition = trainer->partition();
+    return absl::OkStatus();
+  });
+  results[0].status.Update(run);
+  for (int s = 0; s < (*cluster)->num_shards(); ++s) {
+    absl::StatusOr<v1::GetStatusResponse> st = (*cluster)->client(0).GetStatus(s);
+    results[0].status.Update(st.status());
+    if (st.ok() && st->registered() != config.cluster().num_workers()) {
+      results[0].status.Update(absl::InternalError(
+          absl::StrCat("flat shard ", s, " has ", st->registered(), " members")));
+    }
+  }
+  return results;
+}
+
+// The servers of `config`, on ephemeral ports written into the config.
+class Servers {
+ public:
+  absl::Status Start(v1::JobConfig* config) {
+    for (int s = 0; s < config->cluster().servers_size(); ++s) {
+      ASSIGN_OR_RETURN(std::unique_ptr<PsServer> server,
+                       PsServer::Start(*config, s, "127.0.0.1:0"));
+      config->mutable_cluster()->set_servers(s, server->address());
+      shards_.push_back(std::move(server));
+    }
+    return absl::OkStatus();
+  }
+  ~Servers() {
+    for (auto& server : shards_) server->Shutdown();
+  }
+
+ private:
+  std::vector<std::unique_ptr<PsServer>> shards_;
+};
+
+// One local rank of a node, set up as cserps-worker does: its client covers
+// its shards, the node registers once, the trainer runs to the end.
+absl::Status RunLocalRank(const v1::JobConfig& config, uint64_t d, uint32_t node,
+                          LocalGroup& group, const Dataset& train, const Dataset& test,
+                          ProcessResult* result, v1::GetStatusResponse* shard_status) {
+  PsClientOptions options;
+  options.shard_stride = group.size();
+  options.shard_offset = group.local_rank();
+  options.setup_timeout = absl::Seconds(30);
+  ASSIGN_OR_RETURN(std::unique_ptr<PsClient> client, PsClient::Connect(config, d, options));
+  ASSIGN_OR_RETURN(const uint32_t rank, RegisterNode(group, *client, static_cast<int>(node),
+                                                     absl::StrCat("node-", node)));
+  ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
+                   Trainer::Create(config, {client.get(), &group}, &train, &test));
+  RETURN_IF_ERROR(trainer->Run());
+  result->params.assign(trainer->params().begin(), trainer->params().end());
+  result->rank = rank;
+  result->partition = trainer->partition();
+  // After the run, each local rank asks its own shard (j) how many members
+  // it has.
+  ASSIGN_OR_RETURN(*shard_status, client->GetStatus(group.local_rank()));
+  return absl::OkStatus();
+}
+
+struct NodeRun {
+  std::vector<ProcessResult> processes;  // by node * kLocalSize + local rank
+  std::vector<v1::GetStatusResponse> shard_status;  // by local rank of node 0
+};
+
+NodeRun RunNodes(v1::JobConfig config, const Dataset& train, const Dataset& test, uint64_t d,
+                 Servers* servers) {
+  NodeRun run;
+  run.processes.resize(kNodes * kLocalSize);
+  run.shard_status.resize(kNodes * kLocalSize);
+  const absl::Status started = servers->Start(&config);
+  if (!started.ok()) {
+    run.processes[0].status = started;
+    return run;
+  }
+  std::vector<std::vector<std::unique_ptr<ThreadGroup>>> groups;
+  for (uint32_t n = 0; n < kNodes; ++n) {
+    groups.push_back(ThreadGroup::Create(kLocalSize, {.timeout = absl::Seconds(60)}));
+  }
+  std::vector<std::thread> threads;
+  for (uint32_t n = 0; n < kNodes; ++n) {
+    for (uint32_t j = 0; j < kLocalSize; ++j) {
+      threads.emplace_back([&, n, j] {
+        const uint32_t p = n * kLocalSize + j;
+        run.processes[p].status = RunLocalRank(config, d, n, *groups[n][j], train, test,
+                                               &run.processes[p], &run.shard_status[p]);
+      });
+    }
+  }
+  for (std::thread& t : threads) t.join();
+  return run;
+}
+
+class NodeGroupTest : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(NodeGroupTest, NodesOfTwoLocalRanksFollowTheFlatJobOfFourMembers) {
+  const std::string algorithm = GetParam();
+  const Dataset train = MakeDataset(kExamples, 1);
+  const Dataset test = MakeDataset(100, 2);
+  const std::filesystem::path node_out = FreshDir("node_group_test_nodes");
+  const std::filesystem::path flat_out = FreshDir("node_group_test_flat");
+  const v1::JobConfig node_config =
+      MakeConfig(kNodes, kLocalSize, algorithm, node_out.string());
+  const v1::JobConfig flat_config =
+      MakeConfig(kNodes * kLocalSize, 1, algorithm, flat_out.string());
+  ASSERT_TRUE(ValidateJobConfig(node_config, {.allow_port_zero = true}).ok());
+  absl::StatusOr<std::unique_ptr<Model>> model = MakeCpuModel(node_config.model());
+  ASSERT_TRUE(model.ok()) << model.status();
+  const uint64_t d = (*model)->spec().num_params;
+
+  Servers servers;
+  const NodeRun nodes = RunNodes(node_config, train, test, d, &servers);
+  for (uint32_t p = 0; p < nodes.processes.size(); ++p) {
+    ASSERT_TRUE(nodes.processes[p].status.ok())
+        << "process " << p << ": " << nodes.processes[p].status;
+  }
+  const std::vector<ProcessResult> flat = RunFlat(flat_config, train, test, d);
+  ASSERT_TRUE(flat[0].status.ok()) << flat[0].status;
+  for (const ProcessResult& r : flat) ASSERT_EQ(r.params.size(), d);
+
+  std::vector<float> x0(d);
+  (*model)->Initialize(node_config.seed(), absl::MakeSpan(x0));
+  for (uint32_t n = 0; n < kNodes; ++n) {
+    for (uint32_t j = 0; j < kLocalSize; ++j) {
+      const uint32_t p = n * kLocalSize + j;
+      SCOPED_TRACE(absl::StrCat("node ", n, " local rank ", j));
+      const ProcessResult& mine = nodes.processes[p];
+      EXPECT_EQ(mine.rank, n);
+      EXPECT_EQ(mine.partition, p);
+      EXPECT_EQ(flat[p].partition, p);
+      // Both algorithms end with every process holding the global model,
+      // bit for bit the same everywhere.
+      EXPECT_EQ(0, std::memcmp(mine.params.data(), nodes.processes[0].params.data(),
+                               d * sizeof(float)));
+      EXPECT_LT(RelativeL2(mine.params, flat[p].params), 1e-5);
+    }
+  }
+  // The comparison means something only if training moved the model far
+  // more than the tolerance.
+  EXPECT_GT(RelativeL2(x0, flat[0].params), 1e-2);
+
+  // To the servers the job has 2 members, not 4.
+  for (uint32_t j = 0; j < kLocalSize; ++j) {
+    EXPECT_EQ(nodes.shard_status[j].registered(), kNodes) << "shard " << j;
+    EXPECT_EQ(nodes.shard_status[j].world_size(), kNodes) << "shard " << j;
+    EXPECT_EQ(nodes.shard_status[j].rounds_failed(), 0u) << "shard " << j;
+  }
+
+  // One summary per local rank, under its own name, each counting only the
+  // floats of its own shard (local rank j owns shard j here).
+  const BlockLayout layout(d, node_config.algorithm().block_size(), kShards);
+  const size_t steps =
+      node_config.epochs() * StepsPerEpoch(kExamples, RankBatchSizes(node_config));
+  for (uint32_t n = 0; n < kNodes; ++n) {
+    for (uint32_t j = 0; j < kLocalSize; ++j) {
+      SCOPED_TRACE(absl::StrCat("node ", n, " local rank ", j));
+      const std::string json = ReadFile(node_out / absl::StrCat("worker_", n, "_", j, ".json"));
+      ASSERT_FALSE(json.empty());
+      EXPECT_EQ(JsonNumber(json, "rank"), n);
+      EXPECT_EQ(JsonNumber(json, "local_rank"), j);
+      EXPECT_EQ(JsonNumber(json, "steps"), steps);
+      EXPECT_EQ(JsonNumber(json, "batch_size"), kBatchSizes[n * kLocalSize + j]);
+      if (algorithm.find("ssgd") != std::string::npos) {
+        // S-SGD pushes its shard's floats every step: compression exactly 1.
+        EXPECT_EQ(JsonNumber(json, "training_floats_pushed"), steps * layout.ShardSize(j));
+        EXPECT_EQ(JsonNumber(json, "achieved_compression"), 1.0);
+      }
+      EXPECT_FALSE(ReadFile(node_out / absl::StrCat("worker_", n, "_", j, ".csv")).empty());
+    }
+    EXPECT_FALSE(std::filesystem::exists(node_out / absl::StrCat("worker_", n, ".json")));
+  }
+  EXPECT_TRUE(std::filesystem::exists(flat_out / "worker_3.json"));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Algorithms, NodeGroupTest,
+    ::testing::Values("name: \"ssgd\"",
+                      "name: \"cser\" period: 4 ratio_c1: 2 ratio_c2: 4"),
+    [](const ::testing::TestParamInfo<const char*>& info) {
+      return std::string(info.index == 0 ? "Ssgd" : "Cser");
+    });
+
+// A flat trainer in a job of nodes, or a group of the wrong size, would
+// take the wrong data partition and shards: refused before anything runs.
+TEST(NodeGroupTrainerTest, GroupMustMatchLocalSize) {
+  const Dataset data = MakeDataset(kExamples, 1);
+  v1::JobConfig config = MakeConfig(kNodes, kLocalSize, "name: \"ssgd\"", "unused");
+  // A client needs addresses, never used here: nothing is sent before
+  // Register.
+  config.mutable_cluster()->set_servers(0, "127.0.0.1:1");
+  config.mutable_cluster()->set_servers(1, "127.0.0.1:2");
+  absl::StatusOr<std::unique_ptr<Model>> model = MakeCpuModel(config.model());
+  ASSERT_TRUE(model.ok());
+  absl::StatusOr<std::unique_ptr<PsClient>> client =
+      PsClient::Connect(config, (*model)->spec().num_params);
+  ASSERT_TRUE(client.ok()) << client.status();
+
+  absl::StatusOr<std::unique_ptr<Trainer>> flat =
+      Trainer::Create(config, client->get(), &data, &data);
+  EXPECT_EQ(flat.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(flat.status().message(), HasSubstr("cluster.local_size is 2"));
+
+  auto three = ThreadGroup::Create(3);
+  absl::StatusOr<std::unique_ptr<Trainer>> wrong_size =
+      Trainer::Create(config, {client->get(), three[0].get()}, &data, &data);
+  EXPECT_EQ(wrong_size.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(wrong_size.status().message(), HasSubstr("local group has 3 members"));
+}
+
+TEST(NodeGroupTrainerTest, PartitionIsNodeTimesLocalSizePlusLocalRank) {
+  EXPECT_EQ(DataPartition(0, 0, 1), 0u);
+  EXPECT_EQ(DataPartition(5, 0, 1), 5u);
+  EXPECT_EQ(DataPartition(0, 1, 2), 1u);
+  EXPECT_EQ(DataPartition(1, 0, 2), 2u);
+  EXPECT_EQ(DataPartition(3, 2, 4), 14u);
+}
+
+}  // namespace
+}  // namespace cserps
