@@ -18,6 +18,7 @@
 
 #include <cstddef>
 #include <limits>
+#include <type_traits>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -73,19 +74,36 @@ int CudaDeviceCount();
 
 namespace cserps {
 
-// `count` elements of T in device memory (cudaMalloc), freed on destruction.
-// Move-only. The contents start uninitialised. Destroying or reassigning a
-// buffer frees it with cudaFree, which waits for the device to go idle: do
+namespace internal {
+
+// Where a CudaBuffer's memory comes from.
+struct DeviceMemory {
+  static constexpr const char* kBuffer = "DeviceBuffer";
+  static constexpr const char* kAllocate = "cudaMalloc";
+  static constexpr bool kHostAccessible = false;
+  static cudaError_t Allocate(void** p, size_t bytes) { return cudaMalloc(p, bytes); }
+  static void Free(void* p) { static_cast<void>(cudaFree(p)); }
+};
+struct PinnedMemory {
+  static constexpr const char* kBuffer = "PinnedBuffer";
+  static constexpr const char* kAllocate = "cudaMallocHost";
+  static constexpr bool kHostAccessible = true;
+  static cudaError_t Allocate(void** p, size_t bytes) { return cudaMallocHost(p, bytes); }
+  static void Free(void* p) { static_cast<void>(cudaFreeHost(p)); }
+};
+
+// `count` elements of T from `Memory`, freed on destruction. Move-only. The
+// contents start uninitialised. Freeing waits for the device to go idle: do
 // not let buffers die on a hot path.
-template <typename T>
-class DeviceBuffer {
+template <typename T, typename Memory>
+class CudaBuffer {
  public:
-  DeviceBuffer() = default;
-  ~DeviceBuffer() { Reset(); }
-  DeviceBuffer(DeviceBuffer&& other) noexcept
+  CudaBuffer() = default;
+  ~CudaBuffer() { Reset(); }
+  CudaBuffer(CudaBuffer&& other) noexcept
       : data_(std::exchange(other.data_, nullptr)),
         size_(std::exchange(other.size_, 0)) {}
-  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept {
+  CudaBuffer& operator=(CudaBuffer&& other) noexcept {
     if (this != &other) {
       Reset();
       data_ = std::exchange(other.data_, nullptr);
@@ -93,23 +111,24 @@ class DeviceBuffer {
     }
     return *this;
   }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  CudaBuffer(const CudaBuffer&) = delete;
+  CudaBuffer& operator=(const CudaBuffer&) = delete;
 
-  // On the current device. count == 0 gives an empty buffer (null data()).
-  static absl::StatusOr<DeviceBuffer> Allocate(size_t count) {
-    DeviceBuffer buffer;
+  // Device memory is allocated on the current device. count == 0 gives an
+  // empty buffer (null data()).
+  static absl::StatusOr<CudaBuffer> Allocate(size_t count) {
+    CudaBuffer buffer;
     if (count == 0) return buffer;
     if (count > std::numeric_limits<size_t>::max() / sizeof(T)) {
       return absl::InvalidArgumentError(
-          absl::StrCat("DeviceBuffer: ", count, " elements of ", sizeof(T),
+          absl::StrCat(Memory::kBuffer, ": ", count, " elements of ", sizeof(T),
                        " bytes overflow size_t"));
     }
     void* p = nullptr;
-    const cudaError_t error = cudaMalloc(&p, count * sizeof(T));
+    const cudaError_t error = Memory::Allocate(&p, count * sizeof(T));
     if (error != cudaSuccess) {
       return CudaStatus(error,
-                        absl::StrCat("cudaMalloc(", count * sizeof(T), " bytes)"),
+                        absl::StrCat(Memory::kAllocate, "(", count * sizeof(T), " bytes)"),
                         __FILE__, __LINE__);
     }
     buffer.data_ = static_cast<T*>(p);
@@ -121,12 +140,17 @@ class DeviceBuffer {
   size_t size() const { return size_; }
   size_t bytes() const { return size_ * sizeof(T); }
   bool empty() const { return size_ == 0; }
+  // Only host-accessible memory can be read through a span.
+  template <typename M = Memory, typename = std::enable_if_t<M::kHostAccessible>>
+  absl::Span<T> span() const {
+    return absl::Span<T>(data_, size_);
+  }
 
-  // Frees the memory; the buffer becomes empty. cudaFree's error is dropped:
+  // Frees the memory; the buffer becomes empty. The free's error is dropped:
   // it can only report an earlier asynchronous fault, which the next checked
   // call reports again.
   void Reset() {
-    if (data_ != nullptr) static_cast<void>(cudaFree(data_));
+    if (data_ != nullptr) Memory::Free(data_);
     data_ = nullptr;
     size_ = 0;
   }
@@ -136,64 +160,15 @@ class DeviceBuffer {
   size_t size_ = 0;
 };
 
-// `count` elements of T in page-locked host memory (cudaMallocHost), so that
-// cudaMemcpyAsync to and from it is truly asynchronous. Same ownership rules
-// as DeviceBuffer.
+}  // namespace internal
+
+// Device memory (cudaMalloc).
 template <typename T>
-class PinnedBuffer {
- public:
-  PinnedBuffer() = default;
-  ~PinnedBuffer() { Reset(); }
-  PinnedBuffer(PinnedBuffer&& other) noexcept
-      : data_(std::exchange(other.data_, nullptr)),
-        size_(std::exchange(other.size_, 0)) {}
-  PinnedBuffer& operator=(PinnedBuffer&& other) noexcept {
-    if (this != &other) {
-      Reset();
-      data_ = std::exchange(other.data_, nullptr);
-      size_ = std::exchange(other.size_, 0);
-    }
-    return *this;
-  }
-  PinnedBuffer(const PinnedBuffer&) = delete;
-  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
-
-  static absl::StatusOr<PinnedBuffer> Allocate(size_t count) {
-    PinnedBuffer buffer;
-    if (count == 0) return buffer;
-    if (count > std::numeric_limits<size_t>::max() / sizeof(T)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("PinnedBuffer: ", count, " elements of ", sizeof(T),
-                       " bytes overflow size_t"));
-    }
-    void* p = nullptr;
-    const cudaError_t error = cudaMallocHost(&p, count * sizeof(T));
-    if (error != cudaSuccess) {
-      return CudaStatus(
-          error, absl::StrCat("cudaMallocHost(", count * sizeof(T), " bytes)"),
-          __FILE__, __LINE__);
-    }
-    buffer.data_ = static_cast<T*>(p);
-    buffer.size_ = count;
-    return buffer;
-  }
-
-  T* data() const { return data_; }
-  size_t size() const { return size_; }
-  size_t bytes() const { return size_ * sizeof(T); }
-  bool empty() const { return size_ == 0; }
-  absl::Span<T> span() const { return absl::Span<T>(data_, size_); }
-
-  void Reset() {
-    if (data_ != nullptr) static_cast<void>(cudaFreeHost(data_));
-    data_ = nullptr;
-    size_ = 0;
-  }
-
- private:
-  T* data_ = nullptr;
-  size_t size_ = 0;
-};
+using DeviceBuffer = internal::CudaBuffer<T, internal::DeviceMemory>;
+// Page-locked host memory (cudaMallocHost), so that cudaMemcpyAsync to and
+// from it is truly asynchronous.
+template <typename T>
+using PinnedBuffer = internal::CudaBuffer<T, internal::PinnedMemory>;
 
 }  // namespace cserps
 

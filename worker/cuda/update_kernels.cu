@@ -1,6 +1,7 @@
 #include "worker/cuda/update_kernels.h"
 
 #include <algorithm>
+#include <type_traits>
 
 #include "absl/strings/str_cat.h"
 #include "worker/cuda/cuda_status.h"
@@ -74,6 +75,23 @@ absl::StatusOr<Kind> KindOf(const DirectionRule& rule) {
   }
 }
 
+// Calls launch(std::integral_constant<Kind, kind>{}): the kernels take the
+// momentum kind as a template parameter.
+template <typename Launch>
+void WithKind(Kind kind, Launch launch) {
+  switch (kind) {
+    case Kind::kNone:
+      launch(std::integral_constant<Kind, Kind::kNone>{});
+      break;
+    case Kind::kHeavyBall:
+      launch(std::integral_constant<Kind, Kind::kHeavyBall>{});
+      break;
+    case Kind::kNesterov:
+      launch(std::integral_constant<Kind, Kind::kNesterov>{});
+      break;
+  }
+}
+
 }  // namespace
 
 DirectionRule MakeDirectionRule(const v1::OptimizerConfig& config) {
@@ -94,20 +112,10 @@ absl::Status LaunchDirection(const DirectionRule& rule, size_t n,
   if (!kind.ok()) return kind.status();
   if (n == 0) return absl::OkStatus();
   const float beta = rule.beta, lambda = rule.weight_decay;
-  switch (*kind) {
-    case Kind::kNone:
-      DirectionKernel<Kind::kNone><<<Blocks(n), kThreads, 0, stream>>>(
-          n, beta, lambda, grad, params, momentum, direction);
-      break;
-    case Kind::kHeavyBall:
-      DirectionKernel<Kind::kHeavyBall><<<Blocks(n), kThreads, 0, stream>>>(
-          n, beta, lambda, grad, params, momentum, direction);
-      break;
-    case Kind::kNesterov:
-      DirectionKernel<Kind::kNesterov><<<Blocks(n), kThreads, 0, stream>>>(
-          n, beta, lambda, grad, params, momentum, direction);
-      break;
-  }
+  WithKind(*kind, [&](auto k) {
+    DirectionKernel<decltype(k)::value><<<Blocks(n), kThreads, 0, stream>>>(
+        n, beta, lambda, grad, params, momentum, direction);
+  });
   CSERPS_CUDA_RETURN_IF_LAUNCH_FAILED("DirectionKernel");
   return absl::OkStatus();
 }
@@ -127,20 +135,10 @@ absl::Status LaunchSgdStep(const DirectionRule& rule, size_t n, float lr,
   if (!kind.ok()) return kind.status();
   if (n == 0) return absl::OkStatus();
   const float beta = rule.beta, lambda = rule.weight_decay;
-  switch (*kind) {
-    case Kind::kNone:
-      SgdStepKernel<Kind::kNone><<<Blocks(n), kThreads, 0, stream>>>(
-          n, beta, lambda, lr, grad, momentum, params);
-      break;
-    case Kind::kHeavyBall:
-      SgdStepKernel<Kind::kHeavyBall><<<Blocks(n), kThreads, 0, stream>>>(
-          n, beta, lambda, lr, grad, momentum, params);
-      break;
-    case Kind::kNesterov:
-      SgdStepKernel<Kind::kNesterov><<<Blocks(n), kThreads, 0, stream>>>(
-          n, beta, lambda, lr, grad, momentum, params);
-      break;
-  }
+  WithKind(*kind, [&](auto k) {
+    SgdStepKernel<decltype(k)::value><<<Blocks(n), kThreads, 0, stream>>>(
+        n, beta, lambda, lr, grad, momentum, params);
+  });
   CSERPS_CUDA_RETURN_IF_LAUNCH_FAILED("SgdStepKernel");
   return absl::OkStatus();
 }
