@@ -4,15 +4,16 @@
 
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <string>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "tests/testing/test_support.h"
 
 namespace {
+
+using cserps::testing::JsonNumber;
+using cserps::testing::ReadFile;
 
 constexpr char kDataDir[] = "/usr/share/datasets/fashion-mnist";
 
@@ -36,25 +37,6 @@ Result Launch(const std::string& overrides, const std::string& flags = "") {
   const int status = pclose(pipe);
   result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return result;
-}
-
-std::string ReadFile(const std::filesystem::path& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
-double JsonNumber(const std::string& json, const std::string& key) {
-  const std::string needle = absl::StrCat("\"", key, "\": ");
-  const size_t at = json.find(needle);
-  if (at == std::string::npos) return -1;
-  double value = -1;
-  const size_t begin = at + needle.size();
-  if (!absl::SimpleAtod(json.substr(begin, json.find_first_of(",\n", begin) - begin), &value)) {
-    return -1;
-  }
-  return value;
 }
 
 class LaunchTest : public testing::Test {

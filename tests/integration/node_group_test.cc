@@ -6,27 +6,23 @@
 // the same trajectory as the flat job of 4 members on the same partitions;
 // the servers must see 2 members; each local rank must write its own
 // summary and push only its own shard.
-#include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
 #include "common/block_layout.h"
 #include "common/config.h"
-#include "common/prng.h"
 #include "common/status.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/in_process_cluster.h"
+#include "tests/testing/test_support.h"
 #include "worker/data/partition.h"
 #include "worker/group/thread_group.h"
 #include "worker/hierarchical_communicator.h"
@@ -38,6 +34,9 @@ namespace cserps {
 namespace {
 
 using ::testing::HasSubstr;
+using testing::JsonNumber;
+using testing::ReadFile;
+using testing::RelativeL2;
 
 constexpr uint32_t kNodes = 2;
 constexpr uint32_t kLocalSize = 2;
@@ -63,50 +62,6 @@ v1::JobConfig MakeConfig(uint32_t members, uint32_t local_size, const std::strin
       "data { rank_batch_sizes: [", absl::StrJoin(kBatchSizes, ", "), "] }\n",
       "optimizer { lr: 0.1 momentum_kind: NESTEROV momentum: 0.9 }\n",
       "algorithm { block_size: 8 ", algorithm, " }\n"));
-}
-
-// Random features and labels, made here so the test needs no data files.
-Dataset MakeDataset(size_t examples, uint64_t key) {
-  Dataset data;
-  data.size = examples;
-  data.dim = kDim;
-  data.num_classes = kClasses;
-  CounterRng rng(key);
-  for (size_t i = 0; i < examples * kDim; ++i) {
-    data.features.push_back(2.0f * rng.UniformFloat() - 1.0f);
-  }
-  for (size_t i = 0; i < examples; ++i) {
-    data.labels.push_back(static_cast<uint8_t>(rng.Below(kClasses)));
-  }
-  return data;
-}
-
-double RelativeL2(absl::Span<const float> a, absl::Span<const float> b) {
-  double diff = 0, norm = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    diff += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
-    norm += double(b[i]) * b[i];
-  }
-  return std::sqrt(diff / norm);
-}
-
-std::string ReadFile(const std::filesystem::path& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
-double JsonNumber(const std::string& json, const std::string& key) {
-  const std::string needle = absl::StrCat("\"", key, "\": ");
-  const size_t at = json.find(needle);
-  if (at == std::string::npos) return -1;
-  double value = -1;
-  const size_t begin = at + needle.size();
-  if (!absl::SimpleAtod(json.substr(begin, json.find_first_of(",\n", begin) - begin), &value)) {
-    return -1;
-  }
-  return value;
 }
 
 std::filesystem::path FreshDir(const std::string& name) {
@@ -155,26 +110,6 @@ std::vector<ProcessResult> RunFlat(const v1::JobConfig& config, const Dataset& t
   return results;
 }
 
-// The servers of `config`, on ephemeral ports written into the config.
-class Servers {
- public:
-  absl::Status Start(v1::JobConfig* config) {
-    for (int s = 0; s < config->cluster().servers_size(); ++s) {
-      ASSIGN_OR_RETURN(std::unique_ptr<PsServer> server,
-                       PsServer::Start(*config, s, "127.0.0.1:0"));
-      config->mutable_cluster()->set_servers(s, server->address());
-      shards_.push_back(std::move(server));
-    }
-    return absl::OkStatus();
-  }
-  ~Servers() {
-    for (auto& server : shards_) server->Shutdown();
-  }
-
- private:
-  std::vector<std::unique_ptr<PsServer>> shards_;
-};
-
 // One local rank of a node, set up as cserps-worker does: its client covers
 // its shards, the node registers once, the trainer runs to the end.
 absl::Status RunLocalRank(const v1::JobConfig& config, uint64_t d, uint32_t node,
@@ -205,7 +140,7 @@ struct NodeRun {
 };
 
 NodeRun RunNodes(v1::JobConfig config, const Dataset& train, const Dataset& test, uint64_t d,
-                 Servers* servers) {
+                 testing::ServerSet* servers) {
   NodeRun run;
   run.processes.resize(kNodes * kLocalSize);
   run.shard_status.resize(kNodes * kLocalSize);
@@ -236,8 +171,8 @@ class NodeGroupTest : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(NodeGroupTest, NodesOfTwoLocalRanksFollowTheFlatJobOfFourMembers) {
   const std::string algorithm = GetParam();
-  const Dataset train = MakeDataset(kExamples, 1);
-  const Dataset test = MakeDataset(100, 2);
+  const Dataset train = testing::RandomDataset(kExamples, kDim, kClasses, 1);
+  const Dataset test = testing::RandomDataset(100, kDim, kClasses, 2);
   const std::filesystem::path node_out = FreshDir("node_group_test_nodes");
   const std::filesystem::path flat_out = FreshDir("node_group_test_flat");
   const v1::JobConfig node_config =
@@ -249,7 +184,7 @@ TEST_P(NodeGroupTest, NodesOfTwoLocalRanksFollowTheFlatJobOfFourMembers) {
   ASSERT_TRUE(model.ok()) << model.status();
   const uint64_t d = (*model)->spec().num_params;
 
-  Servers servers;
+  testing::ServerSet servers;
   const NodeRun nodes = RunNodes(node_config, train, test, d, &servers);
   for (uint32_t p = 0; p < nodes.processes.size(); ++p) {
     ASSERT_TRUE(nodes.processes[p].status.ok())
@@ -324,7 +259,7 @@ INSTANTIATE_TEST_SUITE_P(
 // A flat trainer in a job of nodes, or a group of the wrong size, would
 // take the wrong data partition and shards: refused before anything runs.
 TEST(NodeGroupTrainerTest, GroupMustMatchLocalSize) {
-  const Dataset data = MakeDataset(kExamples, 1);
+  const Dataset data = testing::RandomDataset(kExamples, kDim, kClasses, 1);
   v1::JobConfig config = MakeConfig(kNodes, kLocalSize, "name: \"ssgd\"", "unused");
   // A client needs addresses, never used here: nothing is sent before
   // Register.

@@ -4,16 +4,15 @@
 // cut into several chunks. After every step all workers and the servers hold
 // bit-identical parameters, and the trajectory matches single-process
 // large-batch SGD.
-#include <cmath>
 #include <cstring>
 #include <memory>
 #include <thread>
 #include <vector>
 
 #include "common/config.h"
-#include "common/prng.h"
 #include "gtest/gtest.h"
 #include "server/ps_server.h"
+#include "tests/testing/test_support.h"
 #include "worker/data/batcher.h"
 #include "worker/data/partition.h"
 #include "worker/model/model.h"
@@ -24,6 +23,8 @@
 
 namespace cserps {
 namespace {
+
+using testing::RelativeL2;
 
 constexpr size_t kDim = 20;
 constexpr size_t kClasses = 4;
@@ -57,28 +58,9 @@ constexpr char kConfig[] = R"pb(
 
 // Random features and labels, made here so the test needs no data files.
 Dataset MakeDataset() {
-  Dataset data;
-  data.size = kExamples;
-  data.dim = kDim;
-  data.num_classes = kClasses;
-  CounterRng rng(12345);
-  for (size_t i = 0; i < kExamples * kDim; ++i) {
-    data.features.push_back(2.0f * rng.UniformFloat() - 1.0f);
-  }
-  for (size_t i = 0; i < kExamples; ++i) {
-    data.labels.push_back(static_cast<uint8_t>(rng.Below(kClasses)));
-  }
-  return data;
+  return testing::RandomDataset(kExamples, kDim, kClasses, 12345);
 }
 
-double RelativeL2(absl::Span<const float> a, absl::Span<const float> b) {
-  double diff = 0, norm = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    diff += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
-    norm += double(b[i]) * b[i];
-  }
-  return std::sqrt(diff / norm);
-}
 
 // Runs fn(rank) on one thread per rank and joins them.
 template <typename Fn>

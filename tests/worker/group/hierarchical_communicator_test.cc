@@ -19,6 +19,7 @@
 #include "gtest/gtest.h"
 #include "server/ps_server.h"
 #include "tests/testing/in_process_cluster.h"
+#include "tests/testing/test_support.h"
 #include "tests/worker/algorithms/algorithm_harness.h"
 #include "worker/group/thread_group.h"
 #include "worker/ps_client.h"
@@ -49,26 +50,6 @@ v1::JobConfig Config(uint32_t shards, uint32_t members, uint32_t local_size) {
       "algorithm { name: \"ef-sgd\" ratio: 4 block_size: 16 }\n"));
 }
 
-// The servers of `config`, on ephemeral ports written into the config.
-class Servers {
- public:
-  absl::Status Start(v1::JobConfig* config) {
-    for (int s = 0; s < config->cluster().servers_size(); ++s) {
-      ASSIGN_OR_RETURN(std::unique_ptr<PsServer> server,
-                       PsServer::Start(*config, s, "127.0.0.1:0"));
-      config->mutable_cluster()->set_servers(s, server->address());
-      shards_.push_back(std::move(server));
-    }
-    return absl::OkStatus();
-  }
-  PsServer& shard(int s) { return *shards_[s]; }
-  ~Servers() {
-    for (auto& server : shards_) server->Shutdown();
-  }
-
- private:
-  std::vector<std::unique_ptr<PsServer>> shards_;
-};
 
 // A PsClient for local rank `local_rank` of a group of `local_size`: the
 // addresses of the shards it must not talk to point nowhere, so a call to
@@ -201,7 +182,7 @@ TEST_P(HierarchicalShapes, MatchesTheFlatAverageOverEveryProcess) {
   v1::JobConfig config = Config(shards, kNodes, local_size);
   const size_t d = testing::NumParams(config);
   ASSERT_EQ(d, 1000u);
-  Servers servers;
+  testing::ServerSet servers;
   ASSERT_TRUE(servers.Start(&config).ok());
   const std::vector<testing::Models> values = Values(members, d);
   const std::vector<uint32_t> weights = Weights(members);
@@ -331,7 +312,7 @@ TEST(HierarchicalCommunicatorTest, AServerErrorReachesEveryLocalRank) {
   constexpr uint32_t kLocal = 3;
   v1::JobConfig config = Config(2, 1, kLocal);
   const size_t d = testing::NumParams(config);
-  Servers servers;
+  testing::ServerSet servers;
   ASSERT_TRUE(servers.Start(&config).ok());
   const std::vector<testing::Models> values = Values(kLocal, d);
   const std::vector<uint32_t> weights = Weights(kLocal);
@@ -417,7 +398,7 @@ TEST(RestrictedPsClientTest, SparseExchangeCoversOnlyItsShards) {
       "optimizer { lr: 0.1 }\n"
       "algorithm { name: \"topk-ssgd\" density: 0.01 block_size: 16 }\n");
   const size_t d = testing::NumParams(config);
-  Servers servers;
+  testing::ServerSet servers;
   ASSERT_TRUE(servers.Start(&config).ok());
   const uint64_t k = SparseK(config.algorithm(), d);
   SparseVector local;

@@ -1,0 +1,71 @@
+#include "tests/testing/test_support.h"
+
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/prng.h"
+#include "common/status.h"
+
+namespace cserps::testing {
+
+absl::Status ServerSet::Start(v1::JobConfig* config) {
+  for (int s = 0; s < config->cluster().servers_size(); ++s) {
+    ASSIGN_OR_RETURN(std::unique_ptr<PsServer> server,
+                     PsServer::Start(*config, s, "127.0.0.1:0"));
+    config->mutable_cluster()->set_servers(s, server->address());
+    shards_.push_back(std::move(server));
+  }
+  return absl::OkStatus();
+}
+
+ServerSet::~ServerSet() {
+  for (auto& server : shards_) server->Shutdown();
+}
+
+Dataset RandomDataset(size_t examples, size_t dim, uint32_t classes, uint64_t key) {
+  Dataset data;
+  data.size = examples;
+  data.dim = dim;
+  data.num_classes = classes;
+  CounterRng rng(key);
+  for (size_t i = 0; i < examples * dim; ++i) {
+    data.features.push_back(2.0f * rng.UniformFloat() - 1.0f);
+  }
+  for (size_t i = 0; i < examples; ++i) {
+    data.labels.push_back(static_cast<uint8_t>(rng.Below(classes)));
+  }
+  return data;
+}
+
+double RelativeL2(absl::Span<const float> a, absl::Span<const float> b) {
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+    norm += double(b[i]) * b[i];
+  }
+  return std::sqrt(diff / norm);
+}
+
+std::string ReadFile(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+double JsonNumber(const std::string& json, const std::string& key) {
+  const std::string needle = absl::StrCat("\"", key, "\": ");
+  const size_t at = json.find(needle);
+  if (at == std::string::npos) return -1;
+  double value = -1;
+  const size_t begin = at + needle.size();
+  if (!absl::SimpleAtod(json.substr(begin, json.find_first_of(",\n", begin) - begin), &value)) {
+    return -1;
+  }
+  return value;
+}
+
+}  // namespace cserps::testing

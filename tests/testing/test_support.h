@@ -1,0 +1,49 @@
+// Small helpers shared by several test binaries: servers without clients,
+// synthetic data, comparing models and reading the trainer's summaries.
+#ifndef CSERPS_TESTS_TESTING_TEST_SUPPORT_H_
+#define CSERPS_TESTS_TESTING_TEST_SUPPORT_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+#include "cserps/v1/config.pb.h"
+#include "server/ps_server.h"
+#include "worker/data/dataset.h"
+
+namespace cserps::testing {
+
+// The server shards of a config on ephemeral 127.0.0.1 ports, whose
+// addresses Start writes into the config; shut down by the destructor.
+class ServerSet {
+ public:
+  absl::Status Start(v1::JobConfig* config);
+  PsServer& shard(int s) { return *shards_[s]; }
+  ~ServerSet();
+
+ private:
+  std::vector<std::unique_ptr<PsServer>> shards_;
+};
+
+// `examples` random examples (features uniform in [-1, 1), labels uniform)
+// from the counter PRNG keyed by `key`, so tests need no data files.
+Dataset RandomDataset(size_t examples, size_t dim, uint32_t classes, uint64_t key);
+
+// ||a - b|| / ||b|| in double.
+double RelativeL2(absl::Span<const float> a, absl::Span<const float> b);
+
+// The whole file; empty when it cannot be read.
+std::string ReadFile(const std::filesystem::path& path);
+
+// The number after "key": in a summary JSON the trainer wrote; -1 when
+// absent or not a number.
+double JsonNumber(const std::string& json, const std::string& key);
+
+}  // namespace cserps::testing
+
+#endif  // CSERPS_TESTS_TESTING_TEST_SUPPORT_H_
