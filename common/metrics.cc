@@ -3,10 +3,8 @@
 #include <exception>
 #include <utility>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
-#include "prometheus/exposer.h"
 #include "prometheus/family.h"
 #include "prometheus/registry.h"
 #include "prometheus/text_serializer.h"
@@ -45,28 +43,10 @@ MetricsRegistry::~MetricsRegistry() = default;
 
 absl::StatusOr<std::unique_ptr<MetricsRegistry>> MetricsRegistry::Start(
     const std::string& address) {
-  const size_t colon = address.rfind(':');
-  uint32_t port = 0;
-  if (colon == std::string::npos || colon == 0 ||
-      !absl::SimpleAtoi(address.substr(colon + 1), &port) || port > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "metrics address '", address, "' is not host:port (e.g. 127.0.0.1:9100)"));
-  }
   std::unique_ptr<MetricsRegistry> metrics(new MetricsRegistry());
-  try {
-    metrics->exposer_ = std::make_unique<prometheus::Exposer>(address, 1);
-    metrics->exposer_->RegisterCollectable(metrics->registry_);
-    const std::vector<int> ports = metrics->exposer_->GetListeningPorts();
-    if (ports.empty()) {
-      return absl::UnavailableError(absl::StrCat(
-          "metrics address ", address, ": the HTTP server listens on no port"));
-    }
-    metrics->address_ = absl::StrCat(address.substr(0, colon), ":", ports.front());
-  } catch (const std::exception& e) {
-    return absl::UnavailableError(absl::StrCat(
-        "cannot serve metrics on ", address, ": ", e.what(),
-        " (address in use or not local?)"));
-  }
+  ASSIGN_OR_RETURN(metrics->http_,
+                   MetricsHttpServer::Start(address, [m = metrics.get()] { return m->Collect(); }));
+  metrics->address_ = metrics->http_->address();
   return metrics;
 }
 
@@ -122,7 +102,6 @@ std::unique_ptr<MetricsRegistry::Collector> MetricsRegistry::AddCollector(
     absl::MutexLock lock(&mu_);
     collectables_.push_back(impl);
   }
-  if (exposer_ != nullptr) exposer_->RegisterCollectable(impl);
   return std::unique_ptr<Collector>(new Collector(impl));
 }
 

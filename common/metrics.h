@@ -9,7 +9,7 @@
 // exception leaves this module.
 //
 // Thread safety: handles (prometheus::Counter, Gauge, Histogram) may be
-// updated from any thread; scrapes run on the exposer's own thread.
+// updated from any thread; scrapes run on the endpoint's own thread.
 #ifndef CSERPS_COMMON_METRICS_H_
 #define CSERPS_COMMON_METRICS_H_
 
@@ -23,6 +23,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/metrics_http.h"
 #include "prometheus/collectable.h"
 #include "prometheus/counter.h"
 #include "prometheus/gauge.h"
@@ -30,7 +31,6 @@
 #include "prometheus/metric_family.h"
 
 namespace prometheus {
-class Exposer;
 class Registry;
 }  // namespace prometheus
 
@@ -80,12 +80,13 @@ class MetricsRegistry {
   MetricsRegistry();
 
   std::shared_ptr<prometheus::Registry> registry_;
-  std::unique_ptr<prometheus::Exposer> exposer_;
   std::string address_;
-  // Collectables registered with exposer_ (or read by Collect without one).
+  // Families computed at scrape time, read by Collect.
   mutable absl::Mutex mu_;
   std::vector<std::weak_ptr<prometheus::Collectable>> collectables_
       ABSL_GUARDED_BY(mu_);
+  // Last: stopped before the members its scrapes read are destroyed.
+  std::unique_ptr<MetricsHttpServer> http_;
 };
 
 class MetricsRegistry::Collector {
