@@ -5,6 +5,7 @@
 #include <grpcpp/support/channel_arguments.h>
 
 #include <cstring>
+#include <functional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -17,6 +18,29 @@
 #include "common/status.h"
 
 namespace cserps {
+
+// What a PushPull round needs of its client; every pointer outlives the
+// round.
+struct RoundSetup {
+  const std::vector<std::unique_ptr<v1::ParameterServer::Stub>>* stubs = nullptr;
+  const std::vector<std::string>* addresses = nullptr;
+  uint64_t fingerprint = 0;
+  uint32_t rank = 0;
+  v1::Stream stream = v1::GRAD;
+  uint64_t step = 0;
+  uint32_t ratio = 1;
+  float weight = 1;
+  float lr = 0;
+  uint64_t chunk_floats = 0;
+  absl::Duration deadline;
+  std::atomic<uint64_t>* bytes_pushed = nullptr;
+  std::atomic<uint64_t>* bytes_pulled = nullptr;
+  std::atomic<uint64_t>* stream_bytes_pushed = nullptr;
+  std::atomic<uint64_t>* stream_bytes_pulled = nullptr;
+  std::atomic<uint64_t>* stream_floats_pushed = nullptr;
+  std::atomic<int64_t>* waited_nanos = nullptr;
+};
+
 namespace {
 
 // gRPC retries calls that fail UNAVAILABLE (a shard restarting, a
@@ -119,29 +143,112 @@ struct PushPullCall {
   uint64_t count = 0;
 };
 
-class PendingPushPull final : public PendingAverage {
+// One PushPull round, shard by shard: the chunking, the RPCs and the checks
+// of the replies, for StartAverage (which gathers from a model-sized vector)
+// and for BeginShardedAverage (whose caller gathers).
+class PushPullRound final : public ShardedAverage {
  public:
-  PendingPushPull(std::vector<ShardPayload> payloads, absl::Span<float> mean,
-                  std::atomic<uint64_t>* bytes_pulled,
-                  std::atomic<uint64_t>* stream_bytes_pulled,
-                  std::atomic<int64_t>* waited)
-      : payloads_(std::move(payloads)),
-        mean_(mean),
-        bytes_pulled_(bytes_pulled),
-        stream_bytes_pulled_(stream_bytes_pulled),
-        waited_nanos_(waited) {}
-  ~PendingPushPull() override {
-    if (!waited_) batch_.Wait().IgnoreError();
+  // fill(begin, count, out): payload floats [begin, begin + count) into out.
+  using FillFn = std::function<void(uint64_t begin, uint64_t count, char* out)>;
+  // deliver(begin, count, bytes): the mean of those floats, from bytes.
+  using DeliverFn = std::function<void(uint64_t begin, uint64_t count, const char* bytes)>;
+
+  // `payload_sizes`: by shard, 0 for the shards the round does not send to.
+  PushPullRound(RoundSetup setup, std::vector<uint64_t> payload_sizes)
+      : setup_(std::move(setup)), shard_state_(payload_sizes.size()) {
+    for (uint32_t s = 0; s < payload_sizes.size(); ++s) {
+      shard_state_[s] = std::make_unique<ShardState>();
+      shard_state_[s]->size = payload_sizes[s];
+      if (payload_sizes[s] > 0) shards_.push_back(s);
+    }
+  }
+  ~PushPullRound() override {
+    for (const auto& state : shard_state_) {
+      if (state->started && !state->waited) state->batch.Wait().IgnoreError();
+    }
   }
 
-  const ShardPayload& payload(uint32_t shard) const { return payloads_[shard]; }
-  CallBatch& batch() { return batch_; }
-  std::vector<std::unique_ptr<PushPullCall>>& calls() { return calls_; }
+  const std::vector<uint32_t>& shards() const override { return shards_; }
+  uint64_t payload_size(uint32_t shard) const override {
+    return shard < shard_state_.size() ? shard_state_[shard]->size : 0;
+  }
 
-  absl::Status Wait() override {
-    waited_ = true;
-    RETURN_IF_ERROR(TimedWait(batch_, waited_nanos_));
-    for (const auto& call : calls_) {
+  absl::Status StartShard(uint32_t shard, absl::Span<const float> payload,
+                          absl::Span<float> mean) override {
+    RETURN_IF_ERROR(CheckStartable(shard));
+    const uint64_t size = shard_state_[shard]->size;
+    if (payload.size() != size || mean.size() != size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "ShardedAverage step ", setup_.step, " shard ", shard, ": payload of ",
+          payload.size(), " floats and mean of ", mean.size(),
+          " floats; the shard's selected blocks hold ", size, " floats"));
+    }
+    Start(
+        shard,
+        [payload](uint64_t begin, uint64_t count, char* out) {
+          std::memcpy(out, payload.data() + begin, count * sizeof(float));
+        },
+        [mean](uint64_t begin, uint64_t count, const char* bytes) {
+          std::memcpy(mean.data() + begin, bytes, count * sizeof(float));
+        });
+    return absl::OkStatus();
+  }
+
+  // Sends every chunk of `shard` (one whose payload is not empty, not yet
+  // started), filled by `fill`; WaitShard hands the replies to `deliver`.
+  void Start(uint32_t shard, const FillFn& fill, DeliverFn deliver) {
+    ShardState& state = *shard_state_[shard];
+    state.started = true;
+    state.deliver = std::move(deliver);
+    const uint32_t chunks = NumChunks(state.size, setup_.chunk_floats);
+    for (uint32_t c = 0; c < chunks; ++c) {
+      auto call = std::make_unique<PushPullCall>();
+      call->shard = shard;
+      call->begin = c * setup_.chunk_floats;
+      call->count = std::min(setup_.chunk_floats, state.size - call->begin);
+      v1::PushPullRequest& request = call->request;
+      request.set_fingerprint(setup_.fingerprint);
+      request.set_rank(setup_.rank);
+      request.set_step(setup_.step);
+      request.set_stream(setup_.stream);
+      request.set_ratio(setup_.ratio);
+      request.set_chunk(c);
+      request.set_weight(setup_.weight);
+      request.set_lr(setup_.lr);
+      std::string* bytes = request.mutable_values();
+      bytes->resize(call->count * sizeof(float));
+      fill(call->begin, call->count, bytes->data());
+      setup_.bytes_pushed->fetch_add(request.ByteSizeLong());
+      setup_.stream_bytes_pushed->fetch_add(request.ByteSizeLong());
+      setup_.stream_floats_pushed->fetch_add(call->count);
+      SetDeadline(&call->context, setup_.deadline);
+      state.calls.push_back(std::move(call));
+    }
+    // Started once the shard's calls are complete: callbacks may run at once.
+    for (auto& call : state.calls) {
+      state.batch.Add();
+      CallBatch* batch = &state.batch;
+      const std::string context = absl::StrCat("PushPull to shard ", shard, " at ",
+                                               (*setup_.addresses)[shard]);
+      (*setup_.stubs)[shard]->async()->PushPull(
+          &call->context, &call->request, &call->response,
+          [batch, context](grpc::Status status) {
+            batch->Done(FromGrpcStatus(status, context));
+          });
+    }
+  }
+
+  absl::Status WaitShard(uint32_t shard) override {
+    if (shard >= shard_state_.size() || !shard_state_[shard]->started ||
+        shard_state_[shard]->waited) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "ShardedAverage step ", setup_.step, " shard ", shard,
+          ": not started, or already awaited"));
+    }
+    ShardState& state = *shard_state_[shard];
+    state.waited = true;
+    RETURN_IF_ERROR(TimedWait(state.batch, setup_.waited_nanos));
+    for (const auto& call : state.calls) {
       const std::string& bytes = call->response.mean();
       if (bytes.size() != call->count * sizeof(float)) {
         return absl::DataLossError(absl::StrCat(
@@ -149,27 +256,83 @@ class PendingPushPull final : public PendingAverage {
             " chunk ", call->request.chunk(), " with ", bytes.size(),
             " bytes; expected ", call->count * sizeof(float)));
       }
-      bytes_pulled_->fetch_add(call->response.ByteSizeLong());
-      stream_bytes_pulled_->fetch_add(call->response.ByteSizeLong());
-      payloads_[call->shard].ForEachPiece(
-          call->begin, call->count, [&](uint64_t m, uint64_t p, uint64_t n) {
-            std::memcpy(mean_.data() + m,
-                        bytes.data() + (p - call->begin) * sizeof(float),
-                        n * sizeof(float));
-          });
+      setup_.bytes_pulled->fetch_add(call->response.ByteSizeLong());
+      setup_.stream_bytes_pulled->fetch_add(call->response.ByteSizeLong());
+      state.deliver(call->begin, call->count, bytes.data());
     }
     return absl::OkStatus();
   }
 
  private:
+  struct ShardState {
+    uint64_t size = 0;
+    bool started = false;
+    bool waited = false;
+    CallBatch batch;
+    std::vector<std::unique_ptr<PushPullCall>> calls;
+    DeliverFn deliver;
+  };
+
+  absl::Status CheckStartable(uint32_t shard) const {
+    if (shard >= shard_state_.size() || shard_state_[shard]->size == 0 ||
+        shard_state_[shard]->started) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "ShardedAverage step ", setup_.step, " shard ", shard,
+          ": not one of the round's shards, or already started"));
+    }
+    return absl::OkStatus();
+  }
+
+  const RoundSetup setup_;
+  std::vector<uint32_t> shards_;
+  std::vector<std::unique_ptr<ShardState>> shard_state_;  // by shard
+};
+
+// StartAverage's round: payloads gathered from, and means scattered into,
+// model-sized vectors.
+class PendingPushPull final : public PendingAverage {
+ public:
+  PendingPushPull(RoundSetup setup, std::vector<ShardPayload> payloads,
+                  absl::Span<float> mean)
+      : payloads_(std::move(payloads)),
+        mean_(mean),
+        round_(std::move(setup), PayloadSizes(payloads_)) {}
+
+  void Start(absl::Span<const float> values) {
+    for (uint32_t s : round_.shards()) {
+      const ShardPayload& payload = payloads_[s];
+      round_.Start(
+          s,
+          [&payload, values](uint64_t begin, uint64_t count, char* out) {
+            payload.ForEachPiece(begin, count, [&](uint64_t m, uint64_t p, uint64_t n) {
+              std::memcpy(out + (p - begin) * sizeof(float), values.data() + m,
+                          n * sizeof(float));
+            });
+          },
+          [&payload, mean = mean_](uint64_t begin, uint64_t count, const char* bytes) {
+            payload.ForEachPiece(begin, count, [&](uint64_t m, uint64_t p, uint64_t n) {
+              std::memcpy(mean.data() + m, bytes + (p - begin) * sizeof(float),
+                          n * sizeof(float));
+            });
+          });
+    }
+  }
+
+  absl::Status Wait() override {
+    for (uint32_t s : round_.shards()) RETURN_IF_ERROR(round_.WaitShard(s));
+    return absl::OkStatus();
+  }
+
+ private:
+  static std::vector<uint64_t> PayloadSizes(const std::vector<ShardPayload>& payloads) {
+    std::vector<uint64_t> sizes;
+    for (const ShardPayload& p : payloads) sizes.push_back(p.size());
+    return sizes;
+  }
+
   const std::vector<ShardPayload> payloads_;
   absl::Span<float> mean_;
-  std::atomic<uint64_t>* bytes_pulled_;
-  std::atomic<uint64_t>* stream_bytes_pulled_;
-  std::atomic<int64_t>* waited_nanos_;
-  CallBatch batch_;
-  std::vector<std::unique_ptr<PushPullCall>> calls_;
-  bool waited_ = false;
+  PushPullRound round_;  // after payloads_, which its callbacks read
 };
 
 }  // namespace
@@ -269,70 +432,68 @@ PsClient::StreamTraffic PsClient::traffic(v1::Stream stream) const {
   return {c.bytes_pushed.load(), c.bytes_pulled.load(), c.floats_pushed.load()};
 }
 
+std::vector<ShardPayload> PsClient::RoundPayloads(v1::Stream stream, uint64_t step,
+                                                 uint32_t ratio) const {
+  std::vector<ShardPayload> payloads;
+  std::vector<uint64_t> blocks;
+  if (ratio != 1) {
+    blocks = SelectBlocks(config_.seed(), stream, step, ratio, layout_.num_blocks());
+  }
+  for (uint32_t s = 0; s < stubs_.size(); ++s) {
+    if (!TalksTo(s)) {
+      payloads.emplace_back();
+    } else if (ratio == 1) {
+      payloads.push_back(ShardPayload::AllBlocks(layout_, s));
+    } else {
+      payloads.push_back(ShardPayload::SelectedBlocks(layout_, s, blocks));
+    }
+  }
+  return payloads;
+}
+
+RoundSetup PsClient::MakeRoundSetup(v1::Stream stream, uint64_t step, uint32_t ratio,
+                                    float weight, float lr) {
+  StreamCounters& counters = streams_[stream];
+  RoundSetup setup;
+  setup.stubs = &stubs_;
+  setup.addresses = &addresses_;
+  setup.fingerprint = fingerprint_;
+  setup.rank = rank_;
+  setup.stream = stream;
+  setup.step = step;
+  setup.ratio = ratio;
+  setup.weight = weight;
+  setup.lr = lr;
+  setup.chunk_floats = chunk_floats_;
+  setup.deadline = absl::Seconds(config_.cluster().round_timeout_s()) + options_.rpc_slack;
+  setup.bytes_pushed = &bytes_pushed_;
+  setup.bytes_pulled = &bytes_pulled_;
+  setup.stream_bytes_pushed = &counters.bytes_pushed;
+  setup.stream_bytes_pulled = &counters.bytes_pulled;
+  setup.stream_floats_pushed = &counters.floats_pushed;
+  setup.waited_nanos = &wait_nanos_;
+  return setup;
+}
+
 std::unique_ptr<PendingAverage> PsClient::StartAverage(
     v1::Stream stream, uint64_t step, uint32_t ratio,
     absl::Span<const float> values, float weight, float lr,
     absl::Span<float> mean) {
-  std::vector<ShardPayload> payloads;
-  if (ratio == 1) {
-    for (uint32_t s = 0; s < stubs_.size(); ++s) {
-      payloads.push_back(ShardPayload::AllBlocks(layout_, s));
-    }
-  } else {
-    const std::vector<uint64_t> blocks = SelectBlocks(
-        config_.seed(), stream, step, ratio, layout_.num_blocks());
-    for (uint32_t s = 0; s < stubs_.size(); ++s) {
-      payloads.push_back(ShardPayload::SelectedBlocks(layout_, s, blocks));
-    }
-  }
-  StreamCounters& counters = streams_[stream];
   auto pending = std::make_unique<PendingPushPull>(
-      std::move(payloads), mean, &bytes_pulled_, &counters.bytes_pulled, &wait_nanos_);
-  for (uint32_t s : shards_) {
-    const ShardPayload& payload = pending->payload(s);
-    const uint32_t chunks = NumChunks(payload.size(), chunk_floats_);
-    for (uint32_t c = 0; c < chunks; ++c) {
-      auto call = std::make_unique<PushPullCall>();
-      call->shard = s;
-      call->begin = c * chunk_floats_;
-      call->count = std::min(chunk_floats_, payload.size() - call->begin);
-      v1::PushPullRequest& request = call->request;
-      request.set_fingerprint(fingerprint_);
-      request.set_rank(rank_);
-      request.set_step(step);
-      request.set_stream(stream);
-      request.set_ratio(ratio);
-      request.set_chunk(c);
-      request.set_weight(weight);
-      request.set_lr(lr);
-      std::string* bytes = request.mutable_values();
-      bytes->resize(call->count * sizeof(float));
-      payload.ForEachPiece(call->begin, call->count,
-                           [&](uint64_t m, uint64_t p, uint64_t n) {
-                             std::memcpy(bytes->data() + (p - call->begin) * sizeof(float),
-                                         values.data() + m, n * sizeof(float));
-                           });
-      bytes_pushed_.fetch_add(request.ByteSizeLong());
-      counters.bytes_pushed.fetch_add(request.ByteSizeLong());
-      counters.floats_pushed.fetch_add(call->count);
-      SetDeadline(&call->context,
-                  absl::Seconds(config_.cluster().round_timeout_s()) + options_.rpc_slack);
-      pending->calls().push_back(std::move(call));
-    }
-  }
-  // Start the calls only once `calls` is complete: callbacks may run at once.
-  for (auto& call : pending->calls()) {
-    pending->batch().Add();
-    CallBatch* batch = &pending->batch();
-    const std::string context =
-        absl::StrCat("PushPull to shard ", call->shard, " at ", addresses_[call->shard]);
-    stubs_[call->shard]->async()->PushPull(
-        &call->context, &call->request, &call->response,
-        [batch, context](grpc::Status status) {
-          batch->Done(FromGrpcStatus(status, context));
-        });
-  }
+      MakeRoundSetup(stream, step, ratio, weight, lr), RoundPayloads(stream, step, ratio),
+      mean);
+  pending->Start(values);
   return pending;
+}
+
+std::unique_ptr<ShardedAverage> PsClient::BeginShardedAverage(v1::Stream stream,
+                                                              uint64_t step,
+                                                              uint32_t ratio,
+                                                              float weight, float lr) {
+  std::vector<uint64_t> sizes;
+  for (const ShardPayload& p : RoundPayloads(stream, step, ratio)) sizes.push_back(p.size());
+  return std::make_unique<PushPullRound>(MakeRoundSetup(stream, step, ratio, weight, lr),
+                                         std::move(sizes));
 }
 
 absl::Status PsClient::PushModel(absl::Span<const float> model) {

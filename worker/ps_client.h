@@ -45,6 +45,39 @@ struct PsClientOptions {
   uint32_t shard_offset = 0;
 };
 
+struct RoundSetup;  // worker/ps_client.cc
+
+// One average round whose payloads the caller gathers itself, sent and
+// received shard by shard (the device path, worker/staged_average.h): shard
+// s's request can go out while shard s+1's payload is still being copied.
+// Given the same values it is the same round as StartAverage(stream, step,
+// ratio, values, weight, lr, ...) and gives bit-identical means.
+//
+// Threads: one at a time. Destroying a round waits for every started shard's
+// reply (the buffers given to StartShard must outlive that).
+class ShardedAverage {
+ public:
+  virtual ~ShardedAverage() = default;
+  // The shards the round sends to, ascending: those of the client's shards
+  // whose payload is not empty.
+  virtual const std::vector<uint32_t>& shards() const = 0;
+  // Floats of `shard`'s payload: its GRBS-selected blocks, ascending,
+  // concatenated (ShardPayload); 0 for a shard not in shards().
+  virtual uint64_t payload_size(uint32_t shard) const = 0;
+  // Sends `payload` (read before this returns) to `shard`. `mean` (as many
+  // floats) must stay alive until WaitShard(shard) returns, which writes the
+  // weighted mean into it; it may be the payload's buffer. INVALID_ARGUMENT
+  // naming the shard and the sizes when `payload` or `mean` is not
+  // payload_size(shard) floats; FAILED_PRECONDITION for a shard not in
+  // shards() or already started.
+  virtual absl::Status StartShard(uint32_t shard, absl::Span<const float> payload,
+                                  absl::Span<float> mean) = 0;
+  // Blocks until `shard`'s reply is in its `mean`. FAILED_PRECONDITION when
+  // the shard was not started or was already awaited; DATA_LOSS for a reply
+  // of the wrong size; the RPC's error naming the shard and its address.
+  virtual absl::Status WaitShard(uint32_t shard) = 0;
+};
+
 class PsClient final : public Communicator {
  public:
 
@@ -65,6 +98,12 @@ class PsClient final : public Communicator {
                                                absl::Span<const float> values,
                                                float weight, float lr,
                                                absl::Span<float> mean) override;
+
+  // The round StartAverage(stream, step, ratio, ...) would run, with the
+  // payloads left to the caller (ShardedAverage above). Sends nothing yet.
+  std::unique_ptr<ShardedAverage> BeginShardedAverage(v1::Stream stream, uint64_t step,
+                                                      uint32_t ratio, float weight,
+                                                      float lr);
 
   // Writes the whole model to the servers (rank 0 initialising the job).
   absl::Status PushModel(absl::Span<const float> model);
@@ -117,6 +156,12 @@ class PsClient final : public Communicator {
     uint64_t count = 0;
   };
   std::vector<ModelChunk> ModelChunks() const;
+  // The payload of every shard (this client's or not) in round
+  // (stream, step, ratio), by shard.
+  std::vector<ShardPayload> RoundPayloads(v1::Stream stream, uint64_t step,
+                                          uint32_t ratio) const;
+  RoundSetup MakeRoundSetup(v1::Stream stream, uint64_t step, uint32_t ratio,
+                            float weight, float lr);
   bool TalksTo(uint32_t shard) const {
     return shard % options_.shard_stride == options_.shard_offset;
   }

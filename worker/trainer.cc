@@ -15,13 +15,46 @@
 #include "worker/data/partition.h"
 
 namespace cserps {
-namespace {
-
 double Accuracy(const EvalSums& sums) {
   return static_cast<double>(sums.correct) / std::max<size_t>(1, sums.count);
 }
 
-}  // namespace
+std::string SummaryBaseName(const v1::JobConfig& config, uint32_t rank,
+                            uint32_t local_rank) {
+  if (config.cluster().local_size() == 1) return absl::StrCat("worker_", rank);
+  return absl::StrCat("worker_", rank, "_", local_rank);
+}
+
+uint64_t TrainingFloatsPushed(const PsClient& client) {
+  uint64_t floats = client.sparse_traffic().floats_pushed;
+  for (v1::Stream s : {v1::GRAD, v1::MODEL}) floats += client.traffic(s).floats_pushed;
+  return floats;
+}
+
+CurvePoint EndOfEpoch(uint64_t epoch, uint64_t step, double train_loss_sum,
+                      size_t steps_per_epoch, const EvalSums& test, double wall_seconds,
+                      const PsClient& client, const std::string& log_prefix) {
+  CurvePoint point;
+  point.epoch = epoch;
+  point.step = step;
+  point.train_loss = train_loss_sum / steps_per_epoch;
+  point.test_loss = test.loss_sum / std::max<size_t>(1, test.count);
+  point.test_accuracy = Accuracy(test);
+  point.wall_seconds = wall_seconds;
+  point.bytes_pushed = client.bytes_pushed();
+  point.bytes_pulled = client.bytes_pulled();
+  spdlog::info("{}epoch {} done: train loss {:.4f} test loss {:.4f} test accuracy {:.2f}% ({:.1f} s)",
+               log_prefix, point.epoch, point.train_loss, point.test_loss,
+               100 * point.test_accuracy, point.wall_seconds);
+  return point;
+}
+
+void LogStep(const std::string& log_prefix, uint64_t step, uint64_t epoch, float loss,
+             float lr, double samples_per_second, const PsClient& client) {
+  spdlog::info("{}step {} epoch {} loss {:.4f} lr {:.4g} samples/s {:.0f} pushed {:.1f} MB pulled {:.1f} MB",
+               log_prefix, step, epoch, loss, lr, samples_per_second,
+               client.bytes_pushed() / 1e6, client.bytes_pulled() / 1e6);
+}
 
 uint32_t DataPartition(uint32_t rank, uint32_t local_rank, uint32_t local_size) {
   return rank * local_size + local_rank;
@@ -180,7 +213,7 @@ absl::StatusOr<float> Trainer::Step() {
     metrics_->RecordStep(algorithm_start - compute_start, communication,
                          algorithm - communication, batch_size_, loss, lr);
     UpdateTrafficMetrics();
-    metrics_->SetCompressionRatio(AchievedCompression(TrainingFloatsPushed()));
+    metrics_->SetCompressionRatio(AchievedCompression(TrainingFloatsPushed(*client_)));
   }
   return loss;
 }
@@ -194,12 +227,6 @@ EvalSums Trainer::EvaluateTest() {
 double Trainer::AchievedCompression(uint64_t floats_pushed) const {
   return floats_pushed == 0 ? 0.0
                             : static_cast<double>(step_) * shard_floats_ / floats_pushed;
-}
-
-uint64_t Trainer::TrainingFloatsPushed() const {
-  uint64_t floats = client_->sparse_traffic().floats_pushed;
-  for (v1::Stream s : {v1::GRAD, v1::MODEL}) floats += client_->traffic(s).floats_pushed;
-  return floats;
 }
 
 void Trainer::UpdateTrafficMetrics() {
@@ -246,28 +273,16 @@ absl::Status Trainer::Run() {
       if (log_every != 0 && step_ % log_every == 0) {
         const absl::Time now = absl::Now();
         const double seconds = absl::ToDoubleSeconds(now - window_start);
-        spdlog::info("{}step {} epoch {} loss {:.4f} lr {:.4g} samples/s {:.0f} pushed {:.1f} MB pulled {:.1f} MB",
-                     log_prefix_, step_, epoch, loss, schedule_.At(step_ - 1),
-                     seconds > 0 ? window_steps * batch_size_ / seconds : 0.0,
-                     client_->bytes_pushed() / 1e6, client_->bytes_pulled() / 1e6);
+        LogStep(log_prefix_, step_, epoch, loss, schedule_.At(step_ - 1),
+                seconds > 0 ? window_steps * batch_size_ / seconds : 0.0, *client_);
         window_start = now;
         window_steps = 0;
       }
     }
     const EvalSums test = EvaluateTest();
-    CurvePoint point;
-    point.epoch = epoch + 1;
-    point.step = step_;
-    point.train_loss = loss_sum / steps_per_epoch_;
-    point.test_loss = test.loss_sum / std::max<size_t>(1, test.count);
-    point.test_accuracy = static_cast<double>(test.correct) / std::max<size_t>(1, test.count);
-    point.wall_seconds = absl::ToDoubleSeconds(absl::Now() - start);
-    point.bytes_pushed = client_->bytes_pushed();
-    point.bytes_pulled = client_->bytes_pulled();
-    curve_.push_back(point);
-    spdlog::info("{}epoch {} done: train loss {:.4f} test loss {:.4f} test accuracy {:.2f}% ({:.1f} s)",
-                 log_prefix_, point.epoch, point.train_loss, point.test_loss,
-                 100 * point.test_accuracy, point.wall_seconds);
+    curve_.push_back(EndOfEpoch(epoch + 1, step_, loss_sum, steps_per_epoch_, test,
+                                absl::ToDoubleSeconds(absl::Now() - start), *client_,
+                                log_prefix_));
   }
   RETURN_IF_ERROR(FinishTraining());
   spdlog::info("{}final: local model {:.2f}%, global model {:.2f}%, achieved compression {:.1f}x",
@@ -278,7 +293,7 @@ absl::Status Trainer::Run() {
 
 absl::Status Trainer::FinishTraining() {
   // Traffic of the training steps alone, against S-SGD's d floats per step.
-  const uint64_t floats = TrainingFloatsPushed();
+  const uint64_t floats = TrainingFloatsPushed(*client_);
   final_.training_floats_pushed = floats;
   final_.achieved_compression = AchievedCompression(floats);
   final_.local_accuracy = Accuracy(EvaluateTest());
@@ -294,33 +309,51 @@ absl::Status Trainer::FinishTraining() {
 }
 
 std::string Trainer::SummaryBaseName() const {
-  if (config_.cluster().local_size() == 1) return absl::StrCat("worker_", rank_);
-  return absl::StrCat("worker_", rank_, "_", local_rank_);
+  return cserps::SummaryBaseName(config_, rank_, local_rank_);
 }
 
 absl::Status Trainer::WriteOutputs(double wall_seconds) const {
-  const std::filesystem::path dir(config_.output_dir());
+  TrainingSummary summary;
+  summary.config = &config_;
+  summary.client = client_;
+  summary.rank = rank_;
+  summary.local_rank = local_rank_;
+  summary.num_params = x_.size();
+  summary.steps = step_;
+  summary.batch_size = batch_size_;
+  summary.curve = &curve_;
+  summary.final_report = &final_;
+  summary.wall_seconds = wall_seconds;
+  return WriteTrainingSummary(summary);
+}
+
+absl::Status WriteTrainingSummary(const TrainingSummary& summary) {
+  const v1::JobConfig& config = *summary.config;
+  const PsClient& client = *summary.client;
+  const FinalReport& final_report = *summary.final_report;
+  const double wall_seconds = summary.wall_seconds;
+  const std::filesystem::path dir(config.output_dir());
   std::error_code error;
   std::filesystem::create_directories(dir, error);
   if (error) {
     return absl::PermissionDeniedError(absl::StrCat(
         "output_dir: cannot create ", dir.string(), ": ", error.message()));
   }
-  const std::string base = SummaryBaseName();
+  const std::string base = SummaryBaseName(config, summary.rank, summary.local_rank);
   {
     std::ofstream csv(dir / (base + ".csv"));
     csv << "epoch,step,train_loss,test_loss,test_accuracy,wall_seconds,bytes_pushed,bytes_pulled\n";
-    for (const CurvePoint& p : curve_) {
+    for (const CurvePoint& p : *summary.curve) {
       csv << absl::StrFormat("%d,%d,%.6f,%.6f,%.6f,%.3f,%d,%d\n", p.epoch, p.step,
                              p.train_loss, p.test_loss, p.test_accuracy,
                              p.wall_seconds, p.bytes_pushed, p.bytes_pulled);
     }
     if (!csv) return absl::DataLossError(absl::StrCat("cannot write ", (dir / (base + ".csv")).string()));
   }
-  const CurvePoint last = curve_.empty() ? CurvePoint() : curve_.back();
+  const CurvePoint last = summary.curve->empty() ? CurvePoint() : summary.curve->back();
   std::ofstream json(dir / (base + ".json"));
-  const PsClient::StreamTraffic grad = client_->traffic(v1::GRAD);
-  const PsClient::StreamTraffic model = client_->traffic(v1::MODEL);
+  const PsClient::StreamTraffic grad = client.traffic(v1::GRAD);
+  const PsClient::StreamTraffic model = client.traffic(v1::MODEL);
   json << absl::StrFormat(
       "{\n  \"job\": \"%s\",\n  \"rank\": %d,\n  \"local_rank\": %d,\n"
       "  \"local_size\": %d,\n  \"algorithm\": \"%s\",\n"
@@ -334,15 +367,16 @@ absl::Status Trainer::WriteOutputs(double wall_seconds) const {
       "  \"training_floats_pushed\": %d,\n  \"overall_ratio\": %.6g,\n"
       "  \"achieved_compression\": %.6g,\n"
       "  \"test_accuracy_local\": %.6f,\n  \"test_accuracy_global\": %.6f\n}\n",
-      config_.name(), rank_, local_rank_, config_.cluster().local_size(),
-      config_.algorithm().name(), x_.size(),
-      config_.epochs(), step_, batch_size_, last.train_loss, last.test_loss,
+      config.name(), summary.rank, summary.local_rank, config.cluster().local_size(),
+      config.algorithm().name(), summary.num_params,
+      config.epochs(), summary.steps, summary.batch_size, last.train_loss, last.test_loss,
       last.test_accuracy, wall_seconds,
-      wall_seconds > 0 ? step_ * batch_size_ / wall_seconds : 0.0,
-      client_->bytes_pushed(), client_->bytes_pulled(), grad.bytes_pushed,
+      wall_seconds > 0 ? summary.steps * summary.batch_size / wall_seconds : 0.0,
+      client.bytes_pushed(), client.bytes_pulled(), grad.bytes_pushed,
       grad.bytes_pulled, model.bytes_pushed, model.bytes_pulled,
-      final_.training_floats_pushed, OverallRatio(config_.algorithm()),
-      final_.achieved_compression, final_.local_accuracy, final_.global_accuracy);
+      final_report.training_floats_pushed, OverallRatio(config.algorithm()),
+      final_report.achieved_compression, final_report.local_accuracy,
+      final_report.global_accuracy);
   if (!json) return absl::DataLossError(absl::StrCat("cannot write ", (dir / (base + ".json")).string()));
   return absl::OkStatus();
 }

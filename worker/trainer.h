@@ -75,6 +75,42 @@ struct TrainerLink {
 // data.rank_slowdown is indexed the same way.
 uint32_t DataPartition(uint32_t rank, uint32_t local_rank, uint32_t local_size);
 
+// The reporting every training loop shares (this Trainer and the device
+// trainer, worker/cuda/device_trainer.h).
+
+// correct / count of `sums` (0 for no examples).
+double Accuracy(const EvalSums& sums);
+// "worker_<rank>", or "worker_<rank>_<local_rank>" when local_size > 1.
+std::string SummaryBaseName(const v1::JobConfig& config, uint32_t rank,
+                            uint32_t local_rank);
+// PushPull and sparse floats `client` pushed so far, over every stream.
+uint64_t TrainingFloatsPushed(const PsClient& client);
+// The learning-curve row of the epoch that just ended (epoch is 1-based),
+// logged as the epoch's progress line with `log_prefix`.
+CurvePoint EndOfEpoch(uint64_t epoch, uint64_t step, double train_loss_sum,
+                      size_t steps_per_epoch, const EvalSums& test, double wall_seconds,
+                      const PsClient& client, const std::string& log_prefix);
+// The progress line of step `step` (1-based count of steps done).
+void LogStep(const std::string& log_prefix, uint64_t step, uint64_t epoch, float loss,
+             float lr, double samples_per_second, const PsClient& client);
+// What a run's summary reports; every pointer is valid during the call.
+struct TrainingSummary {
+  const v1::JobConfig* config = nullptr;
+  const PsClient* client = nullptr;
+  uint32_t rank = 0;
+  uint32_t local_rank = 0;
+  uint64_t num_params = 0;
+  uint64_t steps = 0;
+  uint32_t batch_size = 0;
+  const std::vector<CurvePoint>* curve = nullptr;
+  const FinalReport* final_report = nullptr;
+  double wall_seconds = 0;
+};
+// Writes <output_dir>/<SummaryBaseName>.csv (the curve) and .json.
+// PERMISSION_DENIED naming output_dir when it cannot be created; DATA_LOSS
+// naming the file when a write fails.
+absl::Status WriteTrainingSummary(const TrainingSummary& summary);
+
 class Trainer {
  public:
   // `config` has defaults applied and is valid; `train` and `test` outlive
@@ -134,8 +170,6 @@ class Trainer {
   // S-SGD's floats for this process's shards over the steps so far, over
   // `floats_pushed`.
   double AchievedCompression(uint64_t floats_pushed) const;
-  // Floats the training steps pushed so far, over every stream.
-  uint64_t TrainingFloatsPushed() const;
   void UpdateTrafficMetrics();
   EvalSums Evaluate(absl::Span<const float> params);
 

@@ -40,6 +40,8 @@
 
 #include "worker/cuda/cuda_model.h"
 #include "worker/cuda/cuda_status.h"
+#include "worker/cuda/device_algorithms.h"
+#include "worker/cuda/device_trainer.h"
 #endif
 #ifdef CSERPS_HAVE_NCCL
 #include "worker/group/nccl_group.h"
@@ -69,7 +71,9 @@ ABSL_FLAG(std::string, backend, "cpu",
           "cpu: OpenBLAS; with cluster.local_size L > 1 this process runs the "
           "node's L local ranks as threads. cuda: the CUDA model on GPU "
           "--local_rank; with L > 1 one process per GPU, the node's local ranks "
-          "joined by NCCL. Not part of the job config: nodes may differ.");
+          "joined by NCCL; with L = 1 and ssgd, cser or m-cser (MODEL_BLOCKS) the "
+          "model and the averaging stay on the device (docs/gpu.md). Not part of "
+          "the job config: nodes may differ.");
 ABSL_FLAG(int, local_rank, -1,
           "This process's local rank in its node (--backend=cuda; with "
           "cluster.local_size 1 it only picks the GPU). -1: the LOCAL_RANK "
@@ -163,6 +167,36 @@ absl::StatusOr<std::unique_ptr<cserps::MetricsRegistry>> StartMetrics() {
   return started;
 }
 
+// Connects and registers the client of a flat worker (every shard).
+absl::StatusOr<std::unique_ptr<cserps::PsClient>> ConnectFlat(const Job& job,
+                                                              const std::string& worker_id) {
+  const cserps::v1::JobConfig& config = job.config;
+  ASSIGN_OR_RETURN(std::unique_ptr<cserps::PsClient> client,
+                   cserps::PsClient::Connect(config, job.spec.num_params));
+  ASSIGN_OR_RETURN(const uint32_t rank,
+                   client->Register(absl::GetFlag(FLAGS_rank), worker_id));
+  spdlog::info("rank {}/{}: {} parameters, {} training and {} test examples, algorithm {}",
+               rank, config.cluster().num_workers(), job.spec.num_params, job.train.size,
+               job.test.size, cserps::DescribeAlgorithm(config.algorithm()));
+  return client;
+}
+
+#ifdef CSERPS_HAVE_CUDA
+// A flat GPU worker whose model stays on the device (worker/cuda/device_trainer.h).
+absl::Status TrainOnDevice(const Job& job, const std::string& worker_id) {
+  if (job.metrics != nullptr) {
+    spdlog::warn("--metrics_address: the device trainer reports no step metrics yet");
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<cserps::CudaModel> model,
+                   cserps::CudaModel::Create(job.config.model()));
+  ASSIGN_OR_RETURN(std::unique_ptr<cserps::PsClient> client, ConnectFlat(job, worker_id));
+  ASSIGN_OR_RETURN(std::unique_ptr<cserps::DeviceTrainer> trainer,
+                   cserps::DeviceTrainer::Create(job.config, client.get(), &job.train,
+                                                 &job.test, std::move(model)));
+  return trainer->Run();
+}
+#endif
+
 // Registers, trains and writes the summary of one process of the job: flat
 // (group null) or one local rank of a node. `model` null: the CPU model.
 // `metrics` null: none.
@@ -175,17 +209,14 @@ absl::Status TrainProcess(const Job& job, cserps::LocalGroup* group,
     options.shard_stride = group->size();
     options.shard_offset = group->local_rank();
   }
-  ASSIGN_OR_RETURN(std::unique_ptr<cserps::PsClient> client,
-                   cserps::PsClient::Connect(config, job.spec.num_params, options));
   const int requested_rank = absl::GetFlag(FLAGS_rank);
+  std::unique_ptr<cserps::PsClient> client;
   uint32_t rank = 0;
   if (group == nullptr) {
-    ASSIGN_OR_RETURN(rank, client->Register(requested_rank, worker_id));
-    spdlog::info("rank {}/{}: {} parameters, {} training and {} test examples, algorithm {}",
-                 rank, config.cluster().num_workers(), job.spec.num_params,
-                 job.train.size, job.test.size,
-                 cserps::DescribeAlgorithm(config.algorithm()));
+    ASSIGN_OR_RETURN(client, ConnectFlat(job, worker_id));
+    rank = client->rank();
   } else {
+    ASSIGN_OR_RETURN(client, cserps::PsClient::Connect(config, job.spec.num_params, options));
     ASSIGN_OR_RETURN(rank, cserps::RegisterNode(*group, *client, requested_rank, worker_id));
     spdlog::info("rank {}/{} local rank {}/{} (shards {} mod {}): {} parameters, {} training "
                  "and {} test examples, algorithm {}",
@@ -370,6 +401,9 @@ absl::Status RunWorker() {
         "--backend=cuda with cluster.local_size > 1: this cserps-worker was built "
         "without NCCL (none was found beside the CUDA toolkit)");
 #endif
+  }
+  if (local_size == 1 && cserps::HasDeviceAlgorithm(config.algorithm())) {
+    return TrainOnDevice(job, worker_id);
   }
   ASSIGN_OR_RETURN(std::unique_ptr<cserps::Model> model,
                    cserps::MakeCudaModel(config.model()));

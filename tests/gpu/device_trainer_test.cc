@@ -1,0 +1,173 @@
+// The device trainer (worker/cuda/device_trainer.h) against the host
+// Trainer with the CPU model, each on its own in-process cluster with the
+// same job and data: after the same steps and the final average their
+// models agree to float rounding (the CUDA model sums in another order), for
+// S-SGD with Nesterov momentum and for CSER (MODEL_BLOCKS) with heavy ball,
+// each with two workers so that the averages mix real differences.
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/prng.h"
+#include "gtest/gtest.h"
+#include "tests/gpu/gpu_test_util.h"
+#include "tests/testing/in_process_cluster.h"
+#include "worker/cuda/cuda_model.h"
+#include "worker/cuda/device_trainer.h"
+#include "worker/trainer.h"
+
+namespace cserps {
+namespace {
+
+using testing::InProcessCluster;
+using testing::TestConfig;
+
+constexpr uint64_t kDim = 24;
+constexpr uint64_t kClasses = 10;
+constexpr int kWorkers = 2;
+constexpr int kSteps = 6;
+
+// Labels from a fixed random linear map of the features, so the loss falls.
+Dataset MakeData(size_t size, uint64_t seed) {
+  Dataset data;
+  data.size = size;
+  data.dim = kDim;
+  data.num_classes = kClasses;
+  CounterRng rng(seed);
+  for (size_t i = 0; i < size; ++i) {
+    float best = -1e30f;
+    uint8_t label = 0;
+    std::vector<float> x(kDim);
+    for (float& v : x) v = rng.UniformFloat() * 2 - 1;
+    for (uint64_t c = 0; c < kClasses; ++c) {
+      float score = 0;
+      for (uint64_t j = 0; j < kDim; ++j) score += x[j] * std::sin(1.0f + c * kDim + j);
+      if (score > best) {
+        best = score;
+        label = static_cast<uint8_t>(c);
+      }
+    }
+    data.features.insert(data.features.end(), x.begin(), x.end());
+    data.labels.push_back(label);
+  }
+  return data;
+}
+
+v1::JobConfig MakeConfig(const std::string& algorithm, const std::string& momentum,
+                         const std::string& output_dir) {
+  return TestConfig(absl::StrCat(R"pb(
+    name: "device-trainer-test"
+    seed: 5
+    output_dir: ")pb", output_dir, R"pb("
+    cluster { servers: "127.0.0.1:0" servers: "127.0.0.1:0" num_workers: 2 round_timeout_s: 20 }
+    model { kind: MLP input_dim: )pb", kDim, R"pb( hidden: 16 num_classes: 10 }
+    data { batch_size: 16 }
+    optimizer { lr: 0.05 momentum: 0.9 momentum_kind: )pb", momentum, R"pb( }
+    algorithm { )pb", algorithm, R"pb( block_size: 8 }
+    epochs: 1
+  )pb"));
+}
+
+void ExpectClose(const std::vector<float>& got, absl::Span<const float> want,
+                 const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  double diff = 0, norm = 0;
+  for (size_t j = 0; j < got.size(); ++j) {
+    diff += (double{got[j]} - want[j]) * (double{got[j]} - want[j]);
+    norm += double{want[j]} * want[j];
+  }
+  EXPECT_LE(std::sqrt(diff), 1e-4 * std::sqrt(norm)) << what;
+}
+
+class DeviceTrainerTest : public ::testing::TestWithParam<std::pair<const char*, const char*>> {};
+
+TEST_P(DeviceTrainerTest, MatchesTheHostTrainer) {
+  CSERPS_SKIP_WITHOUT_GPU();
+  const std::string dir = ::testing::TempDir() + "/device_trainer_test";
+  const v1::JobConfig config = MakeConfig(GetParam().first, GetParam().second, dir);
+  const Dataset train = MakeData(512, 1);
+  const Dataset test = MakeData(200, 2);
+  CSERPS_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Model> probe, MakeCudaModel(config.model()));
+  const uint64_t d = probe->spec().num_params;
+
+  CSERPS_ASSERT_OK_AND_ASSIGN(std::unique_ptr<InProcessCluster> host_cluster,
+                              InProcessCluster::Start(config, d));
+  CSERPS_ASSERT_OK_AND_ASSIGN(std::unique_ptr<InProcessCluster> device_cluster,
+                              InProcessCluster::Start(config, d));
+  std::vector<std::vector<float>> host_models(kWorkers), device_models(kWorkers);
+  CSERPS_ASSERT_OK(host_cluster->OnEveryRank([&](int r) -> absl::Status {
+    ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
+                     Trainer::Create(host_cluster->config(), &host_cluster->client(r),
+                                     &train, &test));
+    RETURN_IF_ERROR(trainer->InitializeModel());
+    for (int t = 0; t < kSteps; ++t) RETURN_IF_ERROR(trainer->Step().status());
+    RETURN_IF_ERROR(trainer->FinishTraining());
+    host_models[r].assign(trainer->params().begin(), trainer->params().end());
+    return absl::OkStatus();
+  }));
+  CSERPS_ASSERT_OK(device_cluster->OnEveryRank([&](int r) -> absl::Status {
+    CSERPS_CUDA_RETURN_IF_ERROR(cudaSetDevice(0));
+    ASSIGN_OR_RETURN(std::unique_ptr<CudaModel> model,
+                     CudaModel::Create(device_cluster->config().model()));
+    ASSIGN_OR_RETURN(std::unique_ptr<DeviceTrainer> trainer,
+                     DeviceTrainer::Create(device_cluster->config(),
+                                           &device_cluster->client(r), &train, &test,
+                                           std::move(model)));
+    RETURN_IF_ERROR(trainer->InitializeModel());
+    for (int t = 0; t < kSteps; ++t) RETURN_IF_ERROR(trainer->Step().status());
+    RETURN_IF_ERROR(trainer->FinishTraining());
+    ASSIGN_OR_RETURN(device_models[r], trainer->Params());
+    return absl::OkStatus();
+  }));
+  for (int r = 0; r < kWorkers; ++r) {
+    ExpectClose(device_models[r], host_models[r], absl::StrCat("rank ", r));
+  }
+  // After the final average both workers hold the servers' model; the
+  // models moved away from the initial one.
+  ExpectClose(device_models[1], device_models[0], "device ranks");
+  std::vector<float> initial(d);
+  probe->Initialize(config.seed(), absl::MakeSpan(initial));
+  double moved = 0;
+  for (uint64_t j = 0; j < d; ++j) moved += std::abs(device_models[0][j] - initial[j]);
+  EXPECT_GT(moved, 1e-3);
+}
+
+// Run() writes the host trainer's summary files.
+TEST(DeviceTrainerRunTest, WritesTheSummary) {
+  CSERPS_SKIP_WITHOUT_GPU();
+  const std::string dir = ::testing::TempDir() + "/device_trainer_run";
+  std::filesystem::remove_all(dir);
+  const v1::JobConfig config = MakeConfig(R"pb(name: "ssgd")pb", "NESTEROV", dir);
+  const Dataset train = MakeData(512, 1);
+  const Dataset test = MakeData(200, 2);
+  CSERPS_ASSERT_OK_AND_ASSIGN(std::unique_ptr<CudaModel> probe,
+                              CudaModel::Create(config.model()));
+  CSERPS_ASSERT_OK_AND_ASSIGN(std::unique_ptr<InProcessCluster> cluster,
+                              InProcessCluster::Start(config, probe->spec().num_params));
+  CSERPS_ASSERT_OK(cluster->OnEveryRank([&](int r) -> absl::Status {
+    CSERPS_CUDA_RETURN_IF_ERROR(cudaSetDevice(0));
+    ASSIGN_OR_RETURN(std::unique_ptr<CudaModel> model,
+                     CudaModel::Create(cluster->config().model()));
+    ASSIGN_OR_RETURN(std::unique_ptr<DeviceTrainer> trainer,
+                     DeviceTrainer::Create(cluster->config(), &cluster->client(r), &train,
+                                           &test, std::move(model)));
+    return trainer->Run();
+  }));
+  for (int r = 0; r < kWorkers; ++r) {
+    EXPECT_TRUE(std::filesystem::exists(dir + absl::StrCat("/worker_", r, ".json")));
+    EXPECT_TRUE(std::filesystem::exists(dir + absl::StrCat("/worker_", r, ".csv")));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Algorithms, DeviceTrainerTest,
+    ::testing::Values(std::make_pair(R"pb(name: "ssgd")pb", "NESTEROV"),
+                      std::make_pair(R"pb(name: "cser" period: 2 ratio_c1: 2 ratio_c2: 4)pb",
+                                     "HEAVY_BALL")));
+
+}  // namespace
+}  // namespace cserps
