@@ -212,7 +212,7 @@ absl::StatusOr<float> Trainer::Step() {
         std::min(algorithm, client_->wait_time() - waited_before);
     metrics_->RecordStep(algorithm_start - compute_start, communication,
                          algorithm - communication, batch_size_, loss, lr);
-    UpdateTrafficMetrics();
+    ReportTraffic(*client_, metrics_);
     metrics_->SetCompressionRatio(AchievedCompression(TrainingFloatsPushed(*client_)));
   }
   return loss;
@@ -229,21 +229,22 @@ double Trainer::AchievedCompression(uint64_t floats_pushed) const {
                             : static_cast<double>(step_) * shard_floats_ / floats_pushed;
 }
 
-void Trainer::UpdateTrafficMetrics() {
-  const PsClient::StreamTraffic grad = client_->traffic(v1::GRAD);
-  const PsClient::StreamTraffic model = client_->traffic(v1::MODEL);
-  const PsClient::StreamTraffic sparse = client_->sparse_traffic();
-  metrics_->SetTraffic("GRAD", grad.bytes_pushed, grad.bytes_pulled);
-  metrics_->SetTraffic("MODEL", model.bytes_pushed, model.bytes_pulled);
-  metrics_->SetTraffic("sparse", sparse.bytes_pushed, sparse.bytes_pulled);
+
+void ReportTraffic(const PsClient& client, WorkerMetrics* metrics) {
+  const PsClient::StreamTraffic grad = client.traffic(v1::GRAD);
+  const PsClient::StreamTraffic model = client.traffic(v1::MODEL);
+  const PsClient::StreamTraffic sparse = client.sparse_traffic();
+  metrics->SetTraffic("GRAD", grad.bytes_pushed, grad.bytes_pulled);
+  metrics->SetTraffic("MODEL", model.bytes_pushed, model.bytes_pulled);
+  metrics->SetTraffic("sparse", sparse.bytes_pushed, sparse.bytes_pulled);
   // Model pushes and pulls count only towards the totals.
   auto rest = [](uint64_t total, uint64_t a, uint64_t b, uint64_t c) {
     return total > a + b + c ? total - a - b - c : 0;
   };
-  metrics_->SetTraffic(
+  metrics->SetTraffic(
       "other",
-      rest(client_->bytes_pushed(), grad.bytes_pushed, model.bytes_pushed, sparse.bytes_pushed),
-      rest(client_->bytes_pulled(), grad.bytes_pulled, model.bytes_pulled, sparse.bytes_pulled));
+      rest(client.bytes_pushed(), grad.bytes_pushed, model.bytes_pushed, sparse.bytes_pushed),
+      rest(client.bytes_pulled(), grad.bytes_pulled, model.bytes_pulled, sparse.bytes_pulled));
 }
 
 EvalSums Trainer::Evaluate(absl::Span<const float> params) {
@@ -303,7 +304,7 @@ absl::Status Trainer::FinishTraining() {
   final_.global_accuracy = Accuracy(Evaluate(global));
   if (metrics_ != nullptr) {
     metrics_->SetTestAccuracy(/*global=*/true, final_.global_accuracy);
-    UpdateTrafficMetrics();
+    ReportTraffic(*client_, metrics_);
   }
   return absl::OkStatus();
 }

@@ -85,6 +85,11 @@ std::string SummaryBaseName(const v1::JobConfig& config, uint32_t rank,
                             uint32_t local_rank);
 // PushPull and sparse floats `client` pushed so far, over every stream.
 uint64_t TrainingFloatsPushed(const PsClient& client);
+
+// Sets `metrics`' per-stream byte counters from the client's totals (model
+// pushes and pulls count as "other").
+void ReportTraffic(const PsClient& client, WorkerMetrics* metrics);
+
 // The learning-curve row of the epoch that just ended (epoch is 1-based),
 // logged as the epoch's progress line with `log_prefix`.
 CurvePoint EndOfEpoch(uint64_t epoch, uint64_t step, double train_loss_sum,
@@ -170,7 +175,6 @@ class Trainer {
   // S-SGD's floats for this process's shards over the steps so far, over
   // `floats_pushed`.
   double AchievedCompression(uint64_t floats_pushed) const;
-  void UpdateTrafficMetrics();
   EvalSums Evaluate(absl::Span<const float> params);
 
   const v1::JobConfig config_;

@@ -184,15 +184,19 @@ absl::StatusOr<std::unique_ptr<cserps::PsClient>> ConnectFlat(const Job& job,
 #ifdef CSERPS_HAVE_CUDA
 // A flat GPU worker whose model stays on the device (worker/cuda/device_trainer.h).
 absl::Status TrainOnDevice(const Job& job, const std::string& worker_id) {
-  if (job.metrics != nullptr) {
-    spdlog::warn("--metrics_address: the device trainer reports no step metrics yet");
-  }
   ASSIGN_OR_RETURN(std::unique_ptr<cserps::CudaModel> model,
                    cserps::CudaModel::Create(job.config.model()));
   ASSIGN_OR_RETURN(std::unique_ptr<cserps::PsClient> client, ConnectFlat(job, worker_id));
+  std::unique_ptr<cserps::WorkerMetrics> worker_metrics;
+  if (job.metrics != nullptr) {
+    ASSIGN_OR_RETURN(worker_metrics,
+                     cserps::WorkerMetrics::Create(job.metrics.get(), client->rank(),
+                                                   job.config.algorithm().name()));
+  }
   ASSIGN_OR_RETURN(std::unique_ptr<cserps::DeviceTrainer> trainer,
                    cserps::DeviceTrainer::Create(job.config, client.get(), &job.train,
-                                                 &job.test, std::move(model)));
+                                                 &job.test, std::move(model),
+                                                 worker_metrics.get()));
   return trainer->Run();
 }
 #endif

@@ -11,8 +11,13 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/metrics.h"
 #include "common/prng.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/testing/in_process_cluster.h"
@@ -136,8 +141,9 @@ TEST_P(DeviceTrainerTest, MatchesTheHostTrainer) {
   EXPECT_GT(moved, 1e-3);
 }
 
-// Run() writes the host trainer's summary files.
-TEST(DeviceTrainerRunTest, WritesTheSummary) {
+// Run() writes the host trainer's summary files and records the worker
+// metrics.
+TEST(DeviceTrainerRunTest, WritesTheSummaryAndMetrics) {
   CSERPS_SKIP_WITHOUT_GPU();
   const std::string dir = ::testing::TempDir() + "/device_trainer_run";
   std::filesystem::remove_all(dir);
@@ -148,18 +154,39 @@ TEST(DeviceTrainerRunTest, WritesTheSummary) {
                               CudaModel::Create(config.model()));
   CSERPS_ASSERT_OK_AND_ASSIGN(std::unique_ptr<InProcessCluster> cluster,
                               InProcessCluster::Start(config, probe->spec().num_params));
+  std::vector<std::unique_ptr<MetricsRegistry>> registries;
+  std::vector<std::unique_ptr<WorkerMetrics>> metrics;
+  for (int r = 0; r < kWorkers; ++r) {
+    registries.push_back(MetricsRegistry::WithoutEndpoint());
+    CSERPS_ASSERT_OK_AND_ASSIGN(std::unique_ptr<WorkerMetrics> m,
+                                WorkerMetrics::Create(registries.back().get(), r, "ssgd"));
+    metrics.push_back(std::move(m));
+  }
+  std::vector<uint64_t> steps(kWorkers);
   CSERPS_ASSERT_OK(cluster->OnEveryRank([&](int r) -> absl::Status {
     CSERPS_CUDA_RETURN_IF_ERROR(cudaSetDevice(0));
     ASSIGN_OR_RETURN(std::unique_ptr<CudaModel> model,
                      CudaModel::Create(cluster->config().model()));
     ASSIGN_OR_RETURN(std::unique_ptr<DeviceTrainer> trainer,
                      DeviceTrainer::Create(cluster->config(), &cluster->client(r), &train,
-                                           &test, std::move(model)));
-    return trainer->Run();
+                                           &test, std::move(model), metrics[r].get()));
+    RETURN_IF_ERROR(trainer->Run());
+    steps[r] = trainer->step();
+    return absl::OkStatus();
   }));
   for (int r = 0; r < kWorkers; ++r) {
     EXPECT_TRUE(std::filesystem::exists(dir + absl::StrCat("/worker_", r, ".json")));
     EXPECT_TRUE(std::filesystem::exists(dir + absl::StrCat("/worker_", r, ".csv")));
+    ASSERT_GT(steps[r], 0u);
+    const std::string text = registries[r]->Collect();
+    double scraped = -1;
+    for (absl::string_view line : absl::StrSplit(text, '\n')) {
+      if (absl::StartsWith(line, "cserps_worker_steps_total{")) {
+        EXPECT_TRUE(absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &scraped)) << line;
+      }
+    }
+    EXPECT_EQ(scraped, static_cast<double>(steps[r])) << text;
+    EXPECT_THAT(text, ::testing::HasSubstr("cserps_worker_test_accuracy{"));
   }
 }
 

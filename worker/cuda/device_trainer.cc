@@ -22,7 +22,7 @@ constexpr size_t kEvalBatch = 1000;  // as the host Trainer's
 
 absl::StatusOr<std::unique_ptr<DeviceTrainer>> DeviceTrainer::Create(
     const v1::JobConfig& config, PsClient* client, const Dataset* train,
-    const Dataset* test, std::unique_ptr<CudaModel> model) {
+    const Dataset* test, std::unique_ptr<CudaModel> model, WorkerMetrics* metrics) {
   if (config.cluster().local_size() != 1) {
     return absl::FailedPreconditionError(absl::StrCat(
         "cluster.local_size is ", config.cluster().local_size(),
@@ -58,6 +58,7 @@ absl::StatusOr<std::unique_ptr<DeviceTrainer>> DeviceTrainer::Create(
   std::unique_ptr<DeviceTrainer> trainer(new DeviceTrainer(
       config, client, train, test, steps_per_epoch,
       RankRange(train->size, batch_sizes, rank), batch_sizes[rank], std::move(model)));
+  trainer->metrics_ = metrics;
   RETURN_IF_ERROR(trainer->Init());
   return trainer;
 }
@@ -173,9 +174,26 @@ absl::StatusOr<float> DeviceTrainer::Step() {
         "rank ", rank_, " step ", step_, ": training loss is ", loss,
         " (diverged: lower optimizer.lr?)"));
   }
-  RETURN_IF_ERROR(algorithm_->Step(step_, schedule_.At(step_), grad_.data(), x_.data()));
+  const absl::Time algorithm_start = absl::Now();
+  const absl::Duration waited_before = client_->wait_time();
+  const float lr = schedule_.At(step_);
+  RETURN_IF_ERROR(algorithm_->Step(step_, lr, grad_.data(), x_.data()));
   ++step_;
+  if (metrics_ != nullptr) {
+    const absl::Duration algorithm = absl::Now() - algorithm_start;
+    const absl::Duration communication =
+        std::min(algorithm, client_->wait_time() - waited_before);
+    metrics_->RecordStep(algorithm_start - compute_start, communication,
+                         algorithm - communication, batch_size_, loss, lr);
+    ReportTraffic(*client_, metrics_);
+    metrics_->SetCompressionRatio(AchievedCompression());
+  }
   return loss;
+}
+
+double DeviceTrainer::AchievedCompression() const {
+  const uint64_t floats = TrainingFloatsPushed(*client_);
+  return floats == 0 ? 0.0 : static_cast<double>(step_) * num_params_ / floats;
 }
 
 absl::StatusOr<EvalSums> DeviceTrainer::Evaluate(const float* params) {
@@ -201,7 +219,11 @@ absl::StatusOr<EvalSums> DeviceTrainer::Evaluate(const float* params) {
   return total;
 }
 
-absl::StatusOr<EvalSums> DeviceTrainer::EvaluateTest() { return Evaluate(x_.data()); }
+absl::StatusOr<EvalSums> DeviceTrainer::EvaluateTest() {
+  ASSIGN_OR_RETURN(const EvalSums sums, Evaluate(x_.data()));
+  if (metrics_ != nullptr) metrics_->SetTestAccuracy(/*global=*/false, Accuracy(sums));
+  return sums;
+}
 
 absl::StatusOr<std::vector<float>> DeviceTrainer::Params() {
   std::vector<float> x(num_params_);
@@ -212,10 +234,8 @@ absl::StatusOr<std::vector<float>> DeviceTrainer::Params() {
 }
 
 absl::Status DeviceTrainer::FinishTraining() {
-  const uint64_t floats = TrainingFloatsPushed(*client_);
-  final_.training_floats_pushed = floats;
-  final_.achieved_compression =
-      floats == 0 ? 0.0 : static_cast<double>(step_) * num_params_ / floats;
+  final_.training_floats_pushed = TrainingFloatsPushed(*client_);
+  final_.achieved_compression = AchievedCompression();
   ASSIGN_OR_RETURN(const EvalSums local, EvaluateTest());
   final_.local_accuracy = Accuracy(local);
   RETURN_IF_ERROR(algorithm_->Finish(step_, x_.data()));
@@ -227,6 +247,10 @@ absl::Status DeviceTrainer::FinishTraining() {
                                               cudaMemcpyHostToDevice, stream_));
   ASSIGN_OR_RETURN(const EvalSums servers, Evaluate(grad_.data()));
   final_.global_accuracy = Accuracy(servers);
+  if (metrics_ != nullptr) {
+    ReportTraffic(*client_, metrics_);
+    metrics_->SetTestAccuracy(/*global=*/true, final_.global_accuracy);
+  }
   return absl::OkStatus();
 }
 

@@ -44,10 +44,12 @@ class DeviceTrainer {
   // naming cluster.local_size unless it is 1; UNIMPLEMENTED for an
   // algorithm without a device implementation; INVALID_ARGUMENT as
   // Trainer::Create for ranks, batch sizes and model shapes; CUDA errors of
-  // the allocations.
+  // the allocations. `metrics` (may be null) outlives the trainer and gets
+  // the same step, traffic and accuracy metrics as the host trainer's.
   static absl::StatusOr<std::unique_ptr<DeviceTrainer>> Create(
       const v1::JobConfig& config, PsClient* client, const Dataset* train,
-      const Dataset* test, std::unique_ptr<CudaModel> model);
+      const Dataset* test, std::unique_ptr<CudaModel> model,
+      WorkerMetrics* metrics = nullptr);
   ~DeviceTrainer();
 
   // As Trainer's: rank 0 initialises and pushes the model, every rank pulls
@@ -78,6 +80,8 @@ class DeviceTrainer {
   // Copies `batch` to features_ / labels_ through pinned memory (queued).
   absl::Status Upload(const Batch& batch);
   absl::StatusOr<EvalSums> Evaluate(const float* params);
+  // Steps times model floats over the training floats pushed so far.
+  double AchievedCompression() const;
 
   const v1::JobConfig config_;
   PsClient* const client_;
@@ -90,6 +94,7 @@ class DeviceTrainer {
   EpochBatcher batcher_;
   LrSchedule schedule_;
   const float slowdown_;
+  WorkerMetrics* metrics_ = nullptr;  // null: no metrics
   cudaStream_t stream_ = nullptr;
   // Both queue on stream_: the destructor releases them before the stream.
   std::unique_ptr<CudaStagingDevice> staging_;
