@@ -31,6 +31,10 @@ uint64_t TrainingFloatsPushed(const PsClient& client) {
   return floats;
 }
 
+namespace {
+
+// The learning-curve row of the epoch that just ended (epoch is 1-based),
+// logged as the epoch's progress line.
 CurvePoint EndOfEpoch(uint64_t epoch, uint64_t step, double train_loss_sum,
                       size_t steps_per_epoch, const EvalSums& test, double wall_seconds,
                       const PsClient& client, const std::string& log_prefix) {
@@ -54,6 +58,46 @@ void LogStep(const std::string& log_prefix, uint64_t step, uint64_t epoch, float
   spdlog::info("{}step {} epoch {} loss {:.4f} lr {:.4g} samples/s {:.0f} pushed {:.1f} MB pulled {:.1f} MB",
                log_prefix, step, epoch, loss, lr, samples_per_second,
                client.bytes_pushed() / 1e6, client.bytes_pulled() / 1e6);
+}
+
+}  // namespace
+
+absl::Status RunEpochs(const EpochLoop& loop, absl::Time start,
+                       const std::function<absl::StatusOr<float>()>& step,
+                       const std::function<absl::StatusOr<EvalSums>()>& evaluate,
+                       std::vector<CurvePoint>* curve) {
+  const uint32_t log_every = loop.config->log_every_steps();
+  uint64_t steps_done = 0;
+  absl::Time window_start = start;
+  uint64_t window_steps = 0;
+  for (uint64_t epoch = 0; epoch < loop.config->epochs(); ++epoch) {
+    double loss_sum = 0;
+    for (size_t i = 0; i < loop.steps_per_epoch; ++i) {
+      ASSIGN_OR_RETURN(const float loss, step());
+      loss_sum += loss;
+      ++steps_done;
+      ++window_steps;
+      if (log_every != 0 && steps_done % log_every == 0) {
+        const absl::Time now = absl::Now();
+        const double seconds = absl::ToDoubleSeconds(now - window_start);
+        LogStep(loop.log_prefix, steps_done, epoch, loss, loop.schedule->At(steps_done - 1),
+                seconds > 0 ? window_steps * loop.batch_size / seconds : 0.0, *loop.client);
+        window_start = now;
+        window_steps = 0;
+      }
+    }
+    ASSIGN_OR_RETURN(const EvalSums test, evaluate());
+    curve->push_back(EndOfEpoch(epoch + 1, steps_done, loss_sum, loop.steps_per_epoch, test,
+                                absl::ToDoubleSeconds(absl::Now() - start), *loop.client,
+                                loop.log_prefix));
+  }
+  return absl::OkStatus();
+}
+
+void LogFinal(const std::string& log_prefix, const FinalReport& report) {
+  spdlog::info("{}final: local model {:.2f}%, global model {:.2f}%, achieved compression {:.1f}x",
+               log_prefix, 100 * report.local_accuracy, 100 * report.global_accuracy,
+               report.achieved_compression);
 }
 
 uint32_t DataPartition(uint32_t rank, uint32_t local_rank, uint32_t local_size) {
@@ -262,33 +306,12 @@ EvalSums Trainer::Evaluate(absl::Span<const float> params) {
 absl::Status Trainer::Run() {
   RETURN_IF_ERROR(InitializeModel());
   const absl::Time start = absl::Now();
-  const uint32_t log_every = config_.log_every_steps();
-  absl::Time window_start = start;
-  uint64_t window_steps = 0;
-  for (uint64_t epoch = 0; epoch < config_.epochs(); ++epoch) {
-    double loss_sum = 0;
-    for (size_t i = 0; i < steps_per_epoch_; ++i) {
-      ASSIGN_OR_RETURN(float loss, Step());
-      loss_sum += loss;
-      ++window_steps;
-      if (log_every != 0 && step_ % log_every == 0) {
-        const absl::Time now = absl::Now();
-        const double seconds = absl::ToDoubleSeconds(now - window_start);
-        LogStep(log_prefix_, step_, epoch, loss, schedule_.At(step_ - 1),
-                seconds > 0 ? window_steps * batch_size_ / seconds : 0.0, *client_);
-        window_start = now;
-        window_steps = 0;
-      }
-    }
-    const EvalSums test = EvaluateTest();
-    curve_.push_back(EndOfEpoch(epoch + 1, step_, loss_sum, steps_per_epoch_, test,
-                                absl::ToDoubleSeconds(absl::Now() - start), *client_,
-                                log_prefix_));
-  }
+  const EpochLoop loop{&config_, client_, &schedule_, steps_per_epoch_, batch_size_, log_prefix_};
+  RETURN_IF_ERROR(RunEpochs(
+      loop, start, [this] { return Step(); },
+      [this]() -> absl::StatusOr<EvalSums> { return EvaluateTest(); }, &curve_));
   RETURN_IF_ERROR(FinishTraining());
-  spdlog::info("{}final: local model {:.2f}%, global model {:.2f}%, achieved compression {:.1f}x",
-               log_prefix_, 100 * final_.local_accuracy, 100 * final_.global_accuracy,
-               final_.achieved_compression);
+  LogFinal(log_prefix_, final_);
   return WriteOutputs(absl::ToDoubleSeconds(absl::Now() - start));
 }
 

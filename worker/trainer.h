@@ -11,6 +11,7 @@
 #define CSERPS_WORKER_TRAINER_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -90,14 +91,27 @@ uint64_t TrainingFloatsPushed(const PsClient& client);
 // pushes and pulls count as "other").
 void ReportTraffic(const PsClient& client, WorkerMetrics* metrics);
 
-// The learning-curve row of the epoch that just ended (epoch is 1-based),
-// logged as the epoch's progress line with `log_prefix`.
-CurvePoint EndOfEpoch(uint64_t epoch, uint64_t step, double train_loss_sum,
-                      size_t steps_per_epoch, const EvalSums& test, double wall_seconds,
-                      const PsClient& client, const std::string& log_prefix);
-// The progress line of step `step` (1-based count of steps done).
-void LogStep(const std::string& log_prefix, uint64_t step, uint64_t epoch, float loss,
-             float lr, double samples_per_second, const PsClient& client);
+// What the epoch loop of both trainers (host and device) needs; every
+// pointer is valid during RunEpochs.
+struct EpochLoop {
+  const v1::JobConfig* config = nullptr;
+  const PsClient* client = nullptr;
+  const LrSchedule* schedule = nullptr;
+  size_t steps_per_epoch = 0;
+  uint32_t batch_size = 0;
+  std::string log_prefix;
+};
+// config.epochs() epochs of steps_per_epoch calls of `step` (which runs the
+// next step and returns its loss), a progress line every
+// config.log_every_steps() steps, and after each epoch `evaluate` on the
+// test set, appended to `curve` as the epoch's learning-curve row (wall time
+// counted from `start`). The first error ends the loop.
+absl::Status RunEpochs(const EpochLoop& loop, absl::Time start,
+                       const std::function<absl::StatusOr<float>()>& step,
+                       const std::function<absl::StatusOr<EvalSums>()>& evaluate,
+                       std::vector<CurvePoint>* curve);
+// The run's closing line: local and global accuracy, achieved compression.
+void LogFinal(const std::string& log_prefix, const FinalReport& report);
 // What a run's summary reports; every pointer is valid during the call.
 struct TrainingSummary {
   const v1::JobConfig* config = nullptr;

@@ -257,32 +257,11 @@ absl::Status DeviceTrainer::FinishTraining() {
 absl::Status DeviceTrainer::Run() {
   RETURN_IF_ERROR(InitializeModel());
   const absl::Time start = absl::Now();
-  const uint32_t log_every = config_.log_every_steps();
-  absl::Time window_start = start;
-  uint64_t window_steps = 0;
-  for (uint64_t epoch = 0; epoch < config_.epochs(); ++epoch) {
-    double loss_sum = 0;
-    for (size_t i = 0; i < steps_per_epoch_; ++i) {
-      ASSIGN_OR_RETURN(float loss, Step());
-      loss_sum += loss;
-      ++window_steps;
-      if (log_every != 0 && step_ % log_every == 0) {
-        const absl::Time now = absl::Now();
-        const double seconds = absl::ToDoubleSeconds(now - window_start);
-        LogStep("", step_, epoch, loss, schedule_.At(step_ - 1),
-                seconds > 0 ? window_steps * batch_size_ / seconds : 0.0, *client_);
-        window_start = now;
-        window_steps = 0;
-      }
-    }
-    ASSIGN_OR_RETURN(const EvalSums test, EvaluateTest());
-    curve_.push_back(EndOfEpoch(epoch + 1, step_, loss_sum, steps_per_epoch_, test,
-                                absl::ToDoubleSeconds(absl::Now() - start), *client_, ""));
-  }
+  const EpochLoop loop{&config_, client_, &schedule_, steps_per_epoch_, batch_size_, ""};
+  RETURN_IF_ERROR(RunEpochs(
+      loop, start, [this] { return Step(); }, [this] { return EvaluateTest(); }, &curve_));
   RETURN_IF_ERROR(FinishTraining());
-  spdlog::info("final: local model {:.2f}%, global model {:.2f}%, achieved compression {:.1f}x",
-               100 * final_.local_accuracy, 100 * final_.global_accuracy,
-               final_.achieved_compression);
+  LogFinal("", final_);
   TrainingSummary summary;
   summary.config = &config_;
   summary.client = client_;
