@@ -94,6 +94,29 @@ absl::Status RunEpochs(const EpochLoop& loop, absl::Time start,
   return absl::OkStatus();
 }
 
+absl::Status EndCompute(float slowdown, absl::Time compute_start, float loss,
+                        uint32_t rank, uint64_t step) {
+  if (slowdown > 1.0f) absl::SleepFor((slowdown - 1.0f) * (absl::Now() - compute_start));
+  if (!std::isfinite(loss)) {
+    return absl::InternalError(absl::StrCat("rank ", rank, " step ", step,
+                                            ": training loss is ", loss,
+                                            " (diverged: lower optimizer.lr?)"));
+  }
+  return absl::OkStatus();
+}
+
+void RecordStep(WorkerMetrics* metrics, const PsClient& client, const StepTiming& timing,
+                uint32_t batch_size, float loss, float lr, double compression) {
+  if (metrics == nullptr) return;
+  const absl::Duration algorithm = absl::Now() - timing.algorithm_start;
+  const absl::Duration communication =
+      std::min(algorithm, client.wait_time() - timing.waited_before);
+  metrics->RecordStep(timing.algorithm_start - timing.compute_start, communication,
+                      algorithm - communication, batch_size, loss, lr);
+  ReportTraffic(client, metrics);
+  metrics->SetCompressionRatio(compression);
+}
+
 void LogFinal(const std::string& log_prefix, const FinalReport& report) {
   spdlog::info("{}final: local model {:.2f}%, global model {:.2f}%, achieved compression {:.1f}x",
                log_prefix, 100 * report.local_accuracy, 100 * report.global_accuracy,
@@ -234,30 +257,18 @@ absl::StatusOr<float> Trainer::Step() {
   const uint64_t index = step_ % steps_per_epoch_;
   if (index == 0) batcher_.StartEpoch(step_ / steps_per_epoch_);
   const Batch batch = batcher_.Get(index);
-  const absl::Time compute_start = absl::Now();
+  StepTiming timing;
+  timing.compute_start = absl::Now();
   const float loss = model_->LossAndGradient(x_, batch, absl::MakeSpan(grad_));
-  if (slowdown_ > 1.0f) {
-    // A slower device, for heterogeneity experiments (data.rank_slowdown).
-    absl::SleepFor((slowdown_ - 1.0f) * (absl::Now() - compute_start));
-  }
-  if (!std::isfinite(loss)) {
-    return absl::InternalError(absl::StrCat(
-        "rank ", rank_, " step ", step_, ": training loss is ", loss,
-        " (diverged: lower optimizer.lr?)"));
-  }
-  const absl::Time algorithm_start = absl::Now();
-  const absl::Duration waited_before = client_->wait_time();
+  RETURN_IF_ERROR(EndCompute(slowdown_, timing.compute_start, loss, rank_, step_));
+  timing.algorithm_start = absl::Now();
+  timing.waited_before = client_->wait_time();
   const float lr = schedule_.At(step_);
   RETURN_IF_ERROR(algorithm_->Step(step_, lr, grad_, absl::MakeSpan(x_)));
   ++step_;
   if (metrics_ != nullptr) {
-    const absl::Duration algorithm = absl::Now() - algorithm_start;
-    const absl::Duration communication =
-        std::min(algorithm, client_->wait_time() - waited_before);
-    metrics_->RecordStep(algorithm_start - compute_start, communication,
-                         algorithm - communication, batch_size_, loss, lr);
-    ReportTraffic(*client_, metrics_);
-    metrics_->SetCompressionRatio(AchievedCompression(TrainingFloatsPushed(*client_)));
+    RecordStep(metrics_, *client_, timing, batch_size_, loss, lr,
+               AchievedCompression(TrainingFloatsPushed(*client_)));
   }
   return loss;
 }

@@ -91,6 +91,26 @@ uint64_t TrainingFloatsPushed(const PsClient& client);
 // pushes and pulls count as "other").
 void ReportTraffic(const PsClient& client, WorkerMetrics* metrics);
 
+// After a step's loss and gradient, for both trainers: sleeps
+// (slowdown - 1) x the compute time when slowdown > 1 (data.rank_slowdown's
+// slower device), and refuses a diverged (non-finite) loss naming the rank
+// and step.
+absl::Status EndCompute(float slowdown, absl::Time compute_start, float loss,
+                        uint32_t rank, uint64_t step);
+
+// One step's timing, as the worker metrics split it: compute until the
+// algorithm starts; communication, the time blocked on the servers since
+// then (the client's wait time grows by it); update, the rest.
+struct StepTiming {
+  absl::Time compute_start;
+  absl::Time algorithm_start;
+  absl::Duration waited_before;  // client.wait_time() at algorithm_start
+};
+// Records a finished step in `metrics` (may be null: nothing): its phases,
+// batch size, loss and learning rate, the traffic and the compression.
+void RecordStep(WorkerMetrics* metrics, const PsClient& client, const StepTiming& timing,
+                uint32_t batch_size, float loss, float lr, double compression);
+
 // What the epoch loop of both trainers (host and device) needs; every
 // pointer is valid during RunEpochs.
 struct EpochLoop {

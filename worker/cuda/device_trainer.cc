@@ -1,7 +1,6 @@
 #include "worker/cuda/device_trainer.h"
 
 #include <algorithm>
-#include <cmath>
 #include <cstring>
 #include <utility>
 
@@ -153,7 +152,8 @@ absl::StatusOr<float> DeviceTrainer::Step() {
   const uint64_t index = step_ % steps_per_epoch_;
   if (index == 0) batcher_.StartEpoch(step_ / steps_per_epoch_);
   const Batch batch = batcher_.Get(index);
-  const absl::Time compute_start = absl::Now();
+  StepTiming timing;
+  timing.compute_start = absl::Now();
   RETURN_IF_ERROR(Upload(batch));
   RETURN_IF_ERROR(model_->LossAndGradientDevice(x_.data(), features_.data(),
                                                 labels_.data(), batch.size, grad_.data(),
@@ -166,27 +166,14 @@ absl::StatusOr<float> DeviceTrainer::Step() {
   // is pushed, as on the host.
   CSERPS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
   const float loss = host_loss_.data()[0];
-  if (slowdown_ > 1.0f) {
-    absl::SleepFor((slowdown_ - 1.0f) * (absl::Now() - compute_start));
-  }
-  if (!std::isfinite(loss)) {
-    return absl::InternalError(absl::StrCat(
-        "rank ", rank_, " step ", step_, ": training loss is ", loss,
-        " (diverged: lower optimizer.lr?)"));
-  }
-  const absl::Time algorithm_start = absl::Now();
-  const absl::Duration waited_before = client_->wait_time();
+  RETURN_IF_ERROR(EndCompute(slowdown_, timing.compute_start, loss, rank_, step_));
+  timing.algorithm_start = absl::Now();
+  timing.waited_before = client_->wait_time();
   const float lr = schedule_.At(step_);
   RETURN_IF_ERROR(algorithm_->Step(step_, lr, grad_.data(), x_.data()));
   ++step_;
   if (metrics_ != nullptr) {
-    const absl::Duration algorithm = absl::Now() - algorithm_start;
-    const absl::Duration communication =
-        std::min(algorithm, client_->wait_time() - waited_before);
-    metrics_->RecordStep(algorithm_start - compute_start, communication,
-                         algorithm - communication, batch_size_, loss, lr);
-    ReportTraffic(*client_, metrics_);
-    metrics_->SetCompressionRatio(AchievedCompression());
+    RecordStep(metrics_, *client_, timing, batch_size_, loss, lr, AchievedCompression());
   }
   return loss;
 }
