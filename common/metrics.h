@@ -152,7 +152,7 @@ class ServerMetrics {
 // trainer's loop is the only writer).
 class WorkerMetrics {
  public:
-  static constexpr const char* kStreams[] = {"GRAD", "MODEL", "sparse", "other"};
+  static constexpr const char* kStreams[] = {"GRAD", "MODEL", "sparse", "async", "other"};
 
   // `registry` outlives the result.
   static absl::StatusOr<std::unique_ptr<WorkerMetrics>> Create(

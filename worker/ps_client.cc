@@ -549,7 +549,7 @@ absl::Status PsClient::AsyncPushPull(uint64_t step, float lr,
   RETURN_IF_ERROR(CheckModelSize("AsyncPushPull: gradient", grad.size(), layout_.num_params()));
   RETURN_IF_ERROR(CheckModelSize("AsyncPushPull: model", model.size(), layout_.num_params()));
   using Call = ShardCall<v1::AsyncPushPullRequest, v1::AsyncPushPullResponse>;
-  StreamCounters& counters = streams_[v1::GRAD];
+  StreamCounters& counters = async_;
   std::vector<std::unique_ptr<Call>> calls;
   for (const ModelChunk& chunk : ModelChunks()) {
     auto call = std::make_unique<Call>();
@@ -587,6 +587,11 @@ absl::Status PsClient::AsyncPushPull(uint64_t step, float lr,
 PsClient::StreamTraffic PsClient::sparse_traffic() const {
   return {sparse_.bytes_pushed.load(), sparse_.bytes_pulled.load(),
           sparse_.floats_pushed.load()};
+}
+
+PsClient::StreamTraffic PsClient::async_traffic() const {
+  return {async_.bytes_pushed.load(), async_.bytes_pulled.load(),
+          async_.floats_pushed.load()};
 }
 
 absl::Status PsClient::ExchangeSparse(uint64_t step, const SparseVector& local,

@@ -142,6 +142,8 @@ class PsClient final : public Communicator {
   // SparsePushPull traffic; floats_pushed counts the values (each also
   // carries a 4-byte index).
   StreamTraffic sparse_traffic() const;
+  // AsyncPushPull traffic (the gradients pushed, the models pulled).
+  StreamTraffic async_traffic() const;
   // Total time callers have spent blocked waiting for the servers' replies.
   absl::Duration wait_time() const { return absl::Nanoseconds(wait_nanos_.load()); }
 
@@ -190,6 +192,7 @@ class PsClient final : public Communicator {
   };
   StreamCounters streams_[3];
   StreamCounters sparse_;
+  StreamCounters async_;
 };
 
 }  // namespace cserps

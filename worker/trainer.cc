@@ -26,7 +26,8 @@ std::string SummaryBaseName(const v1::JobConfig& config, uint32_t rank,
 }
 
 uint64_t TrainingFloatsPushed(const PsClient& client) {
-  uint64_t floats = client.sparse_traffic().floats_pushed;
+  uint64_t floats =
+      client.sparse_traffic().floats_pushed + client.async_traffic().floats_pushed;
   for (v1::Stream s : {v1::GRAD, v1::MODEL}) floats += client.traffic(s).floats_pushed;
   return floats;
 }
@@ -286,20 +287,20 @@ double Trainer::AchievedCompression(uint64_t floats_pushed) const {
 
 
 void ReportTraffic(const PsClient& client, WorkerMetrics* metrics) {
-  const PsClient::StreamTraffic grad = client.traffic(v1::GRAD);
-  const PsClient::StreamTraffic model = client.traffic(v1::MODEL);
-  const PsClient::StreamTraffic sparse = client.sparse_traffic();
-  metrics->SetTraffic("GRAD", grad.bytes_pushed, grad.bytes_pulled);
-  metrics->SetTraffic("MODEL", model.bytes_pushed, model.bytes_pulled);
-  metrics->SetTraffic("sparse", sparse.bytes_pushed, sparse.bytes_pulled);
+  const std::pair<const char*, PsClient::StreamTraffic> streams[] = {
+      {"GRAD", client.traffic(v1::GRAD)},
+      {"MODEL", client.traffic(v1::MODEL)},
+      {"sparse", client.sparse_traffic()},
+      {"async", client.async_traffic()}};
+  uint64_t pushed = 0, pulled = 0;
+  for (const auto& [name, traffic] : streams) {
+    metrics->SetTraffic(name, traffic.bytes_pushed, traffic.bytes_pulled);
+    pushed += traffic.bytes_pushed;
+    pulled += traffic.bytes_pulled;
+  }
   // Model pushes and pulls count only towards the totals.
-  auto rest = [](uint64_t total, uint64_t a, uint64_t b, uint64_t c) {
-    return total > a + b + c ? total - a - b - c : 0;
-  };
-  metrics->SetTraffic(
-      "other",
-      rest(client.bytes_pushed(), grad.bytes_pushed, model.bytes_pushed, sparse.bytes_pushed),
-      rest(client.bytes_pulled(), grad.bytes_pulled, model.bytes_pulled, sparse.bytes_pulled));
+  metrics->SetTraffic("other", client.bytes_pushed() > pushed ? client.bytes_pushed() - pushed : 0,
+                      client.bytes_pulled() > pulled ? client.bytes_pulled() - pulled : 0);
 }
 
 EvalSums Trainer::Evaluate(absl::Span<const float> params) {

@@ -103,8 +103,11 @@ TEST(AsyncSgdTest, EveryWorkersPushesLandAndFinishGivesTheServersModel) {
     ASSERT_TRUE((*algorithm)->Finish(kSteps, absl::MakeSpan(final_x[r])).ok());
     EXPECT_TRUE(final_x[r] == expected) << "rank " << r;
   }
-  // Pushes are GRAD traffic: d floats per step.
-  EXPECT_EQ(cluster.client(1).traffic(v1::GRAD).floats_pushed, kSteps * kD);
+  // Pushes are async traffic (the servers' stream "async" too): d floats per
+  // step, none of them counted as PushPull's GRAD.
+  EXPECT_EQ(cluster.client(1).async_traffic().floats_pushed, kSteps * kD);
+  EXPECT_GT(cluster.client(1).async_traffic().bytes_pulled, kSteps * kD * sizeof(float));
+  EXPECT_EQ(cluster.client(1).traffic(v1::GRAD).bytes_pushed, 0u);
 }
 
 TEST(AsyncSgdTest, SingleWorkerStepIsPlainSgdWithServerMomentum) {
