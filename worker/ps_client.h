@@ -129,7 +129,8 @@ class PsClient final : public Communicator {
 
   uint32_t rank() const { return rank_; }
   const BlockLayout& layout() const { return layout_; }
-  // Serialized request / reply bytes of PushPull, PushModel and PullModel.
+  // Serialized request / reply bytes of every call (PushPull, PushModel,
+  // PullModel, SparsePushPull, AsyncPushPull).
   uint64_t bytes_pushed() const { return bytes_pushed_.load(); }
   uint64_t bytes_pulled() const { return bytes_pulled_.load(); }
   // PushPull traffic of one stream.

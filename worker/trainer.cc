@@ -106,16 +106,15 @@ absl::Status EndCompute(float slowdown, absl::Time compute_start, float loss,
   return absl::OkStatus();
 }
 
-void RecordStep(WorkerMetrics* metrics, const PsClient& client, const StepTiming& timing,
+void RecordStep(WorkerMetrics& metrics, const PsClient& client, const StepTiming& timing,
                 uint32_t batch_size, float loss, float lr, double compression) {
-  if (metrics == nullptr) return;
   const absl::Duration algorithm = absl::Now() - timing.algorithm_start;
   const absl::Duration communication =
       std::min(algorithm, client.wait_time() - timing.waited_before);
-  metrics->RecordStep(timing.algorithm_start - timing.compute_start, communication,
-                      algorithm - communication, batch_size, loss, lr);
-  ReportTraffic(client, metrics);
-  metrics->SetCompressionRatio(compression);
+  metrics.RecordStep(timing.algorithm_start - timing.compute_start, communication,
+                     algorithm - communication, batch_size, loss, lr);
+  ReportTraffic(client, &metrics);
+  metrics.SetCompressionRatio(compression);
 }
 
 void LogFinal(const std::string& log_prefix, const FinalReport& report) {
@@ -268,7 +267,7 @@ absl::StatusOr<float> Trainer::Step() {
   RETURN_IF_ERROR(algorithm_->Step(step_, lr, grad_, absl::MakeSpan(x_)));
   ++step_;
   if (metrics_ != nullptr) {
-    RecordStep(metrics_, *client_, timing, batch_size_, loss, lr,
+    RecordStep(*metrics_, *client_, timing, batch_size_, loss, lr,
                AchievedCompression(TrainingFloatsPushed(*client_)));
   }
   return loss;

@@ -106,9 +106,9 @@ struct StepTiming {
   absl::Time algorithm_start;
   absl::Duration waited_before;  // client.wait_time() at algorithm_start
 };
-// Records a finished step in `metrics` (may be null: nothing): its phases,
-// batch size, loss and learning rate, the traffic and the compression.
-void RecordStep(WorkerMetrics* metrics, const PsClient& client, const StepTiming& timing,
+// Records a finished step in `metrics`: its phases, batch size, loss and
+// learning rate, the traffic and the compression.
+void RecordStep(WorkerMetrics& metrics, const PsClient& client, const StepTiming& timing,
                 uint32_t batch_size, float loss, float lr, double compression);
 
 // What the epoch loop of both trainers (host and device) needs; every

@@ -256,20 +256,20 @@ TEST(CudaModelDataTest, DataStaysAwayFromTies) {
   }
 }
 
+// Initialize gives the CPU backend's bits for `config`.
+void ExpectInitializeEqualsCpu(const v1::ModelConfig& config, const std::string& name) {
+  std::unique_ptr<Model> cpu = CpuModelOf(config);
+  CSERPS_ASSERT_OK_AND_ASSIGN(std::unique_ptr<CudaModel> gpu, CudaModel::Create(config));
+  ASSERT_EQ(gpu->spec().num_params, cpu->spec().num_params);
+  std::vector<float> a(cpu->spec().num_params), b(cpu->spec().num_params);
+  cpu->Initialize(42, absl::MakeSpan(a));
+  gpu->Initialize(42, absl::MakeSpan(b));
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << name;
+}
+
 TEST(CudaModelTest, InitializeEqualsCpu) {
   CSERPS_SKIP_WITHOUT_GPU();
-  for (const Case& c : Cases()) {
-    const v1::ModelConfig config = ConfigOf(c);
-    std::unique_ptr<Model> cpu = CpuModelOf(config);
-    CSERPS_ASSERT_OK_AND_ASSIGN(std::unique_ptr<CudaModel> gpu,
-                                CudaModel::Create(config));
-    ASSERT_EQ(gpu->spec().num_params, cpu->spec().num_params);
-    std::vector<float> a(cpu->spec().num_params), b(cpu->spec().num_params);
-    cpu->Initialize(42, absl::MakeSpan(a));
-    gpu->Initialize(42, absl::MakeSpan(b));
-    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0)
-        << c.name;
-  }
+  for (const Case& c : Cases()) ExpectInitializeEqualsCpu(ConfigOf(c), c.name);
 }
 
 TEST(CudaModelTest, LossGradientAndEvaluationMatchCpu) {
@@ -671,18 +671,7 @@ TEST(CudaModelDataTest, CnnForwardIsExact) {
 
 TEST(CudaModelTest, CnnInitializeEqualsCpu) {
   CSERPS_SKIP_WITHOUT_GPU();
-  for (const CnnCase& c : CnnCases()) {
-    const v1::ModelConfig config = ConfigOf(c);
-    std::unique_ptr<Model> cpu = CpuModelOf(config);
-    CSERPS_ASSERT_OK_AND_ASSIGN(std::unique_ptr<CudaModel> gpu,
-                                CudaModel::Create(config));
-    ASSERT_EQ(gpu->spec().num_params, cpu->spec().num_params);
-    std::vector<float> a(cpu->spec().num_params), b(cpu->spec().num_params);
-    cpu->Initialize(42, absl::MakeSpan(a));
-    gpu->Initialize(42, absl::MakeSpan(b));
-    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0)
-        << c.name;
-  }
+  for (const CnnCase& c : CnnCases()) ExpectInitializeEqualsCpu(ConfigOf(c), c.name);
 }
 
 TEST(CudaModelTest, CnnLossGradientAndEvaluationMatchCpu) {

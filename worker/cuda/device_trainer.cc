@@ -173,7 +173,7 @@ absl::StatusOr<float> DeviceTrainer::Step() {
   RETURN_IF_ERROR(algorithm_->Step(step_, lr, grad_.data(), x_.data()));
   ++step_;
   if (metrics_ != nullptr) {
-    RecordStep(metrics_, *client_, timing, batch_size_, loss, lr, AchievedCompression());
+    RecordStep(*metrics_, *client_, timing, batch_size_, loss, lr, AchievedCompression());
   }
   return loss;
 }
