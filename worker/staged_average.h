@@ -14,10 +14,13 @@
 #define CSERPS_WORKER_STAGED_AVERAGE_H_
 
 #include <cstdint>
+#include <memory>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "common/block_layout.h"
+#include "worker/group/local_group.h"
 #include "worker/ps_client.h"
 
 namespace cserps {
@@ -55,6 +58,19 @@ class StagingDevice {
   // Queues the staging buffer into `model` on the blocks of the last Gather
   // (alpha is ignored for kAssign).
   virtual absl::Status Scatter(ScatterKind kind, float alpha, float* model) = 0;
+
+  // For the average of a node (NodeStagedAverage), on a device made with
+  // its local group; FAILED_PRECONDITION on one made without.
+  // Queues staging[offset, offset + count) *= factor (kMultiply) or
+  // /= factor (kDivide), each float rounded once.
+  enum class Scale { kMultiply, kDivide };
+  virtual absl::Status ScaleStaging(Scale op, float factor, uint64_t offset,
+                                    uint64_t count) = 0;
+  // Collectives of the group (every local rank calls them in the same
+  // order): staging[0, count) ← the sum over the local ranks; and
+  // staging[offset, offset + count) ← local rank `root`'s.
+  virtual absl::Status AllReduceStaging(uint64_t count) = 0;
+  virtual absl::Status BroadcastStaging(uint32_t root, uint64_t offset, uint64_t count) = 0;
 };
 
 // One average round through a device. `round` is the client's
@@ -73,6 +89,25 @@ absl::Status StagedAverage(const BlockLayout& layout, uint64_t job_seed,
                            ShardedAverage& round, StagingDevice& device,
                            const float* values, ScatterKind kind, float alpha,
                            float* target);
+
+// The same round for the local ranks of a node (docs/node_groups.md): the
+// device path of HierarchicalCommunicator, with the same bits. Every local
+// rank gathers its weight·values on the selected blocks, the group sums
+// them on the devices (AllReduceStaging) and the weights on the host; local
+// rank j divides its shards' runs by the node weight W, averages them with
+// the servers through `begin_round(W)` (its client's BeginShardedAverage:
+// a client that talks to the shards s with s mod L = j) and the group
+// shares every shard's mean from its owner (BroadcastStaging) before the
+// scatter. `device` was made with `group`. A collective: every local rank
+// calls it with the same stream, step and ratio. Errors as StagedAverage's,
+// on the local rank whose shard failed, and on its peers an error of the
+// same code naming it (ShareStatus).
+absl::Status NodeStagedAverage(
+    const BlockLayout& layout, uint64_t job_seed, v1::Stream stream, uint64_t step,
+    uint32_t ratio, LocalGroup& group, float weight,
+    absl::FunctionRef<std::unique_ptr<ShardedAverage>(float node_weight)> begin_round,
+    StagingDevice& device, const float* values, ScatterKind kind, float alpha,
+    float* target);
 
 }  // namespace cserps
 

@@ -133,9 +133,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
   return Create(config, TrainerLink{client, nullptr}, train, test, metrics);
 }
 
-absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
-    const v1::JobConfig& config, TrainerLink link, const Dataset* train,
-    const Dataset* test, WorkerMetrics* metrics, std::unique_ptr<Model> model) {
+absl::StatusOr<TrainerPlan> PlanTrainer(const v1::JobConfig& config, const TrainerLink& link,
+                                        size_t train_size) {
   const uint32_t local_size = config.cluster().local_size();
   if (link.group == nullptr && local_size != 1) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -150,28 +149,54 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
         "cluster.local_size is ", local_size, " but the local group has ",
         link.group->size(), " members"));
   }
-  const uint32_t rank = link.client->rank();
-  const uint32_t local_rank = link.group != nullptr ? link.group->local_rank() : 0;
-  if (rank >= config.cluster().num_workers()) {
+  TrainerPlan plan;
+  plan.rank = link.client->rank();
+  plan.local_rank = link.group != nullptr ? link.group->local_rank() : 0;
+  if (plan.rank >= config.cluster().num_workers()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "rank ", rank, " is not below cluster.num_workers (",
+        "rank ", plan.rank, " is not below cluster.num_workers (",
         config.cluster().num_workers(), ")"));
   }
-  const uint32_t partition = DataPartition(rank, local_rank, local_size);
+  plan.partition = DataPartition(plan.rank, plan.local_rank, local_size);
   const std::vector<uint32_t> batch_sizes = RankBatchSizes(config);
-  if (partition >= batch_sizes.size()) {
+  if (plan.partition >= batch_sizes.size()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "rank ", rank, " local rank ", local_rank, " (data partition ", partition,
-        ") has no batch size: the job has ", batch_sizes.size(), " worker processes"));
+        "rank ", plan.rank, " local rank ", plan.local_rank, " (data partition ",
+        plan.partition, ") has no batch size: the job has ", batch_sizes.size(),
+        " worker processes"));
   }
-  const size_t steps_per_epoch = StepsPerEpoch(train->size, batch_sizes);
-  if (steps_per_epoch == 0) {
+  plan.steps_per_epoch = StepsPerEpoch(train_size, batch_sizes);
+  if (plan.steps_per_epoch == 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "data: ", train->size, " training examples are too few for ",
+        "data: ", train_size, " training examples are too few for ",
         batch_sizes.size(), " worker processes with batch sizes of up to ",
         *std::max_element(batch_sizes.begin(), batch_sizes.end()),
         ": not one step per epoch"));
   }
+  plan.batch_size = batch_sizes[plan.partition];
+  plan.range = RankRange(train_size, batch_sizes, plan.partition);
+  const BlockLayout& layout = link.client->layout();
+  for (uint32_t s : GroupShards(layout.num_shards(), local_size, plan.local_rank)) {
+    plan.shard_floats += layout.ShardSize(s);
+  }
+  if (link.group != nullptr) plan.log_prefix = absl::StrCat("local rank ", plan.local_rank, ": ");
+  return plan;
+}
+
+absl::Status PushModel(const TrainerLink& link, absl::Span<const float> model) {
+  if (link.group == nullptr) return link.client->PushModel(model);
+  return PushNodeModel(*link.group, *link.client, model);
+}
+
+absl::Status PullModel(const TrainerLink& link, absl::Span<float> model, bool wait_for_init) {
+  if (link.group == nullptr) return link.client->PullModel(model, wait_for_init);
+  return PullNodeModel(*link.group, *link.client, model, wait_for_init);
+}
+
+absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
+    const v1::JobConfig& config, TrainerLink link, const Dataset* train,
+    const Dataset* test, WorkerMetrics* metrics, std::unique_ptr<Model> model) {
+  ASSIGN_OR_RETURN(TrainerPlan plan, PlanTrainer(config, link, train->size));
   if (model == nullptr) {
     ASSIGN_OR_RETURN(model, MakeCpuModel(config.model()));
   }
@@ -184,25 +209,21 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
   if (model->spec().num_params != layout.num_params()) {
     return absl::InternalError("model and client disagree on the model size");
   }
-  std::unique_ptr<Trainer> trainer(new Trainer(
-      config, link, partition, train, test, steps_per_epoch,
-      RankRange(train->size, batch_sizes, partition), batch_sizes[partition],
-      std::move(model)));
-  for (uint32_t s : GroupShards(layout.num_shards(), local_size, local_rank)) {
-    trainer->shard_floats_ += layout.ShardSize(s);
-  }
+  const float weight = static_cast<float>(plan.batch_size);
+  const size_t steps_per_epoch = plan.steps_per_epoch;
+  std::unique_ptr<Trainer> trainer(
+      new Trainer(config, link, std::move(plan), train, test, std::move(model)));
   if (link.group != nullptr) {
     trainer->hierarchical_ = std::make_unique<HierarchicalCommunicator>(
         trainer->config_, layout.num_params(), link.group, link.client);
     trainer->comm_ = trainer->hierarchical_.get();
-    trainer->log_prefix_ = absl::StrCat("local rank ", local_rank, ": ");
   }
   AlgorithmContext context;
   context.config = &trainer->config_;
   context.comm = trainer->comm_;
   context.direction = &trainer->direction_;
   context.layout = &layout;
-  context.weight = static_cast<float>(batch_sizes[partition]);
+  context.weight = weight;
   context.steps_per_epoch = steps_per_epoch;
   ASSIGN_OR_RETURN(trainer->algorithm_,
                    DefaultAlgorithms().Create(config.algorithm().name(), context));
@@ -210,47 +231,35 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
   return trainer;
 }
 
-Trainer::Trainer(const v1::JobConfig& config, TrainerLink link, uint32_t partition,
-                 const Dataset* train, const Dataset* test,
-                 size_t steps_per_epoch, Range range, uint32_t batch_size,
-                 std::unique_ptr<Model> model)
+Trainer::Trainer(const v1::JobConfig& config, TrainerLink link, TrainerPlan plan,
+                 const Dataset* train, const Dataset* test, std::unique_ptr<Model> model)
     : config_(config),
+      link_(link),
+      plan_(std::move(plan)),
       client_(link.client),
-      group_(link.group),
       comm_(link.client),
       test_(test),
-      rank_(link.client->rank()),
-      local_rank_(link.group != nullptr ? link.group->local_rank() : 0),
-      partition_(partition),
-      steps_per_epoch_(steps_per_epoch),
-      batch_size_(batch_size),
+      rank_(plan_.rank),
+      local_rank_(plan_.local_rank),
+      steps_per_epoch_(plan_.steps_per_epoch),
+      batch_size_(plan_.batch_size),
       model_(std::move(model)),
-      batcher_(*train, range, batch_size, config.seed(), partition),
+      batcher_(*train, plan_.range, plan_.batch_size, config.seed(), plan_.partition),
       direction_(config.optimizer(), model_->spec().num_params),
-      schedule_(config.optimizer(), steps_per_epoch, config.epochs()),
+      schedule_(config.optimizer(), plan_.steps_per_epoch, config.epochs()),
       slowdown_(config.data().rank_slowdown_size() > 0
-                    ? config.data().rank_slowdown(partition)
+                    ? config.data().rank_slowdown(plan_.partition)
                     : 1.0f),
       x_(model_->spec().num_params),
       grad_(model_->spec().num_params) {}
-
-absl::Status Trainer::PushModel(absl::Span<const float> model) {
-  if (group_ == nullptr) return client_->PushModel(model);
-  return PushNodeModel(*group_, *client_, model);
-}
-
-absl::Status Trainer::PullModel(absl::Span<float> model, bool wait_for_init) {
-  if (group_ == nullptr) return client_->PullModel(model, wait_for_init);
-  return PullNodeModel(*group_, *client_, model, wait_for_init);
-}
 
 absl::Status Trainer::InitializeModel() {
   if (rank_ == 0) {
     // Only local rank 0's model is pushed; every local rank joins the push.
     if (local_rank_ == 0) model_->Initialize(config_.seed(), absl::MakeSpan(x_));
-    RETURN_IF_ERROR(PushModel(x_));
+    RETURN_IF_ERROR(PushModel(link_, x_));
   }
-  return PullModel(absl::MakeSpan(x_), /*wait_for_init=*/true);
+  return PullModel(link_, absl::MakeSpan(x_), /*wait_for_init=*/true);
 }
 
 absl::StatusOr<float> Trainer::Step() {
@@ -281,7 +290,7 @@ EvalSums Trainer::EvaluateTest() {
 
 double Trainer::AchievedCompression(uint64_t floats_pushed) const {
   return floats_pushed == 0 ? 0.0
-                            : static_cast<double>(step_) * shard_floats_ / floats_pushed;
+                            : static_cast<double>(step_) * plan_.shard_floats / floats_pushed;
 }
 
 
@@ -317,12 +326,12 @@ EvalSums Trainer::Evaluate(absl::Span<const float> params) {
 absl::Status Trainer::Run() {
   RETURN_IF_ERROR(InitializeModel());
   const absl::Time start = absl::Now();
-  const EpochLoop loop{&config_, client_, &schedule_, steps_per_epoch_, batch_size_, log_prefix_};
+  const EpochLoop loop{&config_, client_, &schedule_, steps_per_epoch_, batch_size_, plan_.log_prefix};
   RETURN_IF_ERROR(RunEpochs(
       loop, start, [this] { return Step(); },
       [this]() -> absl::StatusOr<EvalSums> { return EvaluateTest(); }, &curve_));
   RETURN_IF_ERROR(FinishTraining());
-  LogFinal(log_prefix_, final_);
+  LogFinal(plan_.log_prefix, final_);
   return WriteOutputs(absl::ToDoubleSeconds(absl::Now() - start));
 }
 
@@ -334,7 +343,7 @@ absl::Status Trainer::FinishTraining() {
   final_.local_accuracy = Accuracy(EvaluateTest());
   RETURN_IF_ERROR(algorithm_->Finish(step_, absl::MakeSpan(x_)));
   std::vector<float> global(x_.size());
-  RETURN_IF_ERROR(PullModel(absl::MakeSpan(global), /*wait_for_init=*/false));
+  RETURN_IF_ERROR(PullModel(link_, absl::MakeSpan(global), /*wait_for_init=*/false));
   final_.global_accuracy = Accuracy(Evaluate(global));
   if (metrics_ != nullptr) {
     metrics_->SetTestAccuracy(/*global=*/true, final_.global_accuracy);

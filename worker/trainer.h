@@ -69,6 +69,33 @@ struct TrainerLink {
   LocalGroup* group = nullptr;
 };
 
+// What both trainers (this one and worker/cuda/device_trainer.h) derive
+// from the job, their link and the training set's size.
+struct TrainerPlan {
+  uint32_t rank = 0;        // the member's (the node's, in a node)
+  uint32_t local_rank = 0;  // 0 for a flat worker
+  uint32_t partition = 0;   // DataPartition(rank, local_rank, local_size)
+  uint32_t batch_size = 0;  // the partition's, also its weight in averages
+  size_t steps_per_epoch = 0;
+  Range range;  // the partition's examples
+  // Floats of the shards this process talks to (all d when flat): what its
+  // achieved compression is measured against.
+  uint64_t shard_floats = 0;
+  std::string log_prefix;  // "local rank j: " in a node
+};
+// FAILED_PRECONDITION naming cluster.local_size when the link's group (or
+// its absence) does not match it; INVALID_ARGUMENT for a rank not below
+// num_workers, a partition the config has no batch size for, or too few
+// examples for one step.
+absl::StatusOr<TrainerPlan> PlanTrainer(const v1::JobConfig& config, const TrainerLink& link,
+                                        size_t train_size);
+
+// The whole model to or from the servers through `link`: the client's
+// calls, or in a node the group's (PushNodeModel, PullNodeModel; every
+// local rank calls them).
+absl::Status PushModel(const TrainerLink& link, absl::Span<const float> model);
+absl::Status PullModel(const TrainerLink& link, absl::Span<float> model, bool wait_for_init);
+
 // The data partition of local rank `local_rank` of the node (or flat
 // worker, local_size 1) of rank `rank`: rank * local_size + local_rank. The
 // training set is split into num_workers * local_size partitions, one per
@@ -190,7 +217,7 @@ class Trainer {
 
   uint32_t rank() const { return rank_; }
   uint32_t local_rank() const { return local_rank_; }
-  uint32_t partition() const { return partition_; }
+  uint32_t partition() const { return plan_.partition; }
   absl::Span<const float> params() const { return x_; }
   uint64_t step() const { return step_; }
   size_t steps_per_epoch() const { return steps_per_epoch_; }
@@ -198,22 +225,18 @@ class Trainer {
   const FinalReport& final_report() const { return final_; }
 
  private:
-  Trainer(const v1::JobConfig& config, TrainerLink link, uint32_t partition,
-          const Dataset* train, const Dataset* test, size_t steps_per_epoch,
-          Range range, uint32_t batch_size, std::unique_ptr<Model> model);
+  Trainer(const v1::JobConfig& config, TrainerLink link, TrainerPlan plan,
+          const Dataset* train, const Dataset* test, std::unique_ptr<Model> model);
   absl::Status WriteOutputs(double wall_seconds) const;
-  // The whole model to or from the servers: the client's calls, or in a
-  // node the group's (PushNodeModel, PullNodeModel).
-  absl::Status PushModel(absl::Span<const float> model);
-  absl::Status PullModel(absl::Span<float> model, bool wait_for_init);
   // S-SGD's floats for this process's shards over the steps so far, over
   // `floats_pushed`.
   double AchievedCompression(uint64_t floats_pushed) const;
   EvalSums Evaluate(absl::Span<const float> params);
 
   const v1::JobConfig config_;
+  const TrainerLink link_;
+  const TrainerPlan plan_;
   PsClient* const client_;
-  LocalGroup* const group_;  // null: flat
   // In a node, what the algorithm averages through; declared before
   // algorithm_, which uses it until destroyed.
   std::unique_ptr<HierarchicalCommunicator> hierarchical_;
@@ -221,11 +244,6 @@ class Trainer {
   const Dataset* const test_;
   const uint32_t rank_;
   const uint32_t local_rank_;
-  const uint32_t partition_;
-  // Floats of the shards this process talks to (all d when flat): what its
-  // achieved compression is measured against.
-  uint64_t shard_floats_ = 0;
-  std::string log_prefix_;  // "local rank j: " in a node
   const size_t steps_per_epoch_;
   const uint32_t batch_size_;
   std::unique_ptr<Model> model_;

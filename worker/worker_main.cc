@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
@@ -40,7 +41,7 @@
 
 #include "worker/cuda/cuda_model.h"
 #include "worker/cuda/cuda_status.h"
-#include "worker/cuda/device_algorithms.h"
+#include "worker/device/device_algorithms.h"
 #include "worker/cuda/device_trainer.h"
 #endif
 #ifdef CSERPS_HAVE_NCCL
@@ -181,32 +182,15 @@ absl::StatusOr<std::unique_ptr<cserps::PsClient>> ConnectFlat(const Job& job,
   return client;
 }
 
-#ifdef CSERPS_HAVE_CUDA
-// A flat GPU worker whose model stays on the device (worker/cuda/device_trainer.h).
-absl::Status TrainOnDevice(const Job& job, const std::string& worker_id) {
-  ASSIGN_OR_RETURN(std::unique_ptr<cserps::CudaModel> model,
-                   cserps::CudaModel::Create(job.config.model()));
-  ASSIGN_OR_RETURN(std::unique_ptr<cserps::PsClient> client, ConnectFlat(job, worker_id));
-  std::unique_ptr<cserps::WorkerMetrics> worker_metrics;
-  if (job.metrics != nullptr) {
-    ASSIGN_OR_RETURN(worker_metrics,
-                     cserps::WorkerMetrics::Create(job.metrics.get(), client->rank(),
-                                                   job.config.algorithm().name()));
-  }
-  ASSIGN_OR_RETURN(std::unique_ptr<cserps::DeviceTrainer> trainer,
-                   cserps::DeviceTrainer::Create(job.config, client.get(), &job.train,
-                                                 &job.test, std::move(model),
-                                                 worker_metrics.get()));
-  return trainer->Run();
-}
-#endif
+// Builds and runs the trainer of one process over its registered link.
+using RunTrainer = std::function<absl::Status(const cserps::TrainerLink& link,
+                                              cserps::WorkerMetrics* metrics)>;
 
 // Registers, trains and writes the summary of one process of the job: flat
-// (group null) or one local rank of a node. `model` null: the CPU model.
-// `metrics` null: none.
+// (group null) or one local rank of a node. `metrics` null: none.
 absl::Status TrainProcess(const Job& job, cserps::LocalGroup* group,
-                          const std::string& worker_id, std::unique_ptr<cserps::Model> model,
-                          cserps::MetricsRegistry* metrics) {
+                          const std::string& worker_id, cserps::MetricsRegistry* metrics,
+                          const RunTrainer& run) {
   const cserps::v1::JobConfig& config = job.config;
   cserps::PsClientOptions options;
   if (group != nullptr) {
@@ -234,16 +218,43 @@ absl::Status TrainProcess(const Job& job, cserps::LocalGroup* group,
     ASSIGN_OR_RETURN(worker_metrics, cserps::WorkerMetrics::Create(
                                          metrics, rank, config.algorithm().name()));
   }
-  ASSIGN_OR_RETURN(std::unique_ptr<cserps::Trainer> trainer,
-                   cserps::Trainer::Create(config, {client.get(), group}, &job.train,
-                                           &job.test, worker_metrics.get(), std::move(model)));
-  return trainer->Run();
+  return run({client.get(), group}, worker_metrics.get());
 }
+
+// The host Trainer; `model` null: the CPU model.
+RunTrainer HostTrainer(const Job& job, std::unique_ptr<cserps::Model> model) {
+  // std::function needs a copyable callable: the model moves through a
+  // shared pointer and is taken once.
+  auto shared = std::make_shared<std::unique_ptr<cserps::Model>>(std::move(model));
+  return [&job, shared](const cserps::TrainerLink& link,
+                        cserps::WorkerMetrics* metrics) -> absl::Status {
+    ASSIGN_OR_RETURN(std::unique_ptr<cserps::Trainer> trainer,
+                     cserps::Trainer::Create(job.config, link, &job.train, &job.test, metrics,
+                                             std::move(*shared)));
+    return trainer->Run();
+  };
+}
+
+#ifdef CSERPS_HAVE_CUDA
+// The device trainer (worker/cuda/device_trainer.h): the model and the
+// algorithm's state stay on the GPU.
+RunTrainer DeviceTrainer(const Job& job) {
+  return [&job](const cserps::TrainerLink& link,
+                cserps::WorkerMetrics* metrics) -> absl::Status {
+    ASSIGN_OR_RETURN(std::unique_ptr<cserps::CudaModel> model,
+                     cserps::CudaModel::Create(job.config.model()));
+    ASSIGN_OR_RETURN(std::unique_ptr<cserps::DeviceTrainer> trainer,
+                     cserps::DeviceTrainer::Create(job.config, link, &job.train, &job.test,
+                                                   std::move(model), metrics));
+    return trainer->Run();
+  };
+}
+#endif
 
 // TrainProcess, with a local rank's errors naming it.
 absl::Status Train(const Job& job, cserps::LocalGroup* group, const std::string& worker_id,
-                   std::unique_ptr<cserps::Model> model, cserps::MetricsRegistry* metrics) {
-  const absl::Status status = TrainProcess(job, group, worker_id, std::move(model), metrics);
+                   cserps::MetricsRegistry* metrics, const RunTrainer& run) {
+  const absl::Status status = TrainProcess(job, group, worker_id, metrics, run);
   if (status.ok() || group == nullptr) return status;
   return absl::Status(status.code(), absl::StrCat("local rank ", group->local_rank(), ": ",
                                                   status.message()));
@@ -303,8 +314,8 @@ absl::Status RunLocalRankThreads(const Job& job, const std::string& node_id) {
   std::vector<std::thread> threads;
   for (uint32_t j = 0; j < size; ++j) {
     threads.emplace_back([&job, &node_id, &members, &results, j] {
-      results.Finished(Train(job, members[j].get(), node_id, nullptr,
-                             j == 0 ? job.metrics.get() : nullptr));
+      results.Finished(Train(job, members[j].get(), node_id,
+                             j == 0 ? job.metrics.get() : nullptr, HostTrainer(job, nullptr)));
     });
   }
   const auto [failure, all_finished] = results.AwaitAllOrFailure();
@@ -373,7 +384,9 @@ absl::Status RunWorker() {
   ASSIGN_OR_RETURN(job.metrics, StartMetrics());
 
   if (backend == "cpu") {
-    if (local_size == 1) return Train(job, nullptr, worker_id, nullptr, job.metrics.get());
+    if (local_size == 1) {
+      return Train(job, nullptr, worker_id, job.metrics.get(), HostTrainer(job, nullptr));
+    }
     return RunLocalRankThreads(job, worker_id);
   }
 #ifdef CSERPS_HAVE_CUDA
@@ -406,12 +419,15 @@ absl::Status RunWorker() {
         "without NCCL (none was found beside the CUDA toolkit)");
 #endif
   }
+  // Nodes keep the host-span path until the CUDA staging device runs the
+  // group's collectives (docs/gpu.md).
   if (local_size == 1 && cserps::HasDeviceAlgorithm(config.algorithm())) {
-    return TrainOnDevice(job, worker_id);
+    return Train(job, nullptr, worker_id, job.metrics.get(), DeviceTrainer(job));
   }
   ASSIGN_OR_RETURN(std::unique_ptr<cserps::Model> model,
                    cserps::MakeCudaModel(config.model()));
-  return Train(job, group.get(), worker_id, std::move(model), job.metrics.get());
+  return Train(job, group.get(), worker_id, job.metrics.get(),
+               HostTrainer(job, std::move(model)));
 #else
   return absl::InternalError("unreachable: --backend=cuda without CUDA");
 #endif

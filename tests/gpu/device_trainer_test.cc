@@ -2,8 +2,11 @@
 // Trainer with the CPU model, each on its own in-process cluster with the
 // same job and data: after the same steps and the final average their
 // models agree to float rounding (the CUDA model sums in another order), for
-// S-SGD with Nesterov momentum and for CSER (MODEL_BLOCKS) with heavy ball,
-// each with two workers so that the averages mix real differences.
+// S-SGD with Nesterov momentum, CSER (MODEL_BLOCKS) with heavy ball, EF-SGD
+// and QSparse-local-SGD (error buffers on the device), each with two workers
+// so that the averages mix real differences. (The top-k methods are not
+// here: a rounding difference in the gradients may flip a near tie in the
+// selection; tests/gpu/device_ops_test.cc holds their top-k to the CPU's.)
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
@@ -120,8 +123,8 @@ TEST_P(DeviceTrainerTest, MatchesTheHostTrainer) {
                      CudaModel::Create(device_cluster->config().model()));
     ASSIGN_OR_RETURN(std::unique_ptr<DeviceTrainer> trainer,
                      DeviceTrainer::Create(device_cluster->config(),
-                                           &device_cluster->client(r), &train, &test,
-                                           std::move(model)));
+                                           {&device_cluster->client(r), nullptr}, &train,
+                                           &test, std::move(model)));
     RETURN_IF_ERROR(trainer->InitializeModel());
     for (int t = 0; t < kSteps; ++t) RETURN_IF_ERROR(trainer->Step().status());
     RETURN_IF_ERROR(trainer->FinishTraining());
@@ -168,8 +171,9 @@ TEST(DeviceTrainerRunTest, WritesTheSummaryAndMetrics) {
     ASSIGN_OR_RETURN(std::unique_ptr<CudaModel> model,
                      CudaModel::Create(cluster->config().model()));
     ASSIGN_OR_RETURN(std::unique_ptr<DeviceTrainer> trainer,
-                     DeviceTrainer::Create(cluster->config(), &cluster->client(r), &train,
-                                           &test, std::move(model), metrics[r].get()));
+                     DeviceTrainer::Create(cluster->config(), {&cluster->client(r), nullptr},
+                                           &train, &test, std::move(model),
+                                           metrics[r].get()));
     RETURN_IF_ERROR(trainer->Run());
     steps[r] = trainer->step();
     return absl::OkStatus();
@@ -194,7 +198,10 @@ INSTANTIATE_TEST_SUITE_P(
     Algorithms, DeviceTrainerTest,
     ::testing::Values(std::make_pair(R"pb(name: "ssgd")pb", "NESTEROV"),
                       std::make_pair(R"pb(name: "cser" period: 2 ratio_c1: 2 ratio_c2: 4)pb",
-                                     "HEAVY_BALL")));
+                                     "HEAVY_BALL"),
+                      std::make_pair(R"pb(name: "ef-sgd" ratio: 4)pb", "NESTEROV"),
+                      std::make_pair(R"pb(name: "qsparse-local-sgd" period: 2 ratio: 2)pb",
+                                     "NONE")));
 
 }  // namespace
 }  // namespace cserps

@@ -49,7 +49,7 @@ const v1::OptimizerConfig::Momentum kKinds[] = {
     v1::OptimizerConfig::HEAVY_BALL, v1::OptimizerConfig::NESTEROV};
 
 TEST(UpdateKernelsTest, UnknownMomentumKindIsRejectedBeforeAnyLaunch) {
-  cuda::DirectionRule rule;
+  DirectionRule rule;
   rule.kind = static_cast<v1::OptimizerConfig::Momentum>(77);
   const absl::Status status =
       cuda::LaunchDirection(rule, 4, nullptr, nullptr, nullptr, nullptr, nullptr);
@@ -66,7 +66,7 @@ TEST(UpdateKernelsTest, MatchesCpuDirectionAndDescentBitForBit) {
   for (const auto kind : kKinds) {
     const std::string name = v1::OptimizerConfig::Momentum_Name(kind);
     const v1::OptimizerConfig config = Config(kind);
-    const cuda::DirectionRule rule = cuda::MakeDirectionRule(config);
+    const DirectionRule rule = MakeDirectionRule(config);
     Direction cpu_direction(config, kN);
     std::vector<float> x = RandomVector(DeriveKey(1, kind), kN, 1.0f);
     std::vector<float> p(kN);
@@ -121,7 +121,7 @@ TEST(UpdateKernelsTest, DirectionInPlaceOverGradient) {
   CSERPS_ASSERT_OK_AND_ASSIGN(DeviceBuffer<float> d_x, Upload(x));
   CSERPS_ASSERT_OK_AND_ASSIGN(DeviceBuffer<float> d_g, Upload(g));
   CSERPS_ASSERT_OK_AND_ASSIGN(DeviceBuffer<float> d_m, Upload(std::vector<float>(kN, 0.0f)));
-  CSERPS_ASSERT_OK(cuda::LaunchDirection(cuda::MakeDirectionRule(config), kN, d_g.data(),
+  CSERPS_ASSERT_OK(cuda::LaunchDirection(MakeDirectionRule(config), kN, d_g.data(),
                                          d_x.data(), d_m.data(), d_g.data(), nullptr));
   cpu_direction.Compute(g, x, absl::MakeSpan(g));
   CSERPS_ASSERT_OK_AND_ASSIGN(std::vector<float> gpu_p, Download(d_g.data(), kN));

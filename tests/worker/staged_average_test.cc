@@ -16,6 +16,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/in_process_cluster.h"
+#include "worker/device/host_device_ops.h"
 #include "worker/staged_average.h"
 
 namespace cserps {
@@ -55,56 +56,52 @@ v1::JobConfig MakeConfig(const std::string& algorithm) {
   )pb"));
 }
 
-// A StagingDevice in host memory that logs every operation into *log.
+// The host StagingDevice, logging every operation into *log.
 class RecordingDevice final : public StagingDevice {
  public:
   explicit RecordingDevice(std::vector<std::string>* log)
-      : log_(log), staging_(kD, -1.0f), host_(kD, -1.0f) {}
+      : log_(log), device_(kD, kBlockSize, /*group=*/nullptr) {}
 
-  uint64_t capacity() const override { return kD; }
-  absl::Span<float> host() override { return absl::MakeSpan(host_); }
+  uint64_t capacity() const override { return device_.capacity(); }
+  absl::Span<float> host() override { return device_.host(); }
   absl::Status Gather(const float* model, absl::Span<const uint64_t> blocks) override {
     log_->push_back("gather");
-    blocks_.assign(blocks.begin(), blocks.end());
-    uint64_t at = 0;
-    for (uint64_t b : blocks_) {
-      for (uint64_t j = b * kBlockSize; j < std::min(kD, (b + 1) * kBlockSize); ++j) {
-        staging_[at++] = model[j];
-      }
-    }
-    return absl::OkStatus();
+    return device_.Gather(model, blocks);
   }
   absl::Status CopyToHost(uint32_t slot, uint64_t offset, uint64_t count) override {
     log_->push_back(absl::StrCat("to_host ", slot));
-    std::copy_n(staging_.begin() + offset, count, host_.begin() + offset);
-    return absl::OkStatus();
+    return device_.CopyToHost(slot, offset, count);
   }
   absl::Status WaitCopied(uint32_t slot) override {
     log_->push_back(absl::StrCat("wait_copied ", slot));
-    return absl::OkStatus();
+    return device_.WaitCopied(slot);
   }
   absl::Status CopyToStaging(uint64_t offset, uint64_t count) override {
     log_->push_back(absl::StrCat("to_staging ", offset));
-    std::copy_n(host_.begin() + offset, count, staging_.begin() + offset);
-    return absl::OkStatus();
+    return device_.CopyToStaging(offset, count);
   }
   absl::Status Scatter(ScatterKind kind, float alpha, float* model) override {
     log_->push_back("scatter");
-    uint64_t at = 0;
-    for (uint64_t b : blocks_) {
-      for (uint64_t j = b * kBlockSize; j < std::min(kD, (b + 1) * kBlockSize); ++j) {
-        model[j] = kind == ScatterKind::kAssign ? staging_[at] : model[j] + alpha * staging_[at];
-        ++at;
-      }
-    }
-    return absl::OkStatus();
+    return device_.Scatter(kind, alpha, model);
+  }
+  // A flat worker's average uses none of the node operations.
+  absl::Status ScaleStaging(Scale op, float factor, uint64_t offset,
+                            uint64_t count) override {
+    log_->push_back("scale");
+    return device_.ScaleStaging(op, factor, offset, count);
+  }
+  absl::Status AllReduceStaging(uint64_t count) override {
+    log_->push_back("all_reduce");
+    return device_.AllReduceStaging(count);
+  }
+  absl::Status BroadcastStaging(uint32_t root, uint64_t offset, uint64_t count) override {
+    log_->push_back("broadcast");
+    return device_.BroadcastStaging(root, offset, count);
   }
 
  private:
   std::vector<std::string>* log_;
-  std::vector<float> staging_;
-  std::vector<float> host_;
-  std::vector<uint64_t> blocks_;
+  HostStagingDevice device_;
 };
 
 // The client's round, logging when each shard is started and awaited.

@@ -121,4 +121,27 @@ absl::Status CudaStagingDevice::Scatter(ScatterKind kind, float alpha, float* mo
                                        blocks_.data(), num_selected_, model, compute_);
 }
 
+namespace {
+
+absl::Status NoNodeOnDevice(absl::string_view what) {
+  return absl::FailedPreconditionError(absl::StrCat(
+      "CudaStagingDevice::", what,
+      ": a node's average has no device path yet (nodes of several GPUs run the "
+      "host-span path)"));
+}
+
+}  // namespace
+
+absl::Status CudaStagingDevice::ScaleStaging(Scale, float, uint64_t, uint64_t) {
+  return NoNodeOnDevice("ScaleStaging");
+}
+
+absl::Status CudaStagingDevice::AllReduceStaging(uint64_t) {
+  return NoNodeOnDevice("AllReduceStaging");
+}
+
+absl::Status CudaStagingDevice::BroadcastStaging(uint32_t, uint64_t, uint64_t) {
+  return NoNodeOnDevice("BroadcastStaging");
+}
+
 }  // namespace cserps

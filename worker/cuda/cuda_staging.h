@@ -47,6 +47,12 @@ class CudaStagingDevice final : public StagingDevice {
   absl::Status WaitCopied(uint32_t slot) override;
   absl::Status CopyToStaging(uint64_t offset, uint64_t count) override;
   absl::Status Scatter(ScatterKind kind, float alpha, float* model) override;
+  // A node's operations: not on the device yet (nodes of several GPUs run
+  // the host-span path, docs/gpu.md); FAILED_PRECONDITION.
+  absl::Status ScaleStaging(Scale op, float factor, uint64_t offset,
+                            uint64_t count) override;
+  absl::Status AllReduceStaging(uint64_t count) override;
+  absl::Status BroadcastStaging(uint32_t root, uint64_t offset, uint64_t count) override;
 
  private:
   CudaStagingDevice(uint64_t num_params, uint32_t block_size, cudaStream_t compute)

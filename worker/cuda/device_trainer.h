@@ -1,16 +1,17 @@
-// The training loop of a flat GPU worker (cluster.local_size 1) whose model,
-// gradient, direction and momentum stay on the device (issue 6): each batch
+// The training loop of a GPU worker whose model, gradient, direction,
+// momentum and residuals stay on the device (issue 6): each batch
 // is uploaded through pinned memory, CudaModel::LossAndGradientDevice
-// computes the gradient, a DeviceAlgorithm (device_algorithms.h) steps the
-// device model and averages through the staged pipeline
-// (worker/staged_average.h, cuda_staging.h), and the test set is evaluated
-// with EvaluateDevice. Same data order, schedule, initial push/pull, final
-// average and summary files as the host Trainer (worker/trainer.h), so the
-// two backends' runs compare line by line.
+// computes the gradient, a DeviceAlgorithm (worker/device/device_algorithms.h)
+// on CudaDeviceOps steps the device model and averages through the staged
+// pipeline (worker/staged_average.h, cuda_staging.h), and the test set is
+// evaluated with EvaluateDevice. Same data order, schedule, initial
+// push/pull, final average, metrics and summary files as the host Trainer
+// (worker/trainer.h), so the two backends' runs compare line by line.
 //
+// In a node (cluster.local_size > 1) the averages are NodeStagedAverage's,
+// whose collectives run on the staging buffer through the NCCL group.
 // Not supported here (the host Trainer, --backend=cuda through host spans,
-// still runs them): nodes of several local ranks, algorithms other than
-// HasDeviceAlgorithm's, and Prometheus metrics.
+// still runs them): the algorithms HasDeviceAlgorithm refuses.
 //
 // The device current at Create (the model's) must be current on the
 // calling thread. Not thread-safe.
@@ -27,8 +28,8 @@
 #include "absl/status/statusor.h"
 #include "cserps/v1/config.pb.h"
 #include "worker/cuda/cuda_model.h"
-#include "worker/cuda/cuda_staging.h"
-#include "worker/cuda/device_algorithms.h"
+#include "worker/cuda/cuda_device_ops.h"
+#include "worker/device/device_algorithms.h"
 #include "worker/data/batcher.h"
 #include "worker/data/dataset.h"
 #include "worker/optim/lr_schedule.h"
@@ -39,15 +40,17 @@ namespace cserps {
 
 class DeviceTrainer {
  public:
-  // `config` has defaults applied and is valid; `client` (registered, every
-  // shard), `train` and `test` outlive the trainer. FAILED_PRECONDITION
-  // naming cluster.local_size unless it is 1; UNIMPLEMENTED for an
-  // algorithm without a device implementation; INVALID_ARGUMENT as
-  // Trainer::Create for ranks, batch sizes and model shapes; CUDA errors of
-  // the allocations. `metrics` (may be null) outlives the trainer and gets
-  // the same step, traffic and accuracy metrics as the host trainer's.
+  // `config` has defaults applied and is valid; `link` (as the host
+  // Trainer's: a flat worker's client, or a node's client and group whose
+  // staging collectives run on the device), `train` and `test` outlive the
+  // trainer. Errors: PlanTrainer's (cluster.local_size, ranks, batch sizes,
+  // too few examples); INVALID_ARGUMENT for a model that does not fit the
+  // data; UNIMPLEMENTED for an algorithm without a device implementation
+  // (MakeDeviceAlgorithm); CUDA errors of the allocations. `metrics` (may be
+  // null) outlives the trainer and gets the same step, traffic and accuracy
+  // metrics as the host trainer's.
   static absl::StatusOr<std::unique_ptr<DeviceTrainer>> Create(
-      const v1::JobConfig& config, PsClient* client, const Dataset* train,
+      const v1::JobConfig& config, TrainerLink link, const Dataset* train,
       const Dataset* test, std::unique_ptr<CudaModel> model,
       WorkerMetrics* metrics = nullptr);
   ~DeviceTrainer();
@@ -68,27 +71,26 @@ class DeviceTrainer {
   // A host copy of the device model (waits for the device).
   absl::StatusOr<std::vector<float>> Params();
   uint64_t step() const { return step_; }
-  size_t steps_per_epoch() const { return steps_per_epoch_; }
+  size_t steps_per_epoch() const { return plan_.steps_per_epoch; }
   const std::vector<CurvePoint>& curve() const { return curve_; }
   const FinalReport& final_report() const { return final_; }
 
  private:
-  DeviceTrainer(const v1::JobConfig& config, PsClient* client, const Dataset* train,
-                const Dataset* test, size_t steps_per_epoch, Range range,
-                uint32_t batch_size, std::unique_ptr<CudaModel> model);
+  DeviceTrainer(const v1::JobConfig& config, TrainerLink link, TrainerPlan plan,
+                const Dataset* train, const Dataset* test, std::unique_ptr<CudaModel> model);
   absl::Status Init();
   // Copies `batch` to features_ / labels_ through pinned memory (queued).
   absl::Status Upload(const Batch& batch);
   absl::StatusOr<EvalSums> Evaluate(const float* params);
-  // Steps times model floats over the training floats pushed so far.
+  // Steps times this process's shard floats over the training floats
+  // pushed so far.
   double AchievedCompression() const;
 
   const v1::JobConfig config_;
+  const TrainerLink link_;
+  const TrainerPlan plan_;
   PsClient* const client_;
   const Dataset* const test_;
-  const uint32_t rank_;
-  const size_t steps_per_epoch_;
-  const uint32_t batch_size_;
   const size_t num_params_;
   std::unique_ptr<CudaModel> model_;
   EpochBatcher batcher_;
@@ -96,16 +98,16 @@ class DeviceTrainer {
   const float slowdown_;
   WorkerMetrics* metrics_ = nullptr;  // null: no metrics
   cudaStream_t stream_ = nullptr;
-  // Both queue on stream_: the destructor releases them before the stream.
-  std::unique_ptr<CudaStagingDevice> staging_;
+  // These queue on stream_: the destructor releases them before the stream.
+  std::unique_ptr<CudaDeviceOps> ops_;
   std::unique_ptr<DeviceAlgorithm> algorithm_;
+  DeviceVector x_;     // of ops_
+  DeviceVector grad_;  // of ops_
   size_t max_rows_ = 0;  // of the batch buffers
   PinnedBuffer<float> host_features_;
   PinnedBuffer<uint8_t> host_labels_;
   DeviceBuffer<float> features_;
   DeviceBuffer<uint8_t> labels_;
-  DeviceBuffer<float> x_;
-  DeviceBuffer<float> grad_;
   DeviceBuffer<float> loss_;
   DeviceBuffer<double> loss_sum_;
   DeviceBuffer<unsigned long long> correct_;

@@ -94,16 +94,6 @@ void WithKind(Kind kind, Launch launch) {
 
 }  // namespace
 
-DirectionRule MakeDirectionRule(const v1::OptimizerConfig& config) {
-  DirectionRule rule;
-  rule.kind = config.momentum_kind() == v1::OptimizerConfig::MOMENTUM_UNSPECIFIED
-                  ? v1::OptimizerConfig::NONE
-                  : config.momentum_kind();
-  rule.beta = config.momentum();
-  rule.weight_decay = config.weight_decay();
-  return rule;
-}
-
 absl::Status LaunchDirection(const DirectionRule& rule, size_t n,
                              const float* grad, const float* params,
                              float* momentum, float* direction,

@@ -22,18 +22,10 @@
 
 #include "absl/status/status.h"
 #include "cserps/v1/config.pb.h"
+#include "worker/optim/direction.h"
 
 namespace cserps {
 namespace cuda {
-
-// The rule of a Direction, read from the optimizer config.
-struct DirectionRule {
-  v1::OptimizerConfig::Momentum kind = v1::OptimizerConfig::NONE;
-  float beta = 0.0f;          // momentum
-  float weight_decay = 0.0f;  // λ
-};
-// MOMENTUM_UNSPECIFIED becomes NONE, as in Direction.
-DirectionRule MakeDirectionRule(const v1::OptimizerConfig& config);
 
 // direction = p(grad, params), advancing `momentum` (unused, may be null,
 // for NONE). `direction` may alias `grad`, as in Direction::Compute.

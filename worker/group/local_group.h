@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 
 namespace cserps {
@@ -49,6 +50,14 @@ class LocalGroup {
   // left as it is).
   virtual absl::Status Broadcast(uint32_t root, absl::Span<float> data) = 0;
 };
+
+// Every local rank's status, exchanged (a collective: every member calls it
+// at the same point): OK when all are OK; otherwise this rank's own error,
+// or one with the code of the first local rank that failed, naming it and
+// `what` (its own error, logged there, says why). So that no member waits in
+// a later collective for a peer that has given up.
+absl::Status ShareStatus(LocalGroup& group, const absl::Status& mine,
+                         absl::string_view what);
 
 }  // namespace cserps
 

@@ -4,17 +4,51 @@
 
 namespace cserps {
 
+DirectionRule MakeDirectionRule(const v1::OptimizerConfig& config) {
+  DirectionRule rule;
+  rule.kind = config.momentum_kind() == v1::OptimizerConfig::MOMENTUM_UNSPECIFIED
+                  ? v1::OptimizerConfig::NONE
+                  : config.momentum_kind();
+  rule.beta = config.momentum();
+  rule.weight_decay = config.weight_decay();
+  return rule;
+}
+
+void ComputeDirection(const DirectionRule& rule, size_t n, const float* grad,
+                      const float* params, float* momentum, float* direction) {
+  const float lambda = rule.weight_decay;
+  const float beta = rule.beta;
+  float* m = momentum;
+  switch (rule.kind) {
+    case v1::OptimizerConfig::HEAVY_BALL:
+      for (size_t i = 0; i < n; ++i) {
+        m[i] = beta * m[i] + (grad[i] + lambda * params[i]);
+        direction[i] = m[i];
+      }
+      break;
+    case v1::OptimizerConfig::NESTEROV:
+      for (size_t i = 0; i < n; ++i) {
+        const float d = grad[i] + lambda * params[i];
+        m[i] = beta * m[i] + d;
+        direction[i] = d + beta * m[i];
+      }
+      break;
+    case v1::OptimizerConfig::NONE:
+      for (size_t i = 0; i < n; ++i) {
+        direction[i] = grad[i] + lambda * params[i];
+      }
+      break;
+    default:
+      CSERPS_CHECK(false && "unknown momentum kind");
+  }
+}
+
 Direction::Direction(const v1::OptimizerConfig& config, size_t num_params)
-    : kind_(config.momentum_kind() == v1::OptimizerConfig::MOMENTUM_UNSPECIFIED
-                ? v1::OptimizerConfig::NONE
-                : config.momentum_kind()),
-      beta_(config.momentum()),
-      weight_decay_(config.weight_decay()),
-      num_params_(num_params) {
-  CSERPS_CHECK(kind_ == v1::OptimizerConfig::NONE ||
-               kind_ == v1::OptimizerConfig::HEAVY_BALL ||
-               kind_ == v1::OptimizerConfig::NESTEROV);
-  if (kind_ != v1::OptimizerConfig::NONE) momentum_.assign(num_params, 0.0f);
+    : rule_(MakeDirectionRule(config)), num_params_(num_params) {
+  CSERPS_CHECK(rule_.kind == v1::OptimizerConfig::NONE ||
+               rule_.kind == v1::OptimizerConfig::HEAVY_BALL ||
+               rule_.kind == v1::OptimizerConfig::NESTEROV);
+  if (rule_.kind != v1::OptimizerConfig::NONE) momentum_.assign(num_params, 0.0f);
 }
 
 void Direction::Compute(absl::Span<const float> grad,
@@ -22,29 +56,8 @@ void Direction::Compute(absl::Span<const float> grad,
                         absl::Span<float> direction) {
   CSERPS_CHECK(grad.size() == num_params_ && params.size() == num_params_ &&
                direction.size() == num_params_);
-  const float lambda = weight_decay_;
-  const float beta = beta_;
-  float* m = momentum_.data();
-  switch (kind_) {
-    case v1::OptimizerConfig::HEAVY_BALL:
-      for (size_t i = 0; i < num_params_; ++i) {
-        m[i] = beta * m[i] + (grad[i] + lambda * params[i]);
-        direction[i] = m[i];
-      }
-      break;
-    case v1::OptimizerConfig::NESTEROV:
-      for (size_t i = 0; i < num_params_; ++i) {
-        const float d = grad[i] + lambda * params[i];
-        m[i] = beta * m[i] + d;
-        direction[i] = d + beta * m[i];
-      }
-      break;
-    default:
-      for (size_t i = 0; i < num_params_; ++i) {
-        direction[i] = grad[i] + lambda * params[i];
-      }
-      break;
-  }
+  ComputeDirection(rule_, num_params_, grad.data(), params.data(), momentum_.data(),
+                   direction.data());
 }
 
 }  // namespace cserps

@@ -19,6 +19,24 @@
 
 namespace cserps {
 
+// The rule of a Direction, read from the optimizer config; also what the
+// device twins of Direction (worker/device/device_ops.h) are given.
+struct DirectionRule {
+  v1::OptimizerConfig::Momentum kind = v1::OptimizerConfig::NONE;
+  float beta = 0.0f;          // momentum
+  float weight_decay = 0.0f;  // λ
+};
+// MOMENTUM_UNSPECIFIED becomes NONE.
+DirectionRule MakeDirectionRule(const v1::OptimizerConfig& config);
+
+// direction[i] = p(grad, params)[i] for i < n, advancing `momentum` (n
+// floats; unused, may be null, for NONE). `direction` may alias `grad`.
+// The one host implementation of the rule: Direction and the host device
+// (worker/device/host_device_ops.h) both call it, so they agree bit for bit.
+// An unknown kind is a programmer error and aborts.
+void ComputeDirection(const DirectionRule& rule, size_t n, const float* grad,
+                      const float* params, float* momentum, float* direction);
+
 class Direction {
  public:
   // `config` must have passed the job config validation; an unknown
@@ -37,9 +55,7 @@ class Direction {
   absl::Span<float> mutable_momentum() { return absl::MakeSpan(momentum_); }
 
  private:
-  v1::OptimizerConfig::Momentum kind_;
-  float beta_;
-  float weight_decay_;
+  DirectionRule rule_;
   size_t num_params_;
   std::vector<float> momentum_;
 };

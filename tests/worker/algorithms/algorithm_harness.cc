@@ -80,7 +80,7 @@ std::vector<float> InitialModel(uint64_t seed, size_t num_params) {
 absl::StatusOr<ClusterRun> RunOnCluster(const v1::JobConfig& config,
                                         const SyntheticGradients& gradients,
                                         absl::Span<const float> x0, int steps,
-                                        bool finish) {
+                                        bool finish, const AlgorithmMaker& make) {
   const size_t d = NumParams(config);
   if (x0.size() != d) {
     return absl::InvalidArgumentError(
@@ -107,7 +107,8 @@ absl::StatusOr<ClusterRun> RunOnCluster(const v1::JobConfig& config,
     context.layout = &cluster->client(r).layout();
     context.weight = static_cast<float>(weights[r]);
     ASSIGN_OR_RETURN(std::unique_ptr<Algorithm> algorithm,
-                     DefaultAlgorithms().Create(job.algorithm().name(), context));
+                     make ? make(context, cluster->client(r))
+                          : DefaultAlgorithms().Create(job.algorithm().name(), context));
     std::vector<float> x(x0.begin(), x0.end());
     for (int t = 0; t < steps; ++t) {
       const std::vector<float> g = gradients.At(r, t, x);

@@ -13,6 +13,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -22,6 +24,8 @@
 #include "absl/types/span.h"
 #include "cserps/v1/config.pb.h"
 #include "gtest/gtest.h"
+#include "worker/algorithms/algorithm.h"
+#include "worker/ps_client.h"
 
 namespace cserps::testing {
 
@@ -73,16 +77,22 @@ struct ClusterRun {
   std::vector<float> server_model;
 };
 
+// Makes rank r's algorithm from its context and its registered client.
+using AlgorithmMaker = std::function<absl::StatusOr<std::unique_ptr<Algorithm>>(
+    const AlgorithmContext& context, PsClient& client)>;
+
 // Starts an in-process cluster for `config`, writes `x0` to the servers from
-// rank 0, then runs `steps` steps of DefaultAlgorithms().Create(
-// config.algorithm().name(), ...) on every rank (one thread each, own
-// Direction, weight = batch size, learning rate config.optimizer().lr()),
-// from x0 with gradients from `gradients`. With `finish`, every rank then
-// calls Finish(steps), as the trainer does (its step count).
+// rank 0, then runs `steps` steps of the algorithm `make` returns (by
+// default DefaultAlgorithms().Create(config.algorithm().name(), ...)) on
+// every rank (one thread each, own Direction, weight = batch size, learning
+// rate config.optimizer().lr()), from x0 with gradients from `gradients`.
+// With `finish`, every rank then calls Finish(steps), as the trainer does
+// (its step count).
 absl::StatusOr<ClusterRun> RunOnCluster(const v1::JobConfig& config,
                                         const SyntheticGradients& gradients,
                                         absl::Span<const float> x0, int steps,
-                                        bool finish = false);
+                                        bool finish = false,
+                                        const AlgorithmMaker& make = nullptr);
 
 // Direction(g) of ALGORITHMS.md, with the float expressions of the rule:
 //   NONE:       p = g + λx

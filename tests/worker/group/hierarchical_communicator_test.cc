@@ -19,6 +19,7 @@
 #include "gtest/gtest.h"
 #include "server/ps_server.h"
 #include "tests/testing/in_process_cluster.h"
+#include "tests/testing/node_support.h"
 #include "tests/testing/test_support.h"
 #include "tests/worker/algorithms/algorithm_harness.h"
 #include "worker/group/thread_group.h"
@@ -27,13 +28,14 @@
 namespace cserps {
 namespace {
 
+using testing::ConnectLocalRank;
+using testing::OnEveryProcess;
+
 using ::testing::HasSubstr;
 using Ranges = std::vector<std::pair<size_t, size_t>>;
 
 constexpr uint32_t kNodes = 2;
 constexpr float kLr = 0.1f;
-// Where a client must never connect: nothing listens on port 1.
-constexpr char kNowhere[] = "127.0.0.1:1";
 
 // A job of d = 1000 floats (softmax 99 -> 10) in blocks of 16 (63 blocks,
 // the last 8 floats), ef-sgd with GRBS ratio 4 on GRAD and ratio 1 on MODEL.
@@ -50,47 +52,6 @@ v1::JobConfig Config(uint32_t shards, uint32_t members, uint32_t local_size) {
       "algorithm { name: \"ef-sgd\" ratio: 4 block_size: 16 }\n"));
 }
 
-
-// A PsClient for local rank `local_rank` of a group of `local_size`: the
-// addresses of the shards it must not talk to point nowhere, so a call to
-// one could not succeed.
-absl::StatusOr<std::unique_ptr<PsClient>> ConnectLocalRank(v1::JobConfig config,
-                                                           uint64_t d,
-                                                           uint32_t local_size,
-                                                           uint32_t local_rank) {
-  for (int s = 0; s < config.cluster().servers_size(); ++s) {
-    if (static_cast<uint32_t>(s) % local_size != local_rank) {
-      config.mutable_cluster()->set_servers(s, kNowhere);
-    }
-  }
-  PsClientOptions options;
-  options.shard_stride = local_size;
-  options.shard_offset = local_rank;
-  options.setup_timeout = absl::Seconds(20);
-  options.rpc_slack = absl::Seconds(5);
-  return PsClient::Connect(config, d, options);
-}
-
-// Runs fn(node, local_rank, group member) on one thread per process of
-// kNodes nodes and returns each one's status, by member index
-// node * local_size + local_rank.
-std::vector<absl::Status> OnEveryProcess(
-    uint32_t nodes, uint32_t local_size,
-    const std::function<absl::Status(uint32_t, uint32_t, LocalGroup&)>& fn) {
-  std::vector<std::vector<std::unique_ptr<ThreadGroup>>> groups;
-  for (uint32_t n = 0; n < nodes; ++n) {
-    groups.push_back(ThreadGroup::Create(local_size, {.timeout = absl::Seconds(60)}));
-  }
-  std::vector<absl::Status> status(nodes * local_size);
-  std::vector<std::thread> threads;
-  for (uint32_t n = 0; n < nodes; ++n) {
-    for (uint32_t j = 0; j < local_size; ++j) {
-      threads.emplace_back([&, n, j] { status[n * local_size + j] = fn(n, j, *groups[n][j]); });
-    }
-  }
-  for (std::thread& t : threads) t.join();
-  return status;
-}
 
 struct Round {
   v1::Stream stream;

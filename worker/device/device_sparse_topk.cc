@@ -1,0 +1,93 @@
+// gTop-k S-SGD and Top-k S-SGD on the device (ALGORITHMS.md; the host twin,
+// with the listing's line numbers, is worker/algorithms/gtopk_ssgd.cc). The
+// accumulator stays on the device and is searched there; only the k chosen
+// entries cross to the host and back.
+#include <cstdint>
+#include <vector>
+
+#include "common/algorithm_catalog.h"
+#include "common/status.h"
+#include "worker/device/device_algorithm_base.h"
+
+namespace cserps {
+namespace {
+
+class DeviceSparseTopk final : public DeviceAlgorithmBase {
+ public:
+  explicit DeviceSparseTopk(const DeviceAlgorithmContext& context)
+      : DeviceAlgorithmBase(context),
+        members_(static_cast<float>(context.config->cluster().num_workers())) {
+    const BlockLayout& layout = context.client->layout();
+    const uint64_t k = SparseK(context.config->algorithm(), layout.num_params());
+    for (uint32_t s = 0; s < layout.num_shards(); ++s) {
+      const uint64_t size = layout.ShardSize(s);
+      if (size == 0) continue;
+      ranges_.push_back({layout.ShardFirstFloat(s), size,
+                         ShardSparseK(k, size, layout.num_params())});
+    }
+  }
+
+  // The momentum comes after aggregation, on its own buffer.
+  absl::Status Init() override {
+    RETURN_IF_ERROR(Allocate(&residual_));
+    if (!HasMomentum()) return absl::OkStatus();
+    RETURN_IF_ERROR(Allocate(&momentum_));
+    return Allocate(&update_);
+  }
+
+  absl::Status Step(uint64_t t, float lr, const float* g, float* x) override {
+    // Line 3: acc = ε + α·G(v), G with weight decay; residual_ holds acc
+    // until line 5.
+    RETURN_IF_ERROR(ops().Accumulate(lr, rule_.weight_decay, g, x, residual_.data()));
+    // Line 4, this worker's part: its top-k_s of |acc| within every shard.
+    RETURN_IF_ERROR(ops().TopK(residual_.data(), ranges_, &local_));
+    RETURN_IF_ERROR(context_.client->ExchangeSparse(t, local_, &global_));
+    // Line 5: ε = acc ⊙ ¬gMask with gMask = I ∩ G.
+    chosen_.clear();
+    size_t i = 0;
+    for (uint32_t index : local_.indices) {
+      while (i < global_.indices.size() && global_.indices[i] < index) ++i;
+      if (i < global_.indices.size() && global_.indices[i] == index) chosen_.push_back(index);
+    }
+    RETURN_IF_ERROR(ops().ScatterSparse(SparseOp::kZero, chosen_, {}, 0, residual_.data()));
+    // Line 6: v -= (1/P)·g on G, as the servers do.
+    if (!HasMomentum()) {
+      return ops().ScatterSparse(SparseOp::kSubtractDivided, global_.indices,
+                                 global_.values, members_, x);
+    }
+    // With momentum, on the aggregated update u = g/P (zero off G):
+    // m ← βm + u; heavy ball v -= m, Nesterov v -= u + βm. update_ is zero
+    // between steps.
+    RETURN_IF_ERROR(ops().ScatterSparse(SparseOp::kAssignDivided, global_.indices,
+                                        global_.values, members_, update_.data()));
+    RETURN_IF_ERROR(ops().ApplyMomentum(rule_, update_.data(), momentum_.data(), x));
+    return ops().ScatterSparse(SparseOp::kZero, global_.indices, {}, 0, update_.data());
+  }
+
+  // The servers apply the same update (momentum included) and hold the
+  // workers' common model bit for bit.
+  absl::Status Finish(uint64_t, float*) override { return absl::OkStatus(); }
+
+ private:
+  bool HasMomentum() const {
+    return rule_.kind == v1::OptimizerConfig::HEAVY_BALL ||
+           rule_.kind == v1::OptimizerConfig::NESTEROV;
+  }
+
+  const float members_;
+  std::vector<TopKRange> ranges_;  // one per non-empty shard
+  DeviceVector residual_;          // ε_i
+  DeviceVector update_;            // u, with momentum only
+  SparseVector local_;
+  SparseVector global_;
+  std::vector<uint32_t> chosen_;  // I ∩ G
+};
+
+}  // namespace
+
+std::unique_ptr<DeviceAlgorithmBase> MakeDeviceSparseTopk(
+    const DeviceAlgorithmContext& context) {
+  return std::make_unique<DeviceSparseTopk>(context);
+}
+
+}  // namespace cserps
