@@ -419,10 +419,10 @@ absl::Status RunWorker() {
         "without NCCL (none was found beside the CUDA toolkit)");
 #endif
   }
-  // Nodes keep the host-span path until the CUDA staging device runs the
-  // group's collectives (docs/gpu.md).
-  if (local_size == 1 && cserps::HasDeviceAlgorithm(config.algorithm())) {
-    return Train(job, nullptr, worker_id, job.metrics.get(), DeviceTrainer(job));
+  // The NCCL group runs a node's collectives on the device too, so nodes
+  // take the device path wherever the algorithm has one (docs/gpu.md).
+  if (cserps::HasDeviceAlgorithm(config.algorithm(), /*on_node=*/local_size > 1)) {
+    return Train(job, group.get(), worker_id, job.metrics.get(), DeviceTrainer(job));
   }
   ASSIGN_OR_RETURN(std::unique_ptr<cserps::Model> model,
                    cserps::MakeCudaModel(config.model()));

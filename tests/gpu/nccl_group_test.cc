@@ -1,18 +1,35 @@
 // NcclGroup on one GPU: a group of one, whose collectives are identities
-// through the whole path (agreement, staging, NCCL, copy back), and the
-// errors that come before NCCL. The id's hand-over between processes is
-// tested without a GPU in tests/worker/group/rendezvous_file_test.cc.
+// through the whole path (agreement, staging, NCCL, copy back), host and
+// device ones, and the errors that come before NCCL. Then a node's staged
+// average (NodeStagedAverage) on the CUDA staging device with an NcclGroup
+// of one, against the host staging device with a ThreadGroup of one, on
+// in-process clusters. The id's hand-over between processes is tested
+// without a GPU in tests/worker/group/rendezvous_file_test.cc.
 #include "worker/group/nccl_group.h"
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "common/block_layout.h"
+#include "common/grbs.h"
+#include "common/prng.h"
+#include "common/status.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/gpu/gpu_test_util.h"
+#include "tests/testing/in_process_cluster.h"
+#include "worker/cuda/cuda_device_ops.h"
+#include "worker/cuda/vector_kernels.h"
+#include "worker/device/host_device_ops.h"
+#include "worker/group/thread_group.h"
+#include "worker/staged_average.h"
 
 namespace cserps {
 namespace {
@@ -104,6 +121,289 @@ TEST(NcclGroupTest, ALocalRankWhoseRootNeverPublishesTimesOutNamingTheFile) {
   EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_THAT(status.message(), HasSubstr(options.id_path));
 }
+
+// A CUDA stream for one test, destroyed with it.
+class TestStream {
+ public:
+  TestStream() {
+    if (cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking) != cudaSuccess) {
+      stream_ = nullptr;
+    }
+  }
+  ~TestStream() {
+    if (stream_ != nullptr) static_cast<void>(cudaStreamDestroy(stream_));
+  }
+  TestStream(const TestStream&) = delete;
+  TestStream& operator=(const TestStream&) = delete;
+  cudaStream_t get() const { return stream_; }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+};
+
+// Each device collective runs after a scaling kernel queued on the caller's
+// stream and not waited for, so its result is the scaled values: the
+// identity of a group of one, applied to what the stream had written.
+TEST(NcclGroupTest, AGroupOfOneHasIdentityDeviceCollectivesOrderedAfterTheStream) {
+  CSERPS_SKIP_WITHOUT_GPU();
+  NcclGroupOptions options;
+  options.id_path = IdPath("nccl_group_device");
+  options.device = 0;
+  CSERPS_ASSERT_OK_AND_ASSIGN(std::unique_ptr<NcclGroup> group,
+                              NcclGroup::Create(0, 1, options));
+  DeviceGroup& device_group = *group;
+  TestStream stream;
+  ASSERT_NE(stream.get(), nullptr);
+  constexpr float kFactor = 3.0f;
+  for (size_t n : {size_t{5}, size_t{300001}}) {
+    SCOPED_TRACE(n);
+    const std::vector<float> values = Values(n);
+    std::vector<float> tripled(n), back(n);
+    for (size_t i = 0; i < n; ++i) {
+      tripled[i] = values[i] * kFactor;
+      back[i] = tripled[i] / kFactor;
+    }
+    CSERPS_ASSERT_OK_AND_ASSIGN(DeviceBuffer<float> data, Upload(values));
+    CSERPS_ASSERT_OK(cuda::LaunchScale(n, /*divide=*/false, kFactor, data.data(),
+                                       stream.get()));
+    CSERPS_ASSERT_OK(device_group.AllReduceSumOnDevice(data.data(), n, stream.get()));
+    CSERPS_ASSERT_OK_AND_ASSIGN(std::vector<float> summed, Download(data.data(), n));
+    EXPECT_TRUE(SameBits(summed, tripled));
+
+    CSERPS_ASSERT_OK(cuda::LaunchScale(n, /*divide=*/true, kFactor, data.data(),
+                                       stream.get()));
+    CSERPS_ASSERT_OK(device_group.BroadcastOnDevice(0, data.data(), n, stream.get()));
+    CSERPS_ASSERT_OK_AND_ASSIGN(std::vector<float> broadcast, Download(data.data(), n));
+    EXPECT_TRUE(SameBits(broadcast, back));
+  }
+  // Empty collectives still agree, and host collectives follow device ones.
+  CSERPS_ASSERT_OK(device_group.AllReduceSumOnDevice(nullptr, 0, stream.get()));
+  CSERPS_ASSERT_OK(device_group.BroadcastOnDevice(0, nullptr, 0, stream.get()));
+  std::vector<float> host = Values(9);
+  CSERPS_ASSERT_OK(group->AllReduceSum(absl::MakeSpan(host)));
+  EXPECT_TRUE(SameBits(host, Values(9)));
+}
+
+TEST(NcclGroupTest, ADeviceBroadcastFromABadRootIsRefusedBeforeJoining) {
+  CSERPS_SKIP_WITHOUT_GPU();
+  NcclGroupOptions options;
+  options.id_path = IdPath("nccl_group_device_root");
+  CSERPS_ASSERT_OK_AND_ASSIGN(std::unique_ptr<NcclGroup> group,
+                              NcclGroup::Create(0, 1, options));
+  TestStream stream;
+  ASSERT_NE(stream.get(), nullptr);
+  const std::vector<float> values = Values(10);
+  CSERPS_ASSERT_OK_AND_ASSIGN(DeviceBuffer<float> data, Upload(values));
+  const absl::Status bad = group->BroadcastOnDevice(1, data.data(), 10, stream.get());
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.message(), HasSubstr("root 1"));
+  // Refused before joining: the group is not broken.
+  CSERPS_ASSERT_OK(group->AllReduceSumOnDevice(data.data(), 10, stream.get()));
+  CSERPS_ASSERT_OK_AND_ASSIGN(std::vector<float> after, Download(data.data(), 10));
+  EXPECT_TRUE(SameBits(after, values));
+}
+
+// A node of GPUs needs its collectives on the device; a flat worker's
+// staging device has none.
+TEST(NcclGroupTest, MakeStagingTakesTheNcclGroupButNotAHostGroup) {
+  CSERPS_SKIP_WITHOUT_GPU();
+  TestStream stream;
+  ASSERT_NE(stream.get(), nullptr);
+  CSERPS_ASSERT_OK_AND_ASSIGN(std::unique_ptr<CudaDeviceOps> ops,
+                              CudaDeviceOps::Create(100, 16, stream.get()));
+  std::vector<std::unique_ptr<ThreadGroup>> threads = ThreadGroup::Create(1);
+  const absl::Status refused = ops->MakeStaging(threads[0].get()).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(refused.message(), HasSubstr("NCCL"));
+
+  NcclGroupOptions options;
+  options.id_path = IdPath("nccl_group_staging");
+  CSERPS_ASSERT_OK_AND_ASSIGN(std::unique_ptr<NcclGroup> group,
+                              NcclGroup::Create(0, 1, options));
+  CSERPS_ASSERT_OK_AND_ASSIGN(std::unique_ptr<StagingDevice> node,
+                              ops->MakeStaging(group.get()));
+  CSERPS_ASSERT_OK(node->ScaleStaging(StagingDevice::Scale::kMultiply, 2.0f, 0, 100));
+  CSERPS_ASSERT_OK(node->AllReduceStaging(100));
+  CSERPS_ASSERT_OK(node->BroadcastStaging(0, 10, 90));
+  EXPECT_EQ(node->ScaleStaging(StagingDevice::Scale::kDivide, 2.0f, 50, 51).code(),
+            absl::StatusCode::kInvalidArgument);
+
+  CSERPS_ASSERT_OK_AND_ASSIGN(std::unique_ptr<StagingDevice> flat,
+                              ops->MakeStaging(nullptr));
+  const absl::Status scale =
+      flat->ScaleStaging(StagingDevice::Scale::kMultiply, 2.0f, 0, 10);
+  EXPECT_EQ(scale.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(scale.message(), HasSubstr("ScaleStaging"));
+  const absl::Status all_reduce = flat->AllReduceStaging(10);
+  EXPECT_EQ(all_reduce.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(all_reduce.message(), HasSubstr("AllReduceStaging"));
+  const absl::Status broadcast = flat->BroadcastStaging(0, 0, 10);
+  EXPECT_EQ(broadcast.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(broadcast.message(), HasSubstr("BroadcastStaging"));
+}
+
+// --- A node's staged average on the device ---------------------------------
+
+constexpr uint32_t kBlockSize = 32;
+constexpr uint32_t kShards = 3;
+// SOFTMAX 399 -> 10: d = 4000 = 125 blocks of 32 over 3 shards.
+constexpr uint64_t kInputDim = 399;
+constexpr uint64_t kD = kInputDim * 10 + 10;
+constexpr uint64_t kSeed = 57;
+constexpr float kLr = 0.25f;
+// The node's weight: a multiplication and a division by 3 round, so the
+// device's scaling must round as the host's does.
+constexpr float kNodeWeight = 3.0f;
+constexpr float kPeerWeight = 2.0f;
+
+constexpr char kCser[] =
+    R"pb(name: "cser" cser_variant: GRADIENT_BLOCKS period: 2 ratio_c1: 4 ratio_c2: 8)pb";
+constexpr char kSsgd[] = R"pb(name: "ssgd")pb";
+
+// Worker 0 is the node under test (one local rank); worker 1 a plain peer,
+// so that the servers' means are not the node's own values.
+v1::JobConfig NodeConfig(const std::string& algorithm) {
+  return testing::TestConfig(absl::StrCat(R"pb(
+    name: "nccl-node-average-test"
+    seed: )pb", kSeed, R"pb(
+    cluster {
+      servers: "127.0.0.1:0" servers: "127.0.0.1:0" servers: "127.0.0.1:0"
+      num_workers: 2
+      round_timeout_s: 20
+    }
+    model { kind: SOFTMAX input_dim: )pb", kInputDim, R"pb( num_classes: 10 }
+    data { batch_size: 8 }
+    optimizer { lr: 0.1 }
+    algorithm { )pb", algorithm, " block_size: ", kBlockSize, R"pb( }
+    epochs: 1
+  )pb"));
+}
+
+std::vector<float> RankValues(int rank, uint64_t salt) {
+  std::vector<float> v(kD);
+  CounterRng rng(7919 * rank + salt);
+  for (float& x : v) x = rng.UniformFloat() * 4 - 2;
+  return v;
+}
+
+struct NodeCase {
+  const char* algorithm;
+  v1::Stream stream;
+  uint64_t step;
+  uint32_t ratio;
+  ScatterKind kind;
+};
+
+struct NodeResult {
+  std::vector<float> target;  // worker 0's, after the round
+  std::vector<float> server_model;
+};
+
+// One round on a fresh cluster: worker 0 through NodeStagedAverage on the
+// CUDA staging device with an NcclGroup of one (`on_device`) or on the host
+// staging device with a ThreadGroup of one; worker 1 through AverageBlocks.
+// kAssign rounds average the target in place (CSER's model); kAxpy rounds
+// apply target -= lr * the mean of other values (S-SGD's gradient).
+absl::StatusOr<NodeResult> RunNodeRound(const NodeCase& c, bool on_device,
+                                        const std::string& id_name) {
+  ASSIGN_OR_RETURN(std::unique_ptr<testing::InProcessCluster> cluster,
+                   testing::InProcessCluster::Start(NodeConfig(c.algorithm), kD));
+  RETURN_IF_ERROR(cluster->client(0).PushModel(RankValues(9, 9)));
+  const bool assign = c.kind == ScatterKind::kAssign;
+  NodeResult result;
+  result.target = RankValues(0, 1);
+  const std::vector<float> p = RankValues(0, 2);
+
+  // Declared in this order so that the staging device goes first, then the
+  // buffers, the group and the stream.
+  TestStream stream;
+  if (stream.get() == nullptr) return absl::InternalError("cudaStreamCreate failed");
+  std::vector<std::unique_ptr<ThreadGroup>> threads = ThreadGroup::Create(1);
+  std::unique_ptr<NcclGroup> nccl;
+  std::unique_ptr<CudaDeviceOps> ops;
+  DeviceBuffer<float> x_device, p_device;
+  std::unique_ptr<StagingDevice> device;
+  LocalGroup* group = threads[0].get();
+  const float* values = assign ? result.target.data() : p.data();
+  float* target = result.target.data();
+  if (on_device) {
+    NcclGroupOptions options;
+    options.id_path = IdPath(id_name);
+    options.device = 0;
+    ASSIGN_OR_RETURN(nccl, NcclGroup::Create(0, 1, options));
+    group = nccl.get();
+    ASSIGN_OR_RETURN(ops, CudaDeviceOps::Create(kD, kBlockSize, stream.get()));
+    ASSIGN_OR_RETURN(x_device, Upload(result.target));
+    ASSIGN_OR_RETURN(p_device, Upload(p));
+    ASSIGN_OR_RETURN(device, ops->MakeStaging(nccl.get()));
+    values = assign ? x_device.data() : p_device.data();
+    target = x_device.data();
+  } else {
+    device = std::make_unique<HostStagingDevice>(kD, kBlockSize, group);
+  }
+
+  const BlockLayout layout(kD, kBlockSize, kShards);
+  RETURN_IF_ERROR(cluster->OnEveryRank([&](int rank) -> absl::Status {
+    if (rank == 1) {
+      std::vector<float> mean(kD, 0.0f);
+      return cluster->client(1).AverageBlocks(c.stream, c.step, c.ratio,
+                                              RankValues(1, assign ? 1 : 2), kPeerWeight,
+                                              kLr, absl::MakeSpan(mean));
+    }
+    return NodeStagedAverage(
+        layout, kSeed, c.stream, c.step, c.ratio, *group, kNodeWeight,
+        [&](float node_weight) {
+          return cluster->client(0).BeginShardedAverage(c.stream, c.step, c.ratio,
+                                                        node_weight, kLr);
+        },
+        *device, values, c.kind, -kLr, target);
+  }));
+  if (on_device) {
+    CSERPS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream.get()));
+    ASSIGN_OR_RETURN(result.target, Download(x_device.data(), kD));
+  }
+  result.server_model.resize(kD);
+  RETURN_IF_ERROR(cluster->client(0).PullModel(absl::MakeSpan(result.server_model), false));
+  return result;
+}
+
+class NodeStagedAverageOnDeviceTest : public ::testing::TestWithParam<NodeCase> {};
+
+TEST_P(NodeStagedAverageOnDeviceTest, MatchesTheHostStagingDeviceBitForBit) {
+  CSERPS_SKIP_WITHOUT_GPU();
+  const NodeCase c = GetParam();
+  const std::string name = absl::StrCat("nccl_node_", c.step, "_", c.ratio);
+  CSERPS_ASSERT_OK_AND_ASSIGN(const NodeResult host, RunNodeRound(c, false, name));
+  CSERPS_ASSERT_OK_AND_ASSIGN(const NodeResult gpu, RunNodeRound(c, true, name));
+  EXPECT_TRUE(SameBits(gpu.target, host.target));
+  EXPECT_TRUE(SameBits(gpu.server_model, host.server_model));
+
+  // Not vacuous: the round moved the selected floats and only those.
+  const std::vector<float> before = RankValues(0, 1);
+  std::vector<bool> selected(kD, false);
+  for (uint64_t b : SelectBlocks(kSeed, c.stream, c.step, c.ratio,
+                                 (kD + kBlockSize - 1) / kBlockSize)) {
+    for (uint64_t j = b * kBlockSize; j < std::min(kD, (b + 1) * kBlockSize); ++j) {
+      selected[j] = true;
+    }
+  }
+  uint64_t moved = 0, num_selected = 0;
+  for (uint64_t j = 0; j < kD; ++j) {
+    num_selected += selected[j];
+    if (!selected[j]) {
+      ASSERT_EQ(std::memcmp(&gpu.target[j], &before[j], sizeof(float)), 0) << "float " << j;
+    } else {
+      moved += gpu.target[j] != before[j];
+    }
+  }
+  EXPECT_GT(num_selected, 0u);
+  EXPECT_GT(moved, num_selected / 2);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Rounds, NodeStagedAverageOnDeviceTest,
+    ::testing::Values(NodeCase{kCser, v1::MODEL, 3, 4, ScatterKind::kAssign},
+                      NodeCase{kSsgd, v1::GRAD, 0, 1, ScatterKind::kAxpy}));
 
 }  // namespace
 }  // namespace cserps

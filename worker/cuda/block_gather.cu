@@ -5,12 +5,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "worker/cuda/cuda_status.h"
+#include "worker/cuda/grid.h"
 
 namespace cserps {
 namespace cuda {
 namespace {
-
-constexpr int kThreads = 256;
 
 enum class Op { kGather, kScatter, kScatterAxpy, kFill };
 

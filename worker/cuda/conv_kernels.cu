@@ -3,17 +3,11 @@
 #include <algorithm>
 
 #include "worker/cuda/cuda_status.h"
+#include "worker/cuda/grid.h"
 
 namespace cserps {
 namespace cuda {
 namespace {
-
-constexpr int kThreads = 256;  // a power of two, for ChannelSumsKernel's tree
-
-unsigned ElementwiseBlocks(size_t n) {
-  const size_t blocks = (n + kThreads - 1) / kThreads;
-  return static_cast<unsigned>(std::min<size_t>(blocks, 65536));
-}
 
 __global__ void Im2ColKernel(Conv2dShape s, const float* x, float* cols) {
   const size_t k = s.kernel, hw = s.height * s.width;
@@ -139,7 +133,7 @@ absl::Status LaunchIm2Col(const Conv2dShape& shape, const float* x, float* cols,
   const size_t n = shape.in_channels * shape.kernel * shape.kernel *
                    shape.images * shape.height * shape.width;
   if (n == 0) return absl::OkStatus();
-  Im2ColKernel<<<ElementwiseBlocks(n), kThreads, 0, stream>>>(shape, x, cols);
+  Im2ColKernel<<<GridBlocks(n), kThreads, 0, stream>>>(shape, x, cols);
   CSERPS_CUDA_RETURN_IF_LAUNCH_FAILED("Im2ColKernel");
   return absl::OkStatus();
 }
@@ -149,7 +143,7 @@ absl::Status LaunchCol2Im(const Conv2dShape& shape, const float* cols,
   const size_t n =
       shape.images * shape.in_channels * shape.height * shape.width;
   if (n == 0) return absl::OkStatus();
-  Col2ImKernel<<<ElementwiseBlocks(n), kThreads, 0, stream>>>(shape, cols, dx);
+  Col2ImKernel<<<GridBlocks(n), kThreads, 0, stream>>>(shape, cols, dx);
   CSERPS_CUDA_RETURN_IF_LAUNCH_FAILED("Col2ImKernel");
   return absl::OkStatus();
 }
@@ -160,7 +154,7 @@ absl::Status LaunchBiasMaxPoolRelu(const Conv2dShape& shape, const float* conv,
   const size_t n = shape.images * shape.out_channels * (shape.height / 2) *
                    (shape.width / 2);
   if (n == 0) return absl::OkStatus();
-  BiasMaxPoolReluKernel<<<ElementwiseBlocks(n), kThreads, 0, stream>>>(
+  BiasMaxPoolReluKernel<<<GridBlocks(n), kThreads, 0, stream>>>(
       shape, conv, b, pooled, argmax);
   CSERPS_CUDA_RETURN_IF_LAUNCH_FAILED("BiasMaxPoolReluKernel");
   return absl::OkStatus();
@@ -172,7 +166,7 @@ absl::Status LaunchMaxPoolBackward(const Conv2dShape& shape,
   const size_t n =
       shape.out_channels * shape.images * shape.height * shape.width;
   if (n == 0) return absl::OkStatus();
-  MaxPoolBackwardKernel<<<ElementwiseBlocks(n), kThreads, 0, stream>>>(
+  MaxPoolBackwardKernel<<<GridBlocks(n), kThreads, 0, stream>>>(
       shape, dpooled, argmax, dconv);
   CSERPS_CUDA_RETURN_IF_LAUNCH_FAILED("MaxPoolBackwardKernel");
   return absl::OkStatus();

@@ -8,6 +8,7 @@
 #include "common/status.h"
 #include "worker/cuda/block_gather.h"
 #include "worker/cuda/cuda_staging.h"
+#include "worker/cuda/device_group.h"
 #include "worker/cuda/topk.h"
 #include "worker/cuda/update_kernels.h"
 #include "worker/cuda/vector_kernels.h"
@@ -92,13 +93,20 @@ absl::StatusOr<DeviceVector> CudaDeviceOps::Allocate() {
 
 absl::StatusOr<std::unique_ptr<StagingDevice>> CudaDeviceOps::MakeStaging(
     LocalGroup* group) {
+  DeviceGroup* device_group = nullptr;
   if (group != nullptr) {
-    return absl::FailedPreconditionError(
-        "CudaDeviceOps::MakeStaging: the CUDA staging device runs no local-group "
-        "collectives; a hierarchical GPU worker needs them");
+    device_group = dynamic_cast<DeviceGroup*>(group);
+    if (device_group == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "CudaDeviceOps::MakeStaging on local rank ", group->local_rank(), " of ",
+          group->size(),
+          ": a node of GPUs needs a local group whose collectives run on the device "
+          "(the NCCL group, worker/group/nccl_group.h); this one's run on host memory"));
+    }
   }
   ASSIGN_OR_RETURN(std::unique_ptr<CudaStagingDevice> staging,
-                   CudaStagingDevice::Create(num_params_, block_size_, stream_));
+                   CudaStagingDevice::Create(num_params_, block_size_, stream_,
+                                             device_group));
   return std::unique_ptr<StagingDevice>(std::move(staging));
 }
 

@@ -60,8 +60,10 @@ class CudaDeviceOps final : public DeviceOps {
   // The DeviceVector's release calls cudaFree, which waits for the device.
   absl::StatusOr<DeviceVector> Allocate() override;
   // A CudaStagingDevice (worker/cuda/cuda_staging.h) on this ops' stream.
-  // It has no local-group collectives: FAILED_PRECONDITION for a non-null
-  // `group`.
+  // A non-null `group` (a node's; it outlives the staging device) must also
+  // be a DeviceGroup (worker/cuda/device_group.h: NcclGroup), whose
+  // collectives run on the staging buffer; FAILED_PRECONDITION for one
+  // that is not (a ThreadGroup).
   absl::StatusOr<std::unique_ptr<StagingDevice>> MakeStaging(LocalGroup* group) override;
   absl::Status Upload(absl::Span<const float> host, float* dst) override;
   absl::Status Download(const float* src, absl::Span<float> host) override;

@@ -5,16 +5,17 @@
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "worker/cuda/block_gather.h"
+#include "worker/cuda/vector_kernels.h"
 
 namespace cserps {
 
 absl::StatusOr<std::unique_ptr<CudaStagingDevice>> CudaStagingDevice::Create(
-    uint64_t num_params, uint32_t block_size, cudaStream_t compute) {
+    uint64_t num_params, uint32_t block_size, cudaStream_t compute, DeviceGroup* group) {
   if (block_size == 0) {
     return absl::InvalidArgumentError("CudaStagingDevice: block_size is 0");
   }
   std::unique_ptr<CudaStagingDevice> device(
-      new CudaStagingDevice(num_params, block_size, compute));
+      new CudaStagingDevice(num_params, block_size, compute, group));
   const uint64_t num_blocks = (num_params + block_size - 1) / block_size;
   ASSIGN_OR_RETURN(device->staging_, DeviceBuffer<float>::Allocate(num_params));
   ASSIGN_OR_RETURN(device->host_, PinnedBuffer<float>::Allocate(num_params));
@@ -23,7 +24,7 @@ absl::StatusOr<std::unique_ptr<CudaStagingDevice>> CudaStagingDevice::Create(
   CSERPS_CUDA_RETURN_IF_ERROR(
       cudaStreamCreateWithFlags(&device->copy_, cudaStreamNonBlocking));
   for (cudaEvent_t* event :
-       {&device->blocks_uploaded_, &device->gathered_, &device->returned_}) {
+       {&device->blocks_uploaded_, &device->computed_, &device->returned_}) {
     CSERPS_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(event, cudaEventDisableTiming));
   }
   return device;
@@ -34,10 +35,45 @@ CudaStagingDevice::~CudaStagingDevice() {
   if (copy_ != nullptr) static_cast<void>(cudaStreamSynchronize(copy_));
   if (compute_ != nullptr) static_cast<void>(cudaStreamSynchronize(compute_));
   for (cudaEvent_t event : copied_) static_cast<void>(cudaEventDestroy(event));
-  for (cudaEvent_t event : {blocks_uploaded_, gathered_, returned_}) {
+  for (cudaEvent_t event : {blocks_uploaded_, computed_, returned_}) {
     if (event != nullptr) static_cast<void>(cudaEventDestroy(event));
   }
   if (copy_ != nullptr) static_cast<void>(cudaStreamDestroy(copy_));
+}
+
+// Recorded when the copy is queued rather than at the gather: a node's
+// round scales and all-reduces the staging on the compute stream after the
+// gather and before its first copy down.
+absl::Status CudaStagingDevice::CopyAfterCompute() {
+  if (!compute_pending_) return absl::OkStatus();
+  CSERPS_CUDA_RETURN_IF_ERROR(cudaEventRecord(computed_, compute_));
+  CSERPS_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(copy_, computed_, 0));
+  compute_pending_ = false;
+  return absl::OkStatus();
+}
+
+absl::Status CudaStagingDevice::ComputeAfterCopies() {
+  if (!copies_pending_) return absl::OkStatus();
+  CSERPS_CUDA_RETURN_IF_ERROR(cudaEventRecord(returned_, copy_));
+  CSERPS_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(compute_, returned_, 0));
+  copies_pending_ = false;
+  return absl::OkStatus();
+}
+
+absl::Status CudaStagingDevice::CheckRange(absl::string_view what, uint64_t offset,
+                                           uint64_t count) const {
+  if (offset <= num_params_ && count <= num_params_ - offset) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "CudaStagingDevice::", what, ": ", count, " floats at offset ", offset,
+      " exceed the staging capacity ", num_params_));
+}
+
+absl::Status CudaStagingDevice::NeedGroup(absl::string_view what) const {
+  if (group_ != nullptr) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "CudaStagingDevice::", what,
+      ": the device was made without a local group (a flat worker's); a node's "
+      "average needs one"));
 }
 
 absl::Status CudaStagingDevice::Gather(const float* model,
@@ -50,6 +86,8 @@ absl::Status CudaStagingDevice::Gather(const float* model,
   if (blocks_in_flight_) {
     CSERPS_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(blocks_uploaded_));
   }
+  // The previous round's copies may still read (or write) the staging.
+  RETURN_IF_ERROR(ComputeAfterCopies());
   num_selected_ = blocks.size();
   if (num_selected_ > 0) {
     std::memcpy(host_blocks_.data(), blocks.data(), blocks.size() * sizeof(uint64_t));
@@ -62,28 +100,25 @@ absl::Status CudaStagingDevice::Gather(const float* model,
                                              blocks_.data(), num_selected_,
                                              staging_.data(), compute_));
   }
-  CSERPS_CUDA_RETURN_IF_ERROR(cudaEventRecord(gathered_, compute_));
-  CSERPS_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(copy_, gathered_, 0));
+  compute_pending_ = true;
   return absl::OkStatus();
 }
 
 absl::Status CudaStagingDevice::CopyToHost(uint32_t slot, uint64_t offset,
                                            uint64_t count) {
-  if (offset + count > num_params_) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "CudaStagingDevice::CopyToHost: floats [", offset, ", ", offset + count,
-        ") exceed the staging capacity ", num_params_));
-  }
+  RETURN_IF_ERROR(CheckRange("CopyToHost", offset, count));
   while (copied_.size() <= slot) {
     cudaEvent_t event = nullptr;
     CSERPS_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
     copied_.push_back(event);
   }
+  RETURN_IF_ERROR(CopyAfterCompute());
   CSERPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_.data() + offset,
                                               staging_.data() + offset,
                                               count * sizeof(float),
                                               cudaMemcpyDeviceToHost, copy_));
   CSERPS_CUDA_RETURN_IF_ERROR(cudaEventRecord(copied_[slot], copy_));
+  copies_pending_ = true;
   return absl::OkStatus();
 }
 
@@ -97,22 +132,20 @@ absl::Status CudaStagingDevice::WaitCopied(uint32_t slot) {
 }
 
 absl::Status CudaStagingDevice::CopyToStaging(uint64_t offset, uint64_t count) {
-  if (offset + count > num_params_) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "CudaStagingDevice::CopyToStaging: floats [", offset, ", ", offset + count,
-        ") exceed the staging capacity ", num_params_));
-  }
+  RETURN_IF_ERROR(CheckRange("CopyToStaging", offset, count));
+  RETURN_IF_ERROR(CopyAfterCompute());
   CSERPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(staging_.data() + offset,
                                               host_.data() + offset,
                                               count * sizeof(float),
                                               cudaMemcpyHostToDevice, copy_));
+  copies_pending_ = true;
   return absl::OkStatus();
 }
 
 absl::Status CudaStagingDevice::Scatter(ScatterKind kind, float alpha, float* model) {
-  CSERPS_CUDA_RETURN_IF_ERROR(cudaEventRecord(returned_, copy_));
-  CSERPS_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(compute_, returned_, 0));
+  RETURN_IF_ERROR(ComputeAfterCopies());
   if (num_selected_ == 0) return absl::OkStatus();
+  compute_pending_ = true;
   if (kind == ScatterKind::kAssign) {
     return cuda::LaunchScatterBlocks(staging_.data(), num_params_, block_size_,
                                      blocks_.data(), num_selected_, model, compute_);
@@ -121,27 +154,37 @@ absl::Status CudaStagingDevice::Scatter(ScatterKind kind, float alpha, float* mo
                                        blocks_.data(), num_selected_, model, compute_);
 }
 
-namespace {
-
-absl::Status NoNodeOnDevice(absl::string_view what) {
-  return absl::FailedPreconditionError(absl::StrCat(
-      "CudaStagingDevice::", what,
-      ": a node's average has no device path yet (nodes of several GPUs run the "
-      "host-span path)"));
+absl::Status CudaStagingDevice::ScaleStaging(Scale op, float factor, uint64_t offset,
+                                             uint64_t count) {
+  RETURN_IF_ERROR(NeedGroup("ScaleStaging"));
+  RETURN_IF_ERROR(CheckRange("ScaleStaging", offset, count));
+  if (op != Scale::kMultiply && op != Scale::kDivide) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CudaStagingDevice::ScaleStaging: unknown op ", static_cast<int>(op)));
+  }
+  RETURN_IF_ERROR(ComputeAfterCopies());
+  compute_pending_ = true;
+  return cuda::LaunchScale(count, op == Scale::kDivide, factor, staging_.data() + offset,
+                           compute_);
 }
 
-}  // namespace
-
-absl::Status CudaStagingDevice::ScaleStaging(Scale, float, uint64_t, uint64_t) {
-  return NoNodeOnDevice("ScaleStaging");
+// The collectives are ordered after the compute stream by the group and
+// complete before they return, so the copies that follow them need no
+// hand-over of their own.
+absl::Status CudaStagingDevice::AllReduceStaging(uint64_t count) {
+  RETURN_IF_ERROR(NeedGroup("AllReduceStaging"));
+  RETURN_IF_ERROR(CheckRange("AllReduceStaging", 0, count));
+  RETURN_IF_ERROR(ComputeAfterCopies());
+  return group_->AllReduceSumOnDevice(staging_.data(), count, compute_);
 }
 
-absl::Status CudaStagingDevice::AllReduceStaging(uint64_t) {
-  return NoNodeOnDevice("AllReduceStaging");
-}
-
-absl::Status CudaStagingDevice::BroadcastStaging(uint32_t, uint64_t, uint64_t) {
-  return NoNodeOnDevice("BroadcastStaging");
+absl::Status CudaStagingDevice::BroadcastStaging(uint32_t root, uint64_t offset,
+                                                 uint64_t count) {
+  RETURN_IF_ERROR(NeedGroup("BroadcastStaging"));
+  RETURN_IF_ERROR(CheckRange("BroadcastStaging", offset, count));
+  // The owner's mean came back on the copy stream (CopyToStaging).
+  RETURN_IF_ERROR(ComputeAfterCopies());
+  return group_->BroadcastOnDevice(root, staging_.data() + offset, count, compute_);
 }
 
 }  // namespace cserps

@@ -1,17 +1,30 @@
 // The CUDA StagingDevice (worker/staged_average.h): a device staging buffer
 // and a pinned host buffer of model size, the block list on the device, one
-// copy stream, and one event per shard.
+// copy stream, and one event per shard; for a node of GPUs, the local
+// group's device collectives (worker/cuda/device_group.h).
 //
-// Gather and Scatter run on the caller's compute stream, so they are
-// ordered with the algorithm's kernels; the copies run on the copy stream,
-// which waits (cudaStreamWaitEvent) for the gather, and the compute stream
-// waits for the last copy back before the scatter. Nothing here blocks the
-// host except WaitCopied (cudaEventSynchronize on the shard's event).
-// Every CUDA error is a Status naming the call (worker/cuda/cuda_status.h).
+// Stream ordering. Gather, ScaleStaging and Scatter run on the caller's
+// compute stream, so they are ordered with the algorithm's kernels; the
+// group's collectives are ordered after the compute stream and complete
+// before they return. The copies (CopyToHost, CopyToStaging) run on the
+// copy stream. The two streams hand the staging buffer over by events, at
+// the first operation of one stream after work was queued on the other:
+//   - a copy waits for the compute stream as it stood then (the gather, and
+//     for a node the scaling and the all-reduce behind it), recorded when
+//     the first copy after compute work is queued, not at the gather;
+//   - a compute-stream operation or collective (the next gather, a
+//     broadcast, the scatter) waits for the copies queued before it (the
+//     replies' copy-backs).
+// So in a flat round all shards' copies down are queued behind one wait
+// and overlap the wire, and in a node's round the copies down follow the
+// division by the node weight and each broadcast follows the copy-backs.
+// Nothing here blocks the host except WaitCopied (cudaEventSynchronize on
+// the shard's event) and the group's collectives. Every CUDA error is a
+// Status naming the call (worker/cuda/cuda_status.h).
 //
 // Rounds may follow one another without synchronising: the next round's
 // copies are queued after the previous round's on the copy stream, and its
-// gather after the previous scatter on the compute stream. The device that
+// gather after the previous round's copies and scatter. The device that
 // was current at Create must be current on the calling thread. Not
 // thread-safe.
 #ifndef CSERPS_WORKER_CUDA_CUDA_STAGING_H_
@@ -24,7 +37,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "worker/cuda/cuda_status.h"
+#include "worker/cuda/device_group.h"
 #include "worker/staged_average.h"
 
 namespace cserps {
@@ -33,10 +48,13 @@ class CudaStagingDevice final : public StagingDevice {
  public:
   // Buffers for a model of `num_params` floats in blocks of `block_size`;
   // `compute` (not owned, outlives this) is the stream of the model and the
-  // algorithm. INVALID_ARGUMENT for block_size 0; the CUDA error of an
-  // allocation or of creating the stream or events.
+  // algorithm. `group` (not owned, outlives this; null for a flat worker)
+  // is the node's group on this device, for NodeStagedAverage.
+  // INVALID_ARGUMENT for block_size 0; the CUDA error of an allocation or of
+  // creating the stream or events.
   static absl::StatusOr<std::unique_ptr<CudaStagingDevice>> Create(
-      uint64_t num_params, uint32_t block_size, cudaStream_t compute);
+      uint64_t num_params, uint32_t block_size, cudaStream_t compute,
+      DeviceGroup* group = nullptr);
   // Waits for the queued copies, then frees everything.
   ~CudaStagingDevice() override;
 
@@ -47,20 +65,34 @@ class CudaStagingDevice final : public StagingDevice {
   absl::Status WaitCopied(uint32_t slot) override;
   absl::Status CopyToStaging(uint64_t offset, uint64_t count) override;
   absl::Status Scatter(ScatterKind kind, float alpha, float* model) override;
-  // A node's operations: not on the device yet (nodes of several GPUs run
-  // the host-span path, docs/gpu.md); FAILED_PRECONDITION.
+  // A node's operations: FAILED_PRECONDITION naming the operation on a
+  // device made without a group; INVALID_ARGUMENT for a range past the
+  // capacity; the group's errors (DeviceGroup).
   absl::Status ScaleStaging(Scale op, float factor, uint64_t offset,
                             uint64_t count) override;
   absl::Status AllReduceStaging(uint64_t count) override;
   absl::Status BroadcastStaging(uint32_t root, uint64_t offset, uint64_t count) override;
 
  private:
-  CudaStagingDevice(uint64_t num_params, uint32_t block_size, cudaStream_t compute)
-      : num_params_(num_params), block_size_(block_size), compute_(compute) {}
+  CudaStagingDevice(uint64_t num_params, uint32_t block_size, cudaStream_t compute,
+                    DeviceGroup* group)
+      : num_params_(num_params),
+        block_size_(block_size),
+        compute_(compute),
+        group_(group) {}
+
+  // The hand-overs of the staging buffer between the streams (see the
+  // file comment): each is a no-op unless the other stream has queued
+  // work since the last one.
+  absl::Status CopyAfterCompute();
+  absl::Status ComputeAfterCopies();
+  absl::Status CheckRange(absl::string_view what, uint64_t offset, uint64_t count) const;
+  absl::Status NeedGroup(absl::string_view what) const;
 
   const uint64_t num_params_;
   const uint32_t block_size_;
   cudaStream_t compute_;
+  DeviceGroup* const group_;  // null: no collectives
   cudaStream_t copy_ = nullptr;
   DeviceBuffer<float> staging_;
   PinnedBuffer<float> host_;
@@ -70,8 +102,11 @@ class CudaStagingDevice final : public StagingDevice {
   // host_blocks_ may be rewritten once its upload has run.
   cudaEvent_t blocks_uploaded_ = nullptr;
   bool blocks_in_flight_ = false;
-  cudaEvent_t gathered_ = nullptr;  // compute → copy stream
+  cudaEvent_t computed_ = nullptr;  // compute → copy stream
   cudaEvent_t returned_ = nullptr;  // copy → compute stream
+  // Work was queued on that stream since the other last waited for it.
+  bool compute_pending_ = false;
+  bool copies_pending_ = false;
   std::vector<cudaEvent_t> copied_;  // by slot, created on first use
 };
 

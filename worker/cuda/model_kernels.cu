@@ -4,21 +4,14 @@
 #include <cmath>
 
 #include "worker/cuda/cuda_status.h"
+#include "worker/cuda/grid.h"
 
 namespace cserps {
 namespace cuda {
 namespace {
 
-constexpr int kThreads = 256;
 constexpr int kWarp = 32;
 constexpr unsigned kFullMask = 0xffffffffu;
-
-// Grid-stride kernels need no more blocks than this to fill an H200; more
-// only adds scheduling work.
-unsigned ElementwiseBlocks(size_t n) {
-  const size_t blocks = (n + kThreads - 1) / kThreads;
-  return static_cast<unsigned>(std::min<size_t>(blocks, 65536));
-}
 
 __global__ void BiasActivationKernel(size_t rows, size_t out, const float* b,
                                      bool relu, float* y) {
@@ -162,7 +155,7 @@ absl::Status LaunchBiasActivation(size_t rows, size_t out, const float* b,
                                   bool relu, float* y, cudaStream_t stream) {
   const size_t n = rows * out;
   if (n == 0) return absl::OkStatus();
-  BiasActivationKernel<<<ElementwiseBlocks(n), kThreads, 0, stream>>>(
+  BiasActivationKernel<<<GridBlocks(n), kThreads, 0, stream>>>(
       rows, out, b, relu, y);
   CSERPS_CUDA_RETURN_IF_LAUNCH_FAILED("BiasActivationKernel");
   return absl::OkStatus();
@@ -171,7 +164,7 @@ absl::Status LaunchBiasActivation(size_t rows, size_t out, const float* b,
 absl::Status LaunchReluBackward(size_t n, const float* activation, float* grad,
                                 cudaStream_t stream) {
   if (n == 0) return absl::OkStatus();
-  ReluBackwardKernel<<<ElementwiseBlocks(n), kThreads, 0, stream>>>(
+  ReluBackwardKernel<<<GridBlocks(n), kThreads, 0, stream>>>(
       n, activation, grad);
   CSERPS_CUDA_RETURN_IF_LAUNCH_FAILED("ReluBackwardKernel");
   return absl::OkStatus();

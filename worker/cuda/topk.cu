@@ -6,21 +6,16 @@
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "worker/cuda/cuda_status.h"
+#include "worker/cuda/grid.h"
 
 namespace cserps {
 namespace cuda {
 namespace {
 
-constexpr int kThreads = 256;
 constexpr size_t kAlign = 256;
 constexpr uint32_t kInfBits = 0x7f800000u;
 // Keys are < 2^63: magnitude bits (31) above 32 position bits.
 constexpr int kKeyBits = 63;
-
-unsigned Blocks(uint64_t n) {
-  return static_cast<unsigned>(
-      std::min<uint64_t>((n + kThreads - 1) / kThreads, 65536));
-}
 
 size_t AlignUp(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
 
@@ -122,7 +117,7 @@ absl::Status LaunchTopK(const float* values, uint64_t n, uint64_t k,
   if (k == 0 || n == 0) return absl::OkStatus();
   const uint32_t items = static_cast<uint32_t>(n);
   if (k >= n) {
-    AllPositionsKernel<<<Blocks(n), kThreads, 0, stream>>>(values, items,
+    AllPositionsKernel<<<GridBlocks(n), kThreads, 0, stream>>>(values, items,
                                                           positions, selected);
     CSERPS_CUDA_RETURN_IF_LAUNCH_FAILED("AllPositionsKernel");
     return absl::OkStatus();
@@ -142,19 +137,19 @@ absl::Status LaunchTopK(const float* values, uint64_t n, uint64_t k,
       reinterpret_cast<uint32_t*>(base + layout.pos_b));
   void* temp = base + layout.temp;
 
-  MakeKeysKernel<<<Blocks(n), kThreads, 0, stream>>>(values, items,
+  MakeKeysKernel<<<GridBlocks(n), kThreads, 0, stream>>>(values, items,
                                                      keys.Current());
   CSERPS_CUDA_RETURN_IF_LAUNCH_FAILED("MakeKeysKernel");
   size_t temp_bytes = layout.temp_bytes;
   CSERPS_CUDA_RETURN_IF_ERROR(cub::DeviceRadixSort::SortKeysDescending(
       temp, temp_bytes, keys, items, 0, kKeyBits, stream));
-  KeyPositionsKernel<<<Blocks(k), kThreads, 0, stream>>>(
+  KeyPositionsKernel<<<GridBlocks(k), kThreads, 0, stream>>>(
       keys.Current(), kept, sorted.Current());
   CSERPS_CUDA_RETURN_IF_LAUNCH_FAILED("KeyPositionsKernel");
   temp_bytes = layout.temp_bytes;
   CSERPS_CUDA_RETURN_IF_ERROR(cub::DeviceRadixSort::SortKeys(
       temp, temp_bytes, sorted, kept, 0, PositionBits(n), stream));
-  SelectKernel<<<Blocks(k), kThreads, 0, stream>>>(values, sorted.Current(),
+  SelectKernel<<<GridBlocks(k), kThreads, 0, stream>>>(values, sorted.Current(),
                                                    kept, positions, selected);
   CSERPS_CUDA_RETURN_IF_LAUNCH_FAILED("SelectKernel");
   return absl::OkStatus();

@@ -5,17 +5,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "worker/cuda/cuda_status.h"
+#include "worker/cuda/grid.h"
 
 namespace cserps {
 namespace cuda {
 namespace {
-
-constexpr int kThreads = 256;
-
-unsigned Blocks(size_t n) {
-  return static_cast<unsigned>(
-      std::min<size_t>((n + kThreads - 1) / kThreads, 65536));
-}
 
 enum class Kind { kNone, kHeavyBall, kNesterov };
 
@@ -103,7 +97,7 @@ absl::Status LaunchDirection(const DirectionRule& rule, size_t n,
   if (n == 0) return absl::OkStatus();
   const float beta = rule.beta, lambda = rule.weight_decay;
   WithKind(*kind, [&](auto k) {
-    DirectionKernel<decltype(k)::value><<<Blocks(n), kThreads, 0, stream>>>(
+    DirectionKernel<decltype(k)::value><<<GridBlocks(n), kThreads, 0, stream>>>(
         n, beta, lambda, grad, params, momentum, direction);
   });
   CSERPS_CUDA_RETURN_IF_LAUNCH_FAILED("DirectionKernel");
@@ -113,7 +107,7 @@ absl::Status LaunchDirection(const DirectionRule& rule, size_t n,
 absl::Status LaunchDescend(size_t n, float lr, const float* direction,
                            float* params, cudaStream_t stream) {
   if (n == 0) return absl::OkStatus();
-  DescendKernel<<<Blocks(n), kThreads, 0, stream>>>(n, lr, direction, params);
+  DescendKernel<<<GridBlocks(n), kThreads, 0, stream>>>(n, lr, direction, params);
   CSERPS_CUDA_RETURN_IF_LAUNCH_FAILED("DescendKernel");
   return absl::OkStatus();
 }
@@ -126,7 +120,7 @@ absl::Status LaunchSgdStep(const DirectionRule& rule, size_t n, float lr,
   if (n == 0) return absl::OkStatus();
   const float beta = rule.beta, lambda = rule.weight_decay;
   WithKind(*kind, [&](auto k) {
-    SgdStepKernel<decltype(k)::value><<<Blocks(n), kThreads, 0, stream>>>(
+    SgdStepKernel<decltype(k)::value><<<GridBlocks(n), kThreads, 0, stream>>>(
         n, beta, lambda, lr, grad, momentum, params);
   });
   CSERPS_CUDA_RETURN_IF_LAUNCH_FAILED("SgdStepKernel");

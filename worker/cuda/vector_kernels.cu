@@ -4,16 +4,18 @@
 
 #include "absl/strings/str_cat.h"
 #include "worker/cuda/cuda_status.h"
+#include "worker/cuda/grid.h"
 
 namespace cserps {
 namespace cuda {
 namespace {
 
-constexpr int kThreads = 256;
-
-unsigned Blocks(size_t n) {
-  return static_cast<unsigned>(
-      std::min<size_t>((n + kThreads - 1) / kThreads, 65536));
+template <bool kDivide>
+__global__ void ScaleKernel(size_t n, float factor, float* x) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n;
+       i += size_t{gridDim.x} * blockDim.x) {
+    x[i] = kDivide ? __fdiv_rn(x[i], factor) : __fmul_rn(x[i], factor);
+  }
 }
 
 __global__ void ScaleAddKernel(size_t n, float a, const float* p,
@@ -72,10 +74,22 @@ __global__ void ApplyMomentumKernel(size_t n, float beta, const float* u,
 
 }  // namespace
 
+absl::Status LaunchScale(size_t n, bool divide, float factor, float* x,
+                         cudaStream_t stream) {
+  if (n == 0) return absl::OkStatus();
+  if (divide) {
+    ScaleKernel<true><<<GridBlocks(n), kThreads, 0, stream>>>(n, factor, x);
+  } else {
+    ScaleKernel<false><<<GridBlocks(n), kThreads, 0, stream>>>(n, factor, x);
+  }
+  CSERPS_CUDA_RETURN_IF_LAUNCH_FAILED("ScaleKernel");
+  return absl::OkStatus();
+}
+
 absl::Status LaunchScaleAdd(size_t n, float a, const float* p, const float* e,
                             float* out, cudaStream_t stream) {
   if (n == 0) return absl::OkStatus();
-  ScaleAddKernel<<<Blocks(n), kThreads, 0, stream>>>(n, a, p, e, out);
+  ScaleAddKernel<<<GridBlocks(n), kThreads, 0, stream>>>(n, a, p, e, out);
   CSERPS_CUDA_RETURN_IF_LAUNCH_FAILED("ScaleAddKernel");
   return absl::OkStatus();
 }
@@ -84,7 +98,7 @@ absl::Status LaunchAddDifference(size_t n, const float* e, const float* a,
                                  const float* b, float* out,
                                  cudaStream_t stream) {
   if (n == 0) return absl::OkStatus();
-  AddDifferenceKernel<<<Blocks(n), kThreads, 0, stream>>>(n, e, a, b, out);
+  AddDifferenceKernel<<<GridBlocks(n), kThreads, 0, stream>>>(n, e, a, b, out);
   CSERPS_CUDA_RETURN_IF_LAUNCH_FAILED("AddDifferenceKernel");
   return absl::OkStatus();
 }
@@ -92,7 +106,7 @@ absl::Status LaunchAddDifference(size_t n, const float* e, const float* a,
 absl::Status LaunchAccumulate(size_t n, float lr, float lambda, const float* g,
                               const float* x, float* r, cudaStream_t stream) {
   if (n == 0) return absl::OkStatus();
-  AccumulateKernel<<<Blocks(n), kThreads, 0, stream>>>(n, lr, lambda, g, x, r);
+  AccumulateKernel<<<GridBlocks(n), kThreads, 0, stream>>>(n, lr, lambda, g, x, r);
   CSERPS_CUDA_RETURN_IF_LAUNCH_FAILED("AccumulateKernel");
   return absl::OkStatus();
 }
@@ -112,17 +126,17 @@ absl::Status LaunchScatterSparse(ScatterOp op, size_t count,
   if (count == 0) return absl::OkStatus();
   switch (op) {
     case ScatterOp::kZero:
-      ScatterSparseKernel<ScatterOp::kZero><<<Blocks(count), kThreads, 0, stream>>>(
+      ScatterSparseKernel<ScatterOp::kZero><<<GridBlocks(count), kThreads, 0, stream>>>(
           count, indices, values, divisor, x);
       break;
     case ScatterOp::kAssignDivided:
       ScatterSparseKernel<ScatterOp::kAssignDivided>
-          <<<Blocks(count), kThreads, 0, stream>>>(count, indices, values,
+          <<<GridBlocks(count), kThreads, 0, stream>>>(count, indices, values,
                                                    divisor, x);
       break;
     case ScatterOp::kSubtractDivided:
       ScatterSparseKernel<ScatterOp::kSubtractDivided>
-          <<<Blocks(count), kThreads, 0, stream>>>(count, indices, values,
+          <<<GridBlocks(count), kThreads, 0, stream>>>(count, indices, values,
                                                    divisor, x);
       break;
   }
@@ -141,10 +155,10 @@ absl::Status LaunchApplyMomentum(const DirectionRule& rule, size_t n,
   }
   if (n == 0) return absl::OkStatus();
   if (nesterov) {
-    ApplyMomentumKernel<true><<<Blocks(n), kThreads, 0, stream>>>(n, rule.beta,
+    ApplyMomentumKernel<true><<<GridBlocks(n), kThreads, 0, stream>>>(n, rule.beta,
                                                                   u, m, x);
   } else {
-    ApplyMomentumKernel<false><<<Blocks(n), kThreads, 0, stream>>>(n, rule.beta,
+    ApplyMomentumKernel<false><<<GridBlocks(n), kThreads, 0, stream>>>(n, rule.beta,
                                                                    u, m, x);
   }
   CSERPS_CUDA_RETURN_IF_LAUNCH_FAILED("ApplyMomentumKernel");

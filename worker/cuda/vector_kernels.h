@@ -33,6 +33,12 @@ enum class ScatterOp {
   kSubtractDivided,
 };
 
+// x[i] = x[i] * factor, or (divide) x[i] / factor: the host's v * factor
+// and v / factor, each rounded once (a node's staged average,
+// StagingDevice::ScaleStaging).
+absl::Status LaunchScale(size_t n, bool divide, float factor, float* x,
+                         cudaStream_t stream);
+
 // out[i] = a * p[i] + e[i]. `out` may alias `e` or `p`.
 absl::Status LaunchScaleAdd(size_t n, float a, const float* p, const float* e,
                             float* out, cudaStream_t stream);

@@ -92,6 +92,8 @@ absl::StatusOr<std::unique_ptr<NcclGroup>> NcclGroup::Create(uint32_t local_rank
   std::unique_ptr<NcclGroup> group(new NcclGroup(local_rank, size, device, options.timeout));
   CSERPS_CUDA_RETURN_IF_ERROR(
       cudaStreamCreateWithFlags(&group->stream_, cudaStreamNonBlocking));
+  CSERPS_CUDA_RETURN_IF_ERROR(
+      cudaEventCreateWithFlags(&group->caller_queued_, cudaEventDisableTiming));
   ASSIGN_OR_RETURN(group->agreement_, DeviceBuffer<int64_t>::Allocate(3 * size));
 
   // Non-blocking, so that neither set-up nor a collective can hang on a
@@ -168,6 +170,7 @@ NcclGroup::~NcclGroup() {
   }
   staging_.Reset();
   agreement_.Reset();
+  if (caller_queued_ != nullptr) static_cast<void>(cudaEventDestroy(caller_queued_));
   if (stream_ != nullptr) static_cast<void>(cudaStreamDestroy(stream_));
 }
 
@@ -262,69 +265,102 @@ absl::Status NcclGroup::AgreeOn(int64_t kind, int64_t count, int64_t root,
   return absl::OkStatus();
 }
 
-absl::Status NcclGroup::AllReduceSum(absl::Span<float> data) {
-  const std::string what = absl::StrCat(Describe(kAllReduceSum, data.size(), 0),
-                                        " (collective #", completed_, ") on local rank ",
-                                        local_rank_);
+absl::Status NcclGroup::RunCollective(
+    int64_t kind, size_t count, uint32_t root, bool on_device,
+    absl::FunctionRef<absl::Status(absl::string_view what)> body) {
+  const char* where = on_device ? " on the device" : "";
+  if (root >= size_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Broadcast", where, " on local rank ", local_rank_, ": root ", root,
+        " is not a local rank of a group of ", size_));
+  }
+  const std::string what =
+      absl::StrCat(Describe(kind, static_cast<int64_t>(count), root), where,
+                   " (collective #", completed_, ") on local rank ", local_rank_);
   RETURN_IF_ERROR(CheckNotBroken(what));
   CSERPS_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
   const absl::Status status = [&]() -> absl::Status {
-    RETURN_IF_ERROR(AgreeOn(kAllReduceSum, static_cast<int64_t>(data.size()), 0, what));
-    if (data.empty()) return absl::OkStatus();
-    RETURN_IF_ERROR(EnsureStaging(data.size()));
-    CSERPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(staging_.data(), data.data(),
-                                                data.size() * sizeof(float),
-                                                cudaMemcpyHostToDevice, stream_));
-    RETURN_IF_ERROR(Issued(ncclAllReduce(staging_.data(), staging_.data(), data.size(),
-                                         ncclFloat, ncclSum, comm_, stream_),
-                           "ncclAllReduce"));
-    // Waited for before the copy back: a copy to pageable memory would
-    // block on the collective with no timeout.
-    RETURN_IF_ERROR(Complete(what));
-    CSERPS_CUDA_RETURN_IF_ERROR(cudaMemcpy(data.data(), staging_.data(),
-                                           data.size() * sizeof(float),
-                                           cudaMemcpyDeviceToHost));
-    return absl::OkStatus();
+    RETURN_IF_ERROR(AgreeOn(kind, static_cast<int64_t>(count), root, what));
+    if (count == 0) return absl::OkStatus();
+    return body(what);
   }();
   if (!status.ok()) return Break(status);
   ++completed_;
   return absl::OkStatus();
 }
 
-absl::Status NcclGroup::Broadcast(uint32_t root, absl::Span<float> data) {
-  if (root >= size_) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "Broadcast on local rank ", local_rank_, ": root ", root,
-        " is not a local rank of a group of ", size_));
+absl::Status NcclGroup::InPlace(int64_t kind, uint32_t root, float* data, size_t count,
+                                cudaStream_t after, absl::string_view what) {
+  if (after != stream_) {
+    CSERPS_CUDA_RETURN_IF_ERROR(cudaEventRecord(caller_queued_, after));
+    CSERPS_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream_, caller_queued_, 0));
   }
-  const std::string what = absl::StrCat(Describe(kBroadcast, data.size(), root),
-                                        " (collective #", completed_, ") on local rank ",
-                                        local_rank_);
-  RETURN_IF_ERROR(CheckNotBroken(what));
-  CSERPS_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
-  const absl::Status status = [&]() -> absl::Status {
-    RETURN_IF_ERROR(AgreeOn(kBroadcast, static_cast<int64_t>(data.size()), root, what));
-    if (data.empty()) return absl::OkStatus();
-    RETURN_IF_ERROR(EnsureStaging(data.size()));
-    if (local_rank_ == root) {
-      CSERPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(staging_.data(), data.data(),
-                                                  data.size() * sizeof(float),
-                                                  cudaMemcpyHostToDevice, stream_));
-    }
-    RETURN_IF_ERROR(Issued(ncclBroadcast(staging_.data(), staging_.data(), data.size(),
-                                         ncclFloat, static_cast<int>(root), comm_, stream_),
+  if (kind == kAllReduceSum) {
+    RETURN_IF_ERROR(Issued(
+        ncclAllReduce(data, data, count, ncclFloat, ncclSum, comm_, stream_),
+        "ncclAllReduce"));
+  } else {
+    RETURN_IF_ERROR(Issued(ncclBroadcast(data, data, count, ncclFloat,
+                                         static_cast<int>(root), comm_, stream_),
                            "ncclBroadcast"));
-    RETURN_IF_ERROR(Complete(what));
-    if (local_rank_ != root) {
-      CSERPS_CUDA_RETURN_IF_ERROR(cudaMemcpy(data.data(), staging_.data(),
-                                             data.size() * sizeof(float),
-                                             cudaMemcpyDeviceToHost));
-    }
-    return absl::OkStatus();
-  }();
-  if (!status.ok()) return Break(status);
-  ++completed_;
-  return absl::OkStatus();
+  }
+  return Complete(what);
+}
+
+absl::Status NcclGroup::AllReduceSum(absl::Span<float> data) {
+  return RunCollective(
+      kAllReduceSum, data.size(), 0, /*on_device=*/false,
+      [&](absl::string_view what) -> absl::Status {
+        RETURN_IF_ERROR(EnsureStaging(data.size()));
+        CSERPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(staging_.data(), data.data(),
+                                                    data.size() * sizeof(float),
+                                                    cudaMemcpyHostToDevice, stream_));
+        // InPlace waits for the collective before the copy back: a copy to
+        // pageable memory would block on it with no timeout.
+        RETURN_IF_ERROR(
+            InPlace(kAllReduceSum, 0, staging_.data(), data.size(), stream_, what));
+        CSERPS_CUDA_RETURN_IF_ERROR(cudaMemcpy(data.data(), staging_.data(),
+                                               data.size() * sizeof(float),
+                                               cudaMemcpyDeviceToHost));
+        return absl::OkStatus();
+      });
+}
+
+absl::Status NcclGroup::Broadcast(uint32_t root, absl::Span<float> data) {
+  return RunCollective(
+      kBroadcast, data.size(), root, /*on_device=*/false,
+      [&](absl::string_view what) -> absl::Status {
+        RETURN_IF_ERROR(EnsureStaging(data.size()));
+        if (local_rank_ == root) {
+          CSERPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(staging_.data(), data.data(),
+                                                      data.size() * sizeof(float),
+                                                      cudaMemcpyHostToDevice, stream_));
+        }
+        RETURN_IF_ERROR(
+            InPlace(kBroadcast, root, staging_.data(), data.size(), stream_, what));
+        if (local_rank_ != root) {
+          CSERPS_CUDA_RETURN_IF_ERROR(cudaMemcpy(data.data(), staging_.data(),
+                                                 data.size() * sizeof(float),
+                                                 cudaMemcpyDeviceToHost));
+        }
+        return absl::OkStatus();
+      });
+}
+
+absl::Status NcclGroup::AllReduceSumOnDevice(float* data, size_t count,
+                                             cudaStream_t stream) {
+  return RunCollective(kAllReduceSum, count, 0, /*on_device=*/true,
+                       [&](absl::string_view what) {
+                         return InPlace(kAllReduceSum, 0, data, count, stream, what);
+                       });
+}
+
+absl::Status NcclGroup::BroadcastOnDevice(uint32_t root, float* data, size_t count,
+                                          cudaStream_t stream) {
+  return RunCollective(kBroadcast, count, root, /*on_device=*/true,
+                       [&](absl::string_view what) {
+                         return InPlace(kBroadcast, root, data, count, stream, what);
+                       });
 }
 
 }  // namespace cserps

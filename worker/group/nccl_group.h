@@ -5,6 +5,9 @@
 // of a node-local directory (worker/group/rendezvous_file.h); the others
 // wait for that file, and all then join one NCCL communicator. Once it is
 // up, every rank has read the id and local rank 0 removes the file.
+//
+// It is also a DeviceGroup (worker/cuda/device_group.h): the same
+// collectives in place on device memory, for a node's staged average.
 #ifndef CSERPS_WORKER_GROUP_NCCL_GROUP_H_
 #define CSERPS_WORKER_GROUP_NCCL_GROUP_H_
 
@@ -17,9 +20,11 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/functional/function_ref.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "worker/cuda/cuda_status.h"
+#include "worker/cuda/device_group.h"
 #include "worker/group/local_group.h"
 
 // Returns a Status naming the NCCL call, the file and the line when `call`
@@ -58,13 +63,16 @@ struct NcclGroupOptions {
   absl::Duration timeout = absl::Minutes(5);
 };
 
-// One process's member. Each collective copies the host buffer to a device
-// buffer of this member (grown to the largest collective, never shrunk),
-// runs the NCCL collective on the member's stream and copies the result
-// back, waiting for it. AllReduceSum is ncclAllReduce with ncclSum; NCCL
-// computes each element once, in an order fixed by the communicator, and
-// sends that result to every member, so every member gets the same bits.
-// Broadcast is ncclBroadcast.
+// One process's member. Each host collective copies the host buffer to a
+// device buffer of this member (grown to the largest collective, never
+// shrunk), runs the NCCL collective on the member's stream and copies the
+// result back, waiting for it. The device collectives (DeviceGroup) run the
+// same NCCL collective in place on the caller's device memory: the member's
+// stream waits for an event recorded on the caller's stream, and the call
+// returns once the member's stream has run it. AllReduceSum is
+// ncclAllReduce with ncclSum; NCCL computes each element once, in an order
+// fixed by the communicator, and sends that result to every member, so
+// every member gets the same bits. Broadcast is ncclBroadcast.
 //
 // Before each collective the members all-gather what they were asked to do
 // (kind, length, root), so that members that disagree get
@@ -77,7 +85,7 @@ struct NcclGroupOptions {
 //
 // Not thread-safe: one thread at a time; that thread's current CUDA device
 // is set to this member's device by every call.
-class NcclGroup final : public LocalGroup {
+class NcclGroup final : public LocalGroup, public DeviceGroup {
  public:
   // Local rank `local_rank` of `size` (>= 1; local_rank < size, else
   // INVALID_ARGUMENT). Errors: FAILED_PRECONDITION for no CUDA device or a
@@ -97,6 +105,12 @@ class NcclGroup final : public LocalGroup {
   absl::Status AllReduceSum(absl::Span<float> data) override;
   absl::Status Broadcast(uint32_t root, absl::Span<float> data) override;
 
+  // `data`: device memory of device(); `stream`: a stream of device().
+  absl::Status AllReduceSumOnDevice(float* data, size_t count,
+                                    cudaStream_t stream) override;
+  absl::Status BroadcastOnDevice(uint32_t root, float* data, size_t count,
+                                 cudaStream_t stream) override;
+
  private:
   NcclGroup(uint32_t local_rank, uint32_t size, int device, absl::Duration timeout);
 
@@ -113,6 +127,17 @@ class NcclGroup final : public LocalGroup {
   // Records a failure: every later collective fails ABORTED quoting it.
   absl::Status Break(absl::Status status);
   absl::Status CheckNotBroken(absl::string_view what) const;
+  // What every collective shares: the root's check, the broken check, the
+  // device, the agreement, and on failure Break. `body` (given the
+  // collective's name for messages) moves the data; it is not called for
+  // count 0.
+  absl::Status RunCollective(int64_t kind, size_t count, uint32_t root, bool on_device,
+                             absl::FunctionRef<absl::Status(absl::string_view what)> body);
+  // Collective `kind` in place on `count` floats of device memory, on
+  // stream_ after the work queued on `after` so far; waits for it
+  // (Complete). No agreement: RunCollective's body.
+  absl::Status InPlace(int64_t kind, uint32_t root, float* data, size_t count,
+                       cudaStream_t after, absl::string_view what);
 
   const uint32_t local_rank_;
   const uint32_t size_;
@@ -120,6 +145,7 @@ class NcclGroup final : public LocalGroup {
   const absl::Duration timeout_;
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
+  cudaEvent_t caller_queued_ = nullptr;  // the caller's stream → stream_
   bool aborted_ = false;  // comm_ was aborted: destroy nothing more of it
   DeviceBuffer<float> staging_;
   DeviceBuffer<int64_t> agreement_;  // 3 * size_
