@@ -8,7 +8,9 @@
 #   tools/gpu_check.sh --bundle .gpu-bundle
 #
 # (the device tool carries .gpu-bundle with the working tree; it must stay
-# under its 64 MiB, so the binaries are stripped and the size is printed).
+# under its 64 MiB, so the binaries are stripped, everything is packed into
+# one gzip tarball, .gpu-bundle/bundle.tar.gz, which gpu_check.sh unpacks,
+# and the size is printed).
 #
 #   tools/gpu_bundle.sh            CUDA_ARCH (default 90) and BUILD_DIR (build-gpu)
 set -euo pipefail
@@ -23,10 +25,12 @@ cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DCSERPS_CUDA=ON \
 cmake --build "$BUILD_DIR" -j"$(nproc)" --target cserps_gpu_tests cserps-bench-gpu
 
 rm -rf "$BUNDLE"
-mkdir -p "$BUNDLE/bin" "$BUNDLE/lib" "$BUNDLE/sys"
+STAGE=$(mktemp -d)
+trap 'rm -rf "$STAGE"' EXIT
+mkdir -p "$STAGE/bin" "$STAGE/lib" "$STAGE/sys"
 binaries=("$BUILD_DIR"/bin/gpu_*_test "$BUILD_DIR/bin/cserps-bench-gpu")
 for b in "${binaries[@]}"; do
-  strip -o "$BUNDLE/bin/$(basename "$b")" "$b"
+  strip -o "$STAGE/bin/$(basename "$b")" "$b"
 done
 
 # The driver (libcuda) must be the GPU machine's; CUDA's libraries are large
@@ -37,10 +41,12 @@ ldd "${binaries[@]}" | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}' | sort -u |
     case "$soname" in
       libcuda.so*|libcudart.so*|libcublas.so*|libcublasLt.so*|libnccl.so*) ;;
       libc.so.*|libm.so.*|libpthread.so.*|libdl.so.*|librt.so.*)
-        cp -L "$path" "$BUNDLE/sys/$soname" ;;
-      *) cp -L "$path" "$BUNDLE/lib/$soname" ;;
+        cp -L "$path" "$STAGE/sys/$soname" ;;
+      *) cp -L "$path" "$STAGE/lib/$soname" ;;
     esac
   done
-cp -L /lib64/ld-linux-x86-64.so.2 "$BUNDLE/sys/"
+cp -L /lib64/ld-linux-x86-64.so.2 "$STAGE/sys/"
 
-echo "gpu_bundle: $BUNDLE: $(ls "$BUNDLE/bin" | wc -l) binaries, $(ls "$BUNDLE/lib" "$BUNDLE/sys" | grep -c '\.so') libraries, $(du -sh "$BUNDLE" | cut -f1)"
+mkdir -p "$BUNDLE"
+tar -C "$STAGE" -czf "$BUNDLE/bundle.tar.gz" .
+echo "gpu_bundle: $BUNDLE/bundle.tar.gz: $(ls "$STAGE/bin" | wc -l) binaries, $(ls "$STAGE/lib" "$STAGE/sys" | grep -c '\.so') libraries, $(du -sh "$STAGE" | cut -f1) unpacked, $(du -sh "$BUNDLE/bundle.tar.gz" | cut -f1) packed"

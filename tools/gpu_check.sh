@@ -32,6 +32,13 @@ fi
 JOBS=$(nproc)
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
+# tools/gpu_bundle.sh packs the bundle into one tarball (the device tool's
+# carry limit); it is unpacked into the work directory.
+if [ -n "$BUNDLE" ] && [ -f "$BUNDLE/bundle.tar.gz" ]; then
+  mkdir -p "$WORK/bundle"
+  tar -C "$WORK/bundle" -xzf "$BUNDLE/bundle.tar.gz"
+  BUNDLE=$WORK/bundle
+fi
 
 # Directories holding the driver's and CUDA's libraries on this machine, for
 # the bundle's loader (which does not read this machine's configuration).
