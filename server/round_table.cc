@@ -6,8 +6,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "common/status.h"
+#include "server/open_rounds.h"
 
 namespace cserps {
 namespace {
@@ -201,66 +201,38 @@ void RoundTable::Push(const RoundKey& key, uint32_t rank, float weight,
 }
 
 int RoundTable::ExpireOverdue(absl::Time now) {
-  std::vector<std::pair<absl::Status, std::vector<RoundCallback>>> failed;
+  FailedRounds<RoundCallback> failed;
   {
     absl::MutexLock lock(&mu_);
-    for (auto it = open_.begin(); it != open_.end();) {
-      Round& round = it->second;
-      if (now < round.first_push + options_.timeout) {
-        ++it;
-        continue;
-      }
-      std::vector<uint32_t> missing;
-      for (uint32_t r = 0; r < options_.world_size; ++r) {
-        if (!round.pushed[r]) missing.push_back(r);
-      }
-      failed.emplace_back(
-          absl::DeadlineExceededError(absl::StrCat(
-              RoundName(it->first), " timed out after ",
-              absl::ToDoubleSeconds(options_.timeout), "s: missing ranks ",
-              absl::StrJoin(missing, ", "), " of world_size ",
-              options_.world_size)),
-          std::move(round.waiters));
-      ++failed_by_stream_[it->first.stream];
-      it = open_.erase(it);
+    for (const RoundKey& key : TakeOverdue(open_, now, options_.timeout,
+                                           options_.world_size, RoundName, &failed)) {
       ++rounds_failed_;
+      ++failed_by_stream_[key.stream];
     }
   }
-  for (auto& [status, waiters] : failed) {
-    for (RoundCallback& w : waiters) w(status);
-  }
-  return static_cast<int>(failed.size());
+  failed.Answer();
+  return failed.size();
 }
 
 absl::Time RoundTable::NextDeadline() const {
   absl::MutexLock lock(&mu_);
-  absl::Time earliest = absl::InfiniteFuture();
-  for (const auto& [key, round] : open_) {
-    earliest = std::min(earliest, round.first_push + options_.timeout);
-  }
-  return earliest;
+  return EarliestDeadline(open_, options_.timeout);
 }
 
 void RoundTable::FailAll(const std::string& reason) {
-  std::vector<std::pair<absl::Status, std::vector<RoundCallback>>> failed;
+  FailedRounds<RoundCallback> failed;
   {
     absl::MutexLock lock(&mu_);
     if (!shut_down_) {
       shut_down_ = true;
       shutdown_reason_ = reason;
     }
-    for (auto& [key, round] : open_) {
-      failed.emplace_back(absl::UnavailableError(absl::StrCat(
-                              RoundName(key), " failed: ", reason)),
-                          std::move(round.waiters));
+    for (const RoundKey& key : TakeAll(open_, reason, RoundName, &failed)) {
       ++rounds_failed_;
       ++failed_by_stream_[key.stream];
     }
-    open_.clear();
   }
-  for (auto& [status, waiters] : failed) {
-    for (RoundCallback& w : waiters) w(status);
-  }
+  failed.Answer();
 }
 
 size_t RoundTable::open_rounds() const {

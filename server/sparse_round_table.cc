@@ -5,11 +5,13 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "common/status.h"
+#include "server/open_rounds.h"
 
 namespace cserps {
 namespace {
+
+std::string RoundName(uint64_t step) { return absl::StrCat("sparse round of step ", step); }
 
 std::string PushName(uint64_t step, uint32_t rank) {
   return absl::StrCat("sparse push of rank ", rank, " for step ", step);
@@ -127,64 +129,33 @@ void SparseRoundTable::Push(uint64_t step, uint32_t rank, SparseEntries entries,
 }
 
 int SparseRoundTable::ExpireOverdue(absl::Time now) {
-  std::vector<std::pair<absl::Status, std::vector<SparseRoundCallback>>> failed;
+  FailedRounds<SparseRoundCallback> failed;
   {
     absl::MutexLock lock(&mu_);
-    for (auto it = open_.begin(); it != open_.end();) {
-      Round& round = it->second;
-      if (now < round.first_push + options_.timeout) {
-        ++it;
-        continue;
-      }
-      std::vector<uint32_t> missing;
-      for (uint32_t r = 0; r < options_.world_size; ++r) {
-        if (!round.pushed[r]) missing.push_back(r);
-      }
-      failed.emplace_back(
-          absl::DeadlineExceededError(absl::StrCat(
-              "sparse round of step ", it->first, " timed out after ",
-              absl::ToDoubleSeconds(options_.timeout), "s: missing ranks ",
-              absl::StrJoin(missing, ", "), " of world_size ", options_.world_size)),
-          std::move(round.waiters));
-      it = open_.erase(it);
-      ++rounds_failed_;
-    }
+    rounds_failed_ +=
+        TakeOverdue(open_, now, options_.timeout, options_.world_size, RoundName, &failed)
+            .size();
   }
-  for (auto& [status, waiters] : failed) {
-    for (SparseRoundCallback& w : waiters) w(status);
-  }
-  return static_cast<int>(failed.size());
+  failed.Answer();
+  return failed.size();
 }
 
 absl::Time SparseRoundTable::NextDeadline() const {
   absl::MutexLock lock(&mu_);
-  absl::Time earliest = absl::InfiniteFuture();
-  for (const auto& [step, round] : open_) {
-    earliest = std::min(earliest, round.first_push + options_.timeout);
-  }
-  return earliest;
+  return EarliestDeadline(open_, options_.timeout);
 }
 
 void SparseRoundTable::FailAll(const std::string& reason) {
-  std::vector<std::pair<absl::Status, std::vector<SparseRoundCallback>>> failed;
+  FailedRounds<SparseRoundCallback> failed;
   {
     absl::MutexLock lock(&mu_);
     if (!shut_down_) {
       shut_down_ = true;
       shutdown_reason_ = reason;
     }
-    for (auto& [step, round] : open_) {
-      failed.emplace_back(
-          absl::UnavailableError(
-              absl::StrCat("sparse round of step ", step, " failed: ", reason)),
-          std::move(round.waiters));
-      ++rounds_failed_;
-    }
-    open_.clear();
+    rounds_failed_ += TakeAll(open_, reason, RoundName, &failed).size();
   }
-  for (auto& [status, waiters] : failed) {
-    for (SparseRoundCallback& w : waiters) w(status);
-  }
+  failed.Answer();
 }
 
 size_t SparseRoundTable::open_rounds() const {
