@@ -135,12 +135,7 @@ absl::Status CudaModel::Init() {
   // Full fp32 products: TF32 tensor cores would cost the agreement with the
   // CPU backend (about 1e-3 relative instead of 1e-6).
   CSERPS_CUBLAS_RETURN_IF_ERROR(cublasSetMathMode(cublas_, CUBLAS_DEFAULT_MATH));
-  ASSIGN_OR_RETURN(loss_, DeviceBuffer<float>::Allocate(1));
-  ASSIGN_OR_RETURN(loss_sum_, DeviceBuffer<double>::Allocate(1));
-  ASSIGN_OR_RETURN(correct_, DeviceBuffer<unsigned long long>::Allocate(1));
-  ASSIGN_OR_RETURN(host_loss_, PinnedBuffer<float>::Allocate(1));
-  ASSIGN_OR_RETURN(host_loss_sum_, PinnedBuffer<double>::Allocate(1));
-  ASSIGN_OR_RETURN(host_correct_, PinnedBuffer<unsigned long long>::Allocate(1));
+  ASSIGN_OR_RETURN(read_back_, ScalarReadBack::Allocate());
   return absl::OkStatus();
 }
 
@@ -441,40 +436,26 @@ absl::StatusOr<float> CudaModel::TryLossAndGradient(
   RETURN_IF_ERROR(StageIn(params, batch));
   RETURN_IF_ERROR(LossAndGradientDevice(params_.data(), features_.data(),
                                         labels_.data(), batch.size,
-                                        grad_.data(), loss_.data(), stream_));
+                                        grad_.data(), read_back_.loss(), stream_));
   CSERPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
       host_grad_.data(), grad_.data(), grad.size() * sizeof(float),
       cudaMemcpyDeviceToHost, stream_));
-  CSERPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_loss_.data(), loss_.data(),
-                                              sizeof(float),
-                                              cudaMemcpyDeviceToHost, stream_));
-  CSERPS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  ASSIGN_OR_RETURN(const float loss, read_back_.Loss(stream_));  // waits for the copies
   std::memcpy(grad.data(), host_grad_.data(), grad.size() * sizeof(float));
-  return host_loss_.data()[0];
+  return loss;
 }
 
 absl::StatusOr<EvalSums> CudaModel::TryEvaluate(absl::Span<const float> params,
                                                 const Batch& batch) {
   CheckArguments(params, batch);
-  EvalSums sums;
-  if (batch.size == 0) return sums;
+  if (batch.size == 0) return EvalSums{};
   CSERPS_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
   RETURN_IF_ERROR(ReserveStaging(batch.size));
   RETURN_IF_ERROR(StageIn(params, batch));
   RETURN_IF_ERROR(EvaluateDevice(params_.data(), features_.data(),
-                                 labels_.data(), batch.size, loss_sum_.data(),
-                                 correct_.data(), stream_));
-  CSERPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
-      host_loss_sum_.data(), loss_sum_.data(), sizeof(double),
-      cudaMemcpyDeviceToHost, stream_));
-  CSERPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
-      host_correct_.data(), correct_.data(), sizeof(unsigned long long),
-      cudaMemcpyDeviceToHost, stream_));
-  CSERPS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
-  sums.loss_sum = host_loss_sum_.data()[0];
-  sums.correct = static_cast<size_t>(host_correct_.data()[0]);
-  sums.count = batch.size;
-  return sums;
+                                 labels_.data(), batch.size, read_back_.loss_sum(),
+                                 read_back_.correct(), stream_));
+  return read_back_.Sums(batch.size, stream_);
 }
 
 float CudaModel::LossAndGradient(absl::Span<const float> params,

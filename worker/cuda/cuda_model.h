@@ -44,6 +44,7 @@
 #include "common/model_spec.h"
 #include "cserps/v1/config.pb.h"
 #include "worker/cuda/cuda_status.h"
+#include "worker/cuda/read_back.h"
 #include "worker/data/batch.h"
 #include "worker/model/model.h"
 
@@ -176,12 +177,7 @@ class CudaModel final : public Model {
   DeviceBuffer<float> grad_;
   DeviceBuffer<float> features_;
   DeviceBuffer<uint8_t> labels_;
-  DeviceBuffer<float> loss_;
-  DeviceBuffer<double> loss_sum_;
-  DeviceBuffer<unsigned long long> correct_;
-  PinnedBuffer<float> host_loss_;
-  PinnedBuffer<double> host_loss_sum_;
-  PinnedBuffer<unsigned long long> host_correct_;
+  ScalarReadBack read_back_;
 };
 
 // The CUDA backend as a Model with default options, for code that picks a

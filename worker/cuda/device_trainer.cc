@@ -77,12 +77,7 @@ absl::Status DeviceTrainer::Init() {
                                                 stream_));
   ASSIGN_OR_RETURN(x_, ops_->Allocate());
   ASSIGN_OR_RETURN(grad_, ops_->Allocate());
-  ASSIGN_OR_RETURN(loss_, DeviceBuffer<float>::Allocate(1));
-  ASSIGN_OR_RETURN(loss_sum_, DeviceBuffer<double>::Allocate(1));
-  ASSIGN_OR_RETURN(correct_, DeviceBuffer<unsigned long long>::Allocate(1));
-  ASSIGN_OR_RETURN(host_loss_, PinnedBuffer<float>::Allocate(1));
-  ASSIGN_OR_RETURN(host_loss_sum_, PinnedBuffer<double>::Allocate(1));
-  ASSIGN_OR_RETURN(host_correct_, PinnedBuffer<unsigned long long>::Allocate(1));
+  ASSIGN_OR_RETURN(read_back_, ScalarReadBack::Allocate());
   DeviceAlgorithmContext context;
   context.config = &config_;
   context.client = client_;
@@ -132,15 +127,11 @@ absl::StatusOr<float> DeviceTrainer::Step() {
   RETURN_IF_ERROR(Upload(batch));
   RETURN_IF_ERROR(model_->LossAndGradientDevice(x_.data(), features_.data(),
                                                 labels_.data(), batch.size, grad_.data(),
-                                                loss_.data(), stream_));
-  CSERPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_loss_.data(), loss_.data(),
-                                              sizeof(float), cudaMemcpyDeviceToHost,
-                                              stream_));
+                                                read_back_.loss(), stream_));
   // The gather waits for the gradient anyway; waiting here costs only the
   // direction kernel's launch, and a diverged loss stops the step before it
   // is pushed, as on the host.
-  CSERPS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
-  const float loss = host_loss_.data()[0];
+  ASSIGN_OR_RETURN(const float loss, read_back_.Loss(stream_));
   RETURN_IF_ERROR(EndCompute(slowdown_, timing.compute_start, loss, plan_.rank, step_));
   timing.algorithm_start = absl::Now();
   timing.waited_before = client_->wait_time();
@@ -165,18 +156,12 @@ absl::StatusOr<EvalSums> DeviceTrainer::Evaluate(const float* params) {
     const Batch batch = batches.Get(i);
     RETURN_IF_ERROR(Upload(batch));
     RETURN_IF_ERROR(model_->EvaluateDevice(params, features_.data(), labels_.data(),
-                                           batch.size, loss_sum_.data(), correct_.data(),
-                                           stream_));
-    CSERPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_loss_sum_.data(), loss_sum_.data(),
-                                                sizeof(double), cudaMemcpyDeviceToHost,
-                                                stream_));
-    CSERPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
-        host_correct_.data(), correct_.data(), sizeof(unsigned long long),
-        cudaMemcpyDeviceToHost, stream_));
-    CSERPS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
-    total.loss_sum += host_loss_sum_.data()[0];
-    total.correct += host_correct_.data()[0];
-    total.count += batch.size;
+                                           batch.size, read_back_.loss_sum(),
+                                           read_back_.correct(), stream_));
+    ASSIGN_OR_RETURN(const EvalSums part, read_back_.Sums(batch.size, stream_));
+    total.loss_sum += part.loss_sum;
+    total.correct += part.correct;
+    total.count += part.count;
   }
   return total;
 }

@@ -28,6 +28,7 @@
 #include "absl/status/statusor.h"
 #include "cserps/v1/config.pb.h"
 #include "worker/cuda/cuda_model.h"
+#include "worker/cuda/read_back.h"
 #include "worker/cuda/cuda_device_ops.h"
 #include "worker/device/device_algorithms.h"
 #include "worker/data/batcher.h"
@@ -108,12 +109,7 @@ class DeviceTrainer {
   PinnedBuffer<uint8_t> host_labels_;
   DeviceBuffer<float> features_;
   DeviceBuffer<uint8_t> labels_;
-  DeviceBuffer<float> loss_;
-  DeviceBuffer<double> loss_sum_;
-  DeviceBuffer<unsigned long long> correct_;
-  PinnedBuffer<float> host_loss_;
-  PinnedBuffer<double> host_loss_sum_;
-  PinnedBuffer<unsigned long long> host_correct_;
+  ScalarReadBack read_back_;
   uint64_t step_ = 0;
   std::vector<CurvePoint> curve_;
   FinalReport final_;
