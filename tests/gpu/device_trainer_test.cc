@@ -1,10 +1,11 @@
 // The device trainer (worker/cuda/device_trainer.h) against the host
 // Trainer with the CPU model, each on its own in-process cluster with the
-// same job and data: after the same steps and the final average their
-// models agree to float rounding (the CUDA model sums in another order), for
-// S-SGD with Nesterov momentum, CSER (MODEL_BLOCKS) with heavy ball, EF-SGD
-// and QSparse-local-SGD (error buffers on the device), each with two workers
-// so that the averages mix real differences. (The top-k methods are not
+// same job and data: their loss curves (every step's loss, relative 1e-4)
+// and their models after the final average agree to float rounding (the
+// CUDA model sums in another order), for S-SGD with Nesterov momentum, CSER
+// (MODEL_BLOCKS) with heavy ball, EF-SGD and QSparse-local-SGD (error
+// buffers on the device), each with two workers so that the averages mix
+// real differences. (The top-k methods are not
 // here: a rounding difference in the gradients may flip a near tie in the
 // selection; tests/gpu/device_ops_test.cc holds their top-k to the CPU's.)
 #include <cmath>
@@ -107,12 +108,17 @@ TEST_P(DeviceTrainerTest, MatchesTheHostTrainer) {
   CSERPS_ASSERT_OK_AND_ASSIGN(std::unique_ptr<InProcessCluster> device_cluster,
                               InProcessCluster::Start(config, d));
   std::vector<std::vector<float>> host_models(kWorkers), device_models(kWorkers);
+  // The loss curves: every rank's training loss at every step.
+  std::vector<std::vector<float>> host_losses(kWorkers), device_losses(kWorkers);
   CSERPS_ASSERT_OK(host_cluster->OnEveryRank([&](int r) -> absl::Status {
     ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
                      Trainer::Create(host_cluster->config(), &host_cluster->client(r),
                                      &train, &test));
     RETURN_IF_ERROR(trainer->InitializeModel());
-    for (int t = 0; t < kSteps; ++t) RETURN_IF_ERROR(trainer->Step().status());
+    for (int t = 0; t < kSteps; ++t) {
+      ASSIGN_OR_RETURN(const float loss, trainer->Step());
+      host_losses[r].push_back(loss);
+    }
     RETURN_IF_ERROR(trainer->FinishTraining());
     host_models[r].assign(trainer->params().begin(), trainer->params().end());
     return absl::OkStatus();
@@ -126,13 +132,21 @@ TEST_P(DeviceTrainerTest, MatchesTheHostTrainer) {
                                            {&device_cluster->client(r), nullptr}, &train,
                                            &test, std::move(model)));
     RETURN_IF_ERROR(trainer->InitializeModel());
-    for (int t = 0; t < kSteps; ++t) RETURN_IF_ERROR(trainer->Step().status());
+    for (int t = 0; t < kSteps; ++t) {
+      ASSIGN_OR_RETURN(const float loss, trainer->Step());
+      device_losses[r].push_back(loss);
+    }
     RETURN_IF_ERROR(trainer->FinishTraining());
     ASSIGN_OR_RETURN(device_models[r], trainer->Params());
     return absl::OkStatus();
   }));
   for (int r = 0; r < kWorkers; ++r) {
     ExpectClose(device_models[r], host_models[r], absl::StrCat("rank ", r));
+    ASSERT_EQ(device_losses[r].size(), host_losses[r].size());
+    for (size_t t = 0; t < host_losses[r].size(); ++t) {
+      EXPECT_NEAR(device_losses[r][t], host_losses[r][t], 1e-4 * std::abs(host_losses[r][t]))
+          << "rank " << r << " step " << t;
+    }
   }
   // After the final average both workers hold the servers' model; the
   // models moved away from the initial one.
