@@ -1,5 +1,6 @@
 #include "worker/staged_average.h"
 
+#include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -110,16 +111,21 @@ absl::Status NodeStagedAverage(
   for (const Run& run : plan.runs) {
     if (run.shard % group.size() == me) mine.push_back(run);
   }
+  const std::string what = absl::StrCat("node average (step ", step, ", stream ",
+                                        v1::Stream_Name(stream), ", ratio ", ratio, ")");
+  // A local rank that fails on its own says so before the next collective,
+  // so that its peers do not wait there for it.
+  absl::Status status = device.Gather(values, blocks);
+  if (status.ok()) {
+    status = device.ScaleStaging(StagingDevice::Scale::kMultiply, weight, 0, plan.gathered);
+  }
+  RETURN_IF_ERROR(ShareStatus(group, status, what));
   // The node's sum of weight·values on the selected blocks, and its weight.
   float node_weight = weight;
   RETURN_IF_ERROR(group.AllReduceSum(absl::MakeSpan(&node_weight, 1)));
-  RETURN_IF_ERROR(device.Gather(values, blocks));
-  RETURN_IF_ERROR(device.ScaleStaging(StagingDevice::Scale::kMultiply, weight, 0,
-                                      plan.gathered));
   RETURN_IF_ERROR(device.AllReduceStaging(plan.gathered));
   // This local rank's shards, as the node's mean with the node's weight.
   const std::unique_ptr<ShardedAverage> round = begin_round(node_weight);
-  absl::Status status;
   for (const Run& run : mine) {
     status.Update(CheckPayload(*round, run, step));
     if (!status.ok()) break;
@@ -127,10 +133,7 @@ absl::Status NodeStagedAverage(
                                       run.offset, run.count));
   }
   if (status.ok()) status = Exchange(mine, *round, device);
-  RETURN_IF_ERROR(ShareStatus(
-      group, status,
-      absl::StrCat("node average (step ", step, ", stream ", v1::Stream_Name(stream),
-                   ", ratio ", ratio, ")")));
+  RETURN_IF_ERROR(ShareStatus(group, status, what));
   for (const Run& run : plan.runs) {
     RETURN_IF_ERROR(device.BroadcastStaging(run.shard % group.size(), run.offset, run.count));
   }

@@ -100,8 +100,14 @@ absl::Status StagedAverage(const BlockLayout& layout, uint64_t job_seed,
 // shares every shard's mean from its owner (BroadcastStaging) before the
 // scatter. `device` was made with `group`. A collective: every local rank
 // calls it with the same stream, step and ratio. Errors as StagedAverage's,
-// on the local rank whose shard failed, and on its peers an error of the
-// same code naming it (ShareStatus).
+// on the local rank that failed (its device before the group's sum, or its
+// shards), and on its peers an error of the same code naming it
+// (ShareStatus); a failed collective fails every local rank. The means
+// equal HierarchicalCommunicator's bit for bit when the group sums in rank
+// order whatever the layout (ThreadGroup); NCCL's order depends on the
+// buffer's layout, which differs between the two, so with three or more
+// local ranks a mean may differ in the last bit (every local rank still
+// gets the same bits).
 absl::Status NodeStagedAverage(
     const BlockLayout& layout, uint64_t job_seed, v1::Stream stream, uint64_t step,
     uint32_t ratio, LocalGroup& group, float weight,

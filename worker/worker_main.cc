@@ -222,7 +222,7 @@ absl::Status TrainProcess(const Job& job, cserps::LocalGroup* group,
 }
 
 // The host Trainer; `model` null: the CPU model.
-RunTrainer HostTrainer(const Job& job, std::unique_ptr<cserps::Model> model) {
+RunTrainer RunOnHost(const Job& job, std::unique_ptr<cserps::Model> model) {
   // std::function needs a copyable callable: the model moves through a
   // shared pointer and is taken once.
   auto shared = std::make_shared<std::unique_ptr<cserps::Model>>(std::move(model));
@@ -238,7 +238,7 @@ RunTrainer HostTrainer(const Job& job, std::unique_ptr<cserps::Model> model) {
 #ifdef CSERPS_HAVE_CUDA
 // The device trainer (worker/cuda/device_trainer.h): the model and the
 // algorithm's state stay on the GPU.
-RunTrainer DeviceTrainer(const Job& job) {
+RunTrainer RunOnDevice(const Job& job) {
   return [&job](const cserps::TrainerLink& link,
                 cserps::WorkerMetrics* metrics) -> absl::Status {
     ASSIGN_OR_RETURN(std::unique_ptr<cserps::CudaModel> model,
@@ -315,7 +315,7 @@ absl::Status RunLocalRankThreads(const Job& job, const std::string& node_id) {
   for (uint32_t j = 0; j < size; ++j) {
     threads.emplace_back([&job, &node_id, &members, &results, j] {
       results.Finished(Train(job, members[j].get(), node_id,
-                             j == 0 ? job.metrics.get() : nullptr, HostTrainer(job, nullptr)));
+                             j == 0 ? job.metrics.get() : nullptr, RunOnHost(job, nullptr)));
     });
   }
   const auto [failure, all_finished] = results.AwaitAllOrFailure();
@@ -385,7 +385,7 @@ absl::Status RunWorker() {
 
   if (backend == "cpu") {
     if (local_size == 1) {
-      return Train(job, nullptr, worker_id, job.metrics.get(), HostTrainer(job, nullptr));
+      return Train(job, nullptr, worker_id, job.metrics.get(), RunOnHost(job, nullptr));
     }
     return RunLocalRankThreads(job, worker_id);
   }
@@ -422,12 +422,12 @@ absl::Status RunWorker() {
   // The NCCL group runs a node's collectives on the device too, so nodes
   // take the device path wherever the algorithm has one (docs/gpu.md).
   if (cserps::HasDeviceAlgorithm(config.algorithm(), /*on_node=*/local_size > 1)) {
-    return Train(job, group.get(), worker_id, job.metrics.get(), DeviceTrainer(job));
+    return Train(job, group.get(), worker_id, job.metrics.get(), RunOnDevice(job));
   }
   ASSIGN_OR_RETURN(std::unique_ptr<cserps::Model> model,
                    cserps::MakeCudaModel(config.model()));
   return Train(job, group.get(), worker_id, job.metrics.get(),
-               HostTrainer(job, std::move(model)));
+               RunOnHost(job, std::move(model)));
 #else
   return absl::InternalError("unreachable: --backend=cuda without CUDA");
 #endif

@@ -141,10 +141,9 @@ class TestStream {
   cudaStream_t stream_ = nullptr;
 };
 
-// Each device collective runs after a scaling kernel queued on the caller's
-// stream and not waited for, so its result is the scaled values: the
-// identity of a group of one, applied to what the stream had written.
-TEST(NcclGroupTest, AGroupOfOneHasIdentityDeviceCollectivesOrderedAfterTheStream) {
+// Each device collective of a group of one is the identity, applied to
+// what a scaling kernel queued on the caller's stream had written.
+TEST(NcclGroupTest, AGroupOfOneHasIdentityDeviceCollectives) {
   CSERPS_SKIP_WITHOUT_GPU();
   NcclGroupOptions options;
   options.id_path = IdPath("nccl_group_device");
@@ -182,6 +181,41 @@ TEST(NcclGroupTest, AGroupOfOneHasIdentityDeviceCollectivesOrderedAfterTheStream
   std::vector<float> host = Values(9);
   CSERPS_ASSERT_OK(group->AllReduceSum(absl::MakeSpan(host)));
   EXPECT_TRUE(SameBits(host, Values(9)));
+}
+
+// A device collective returns only after the work queued on the caller's
+// stream before it: with some milliseconds of kernels queued there (64
+// passes over 256 MB), the stream's event must have fired by the time the
+// collective returns, which it could not if the collective ran beside them.
+TEST(NcclGroupTest, DeviceCollectivesWaitForTheCallersStream) {
+  CSERPS_SKIP_WITHOUT_GPU();
+  NcclGroupOptions options;
+  options.id_path = IdPath("nccl_group_device_order");
+  options.device = 0;
+  CSERPS_ASSERT_OK_AND_ASSIGN(std::unique_ptr<NcclGroup> group,
+                              NcclGroup::Create(0, 1, options));
+  DeviceGroup& device_group = *group;
+  TestStream stream;
+  ASSERT_NE(stream.get(), nullptr);
+  constexpr size_t kBig = size_t{64} << 20;
+  CSERPS_ASSERT_OK_AND_ASSIGN(DeviceBuffer<float> busy, DeviceBuffer<float>::Allocate(kBig));
+  CSERPS_ASSERT_OK_AND_ASSIGN(DeviceBuffer<float> data, Upload(Values(5)));
+  cudaEvent_t done = nullptr;
+  ASSERT_EQ(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), cudaSuccess);
+  for (const bool broadcast : {false, true}) {
+    SCOPED_TRACE(broadcast ? "broadcast" : "all-reduce");
+    for (int pass = 0; pass < 64; ++pass) {
+      CSERPS_ASSERT_OK(cuda::LaunchScale(kBig, /*divide=*/false, 1.0f, busy.data(),
+                                         stream.get()));
+    }
+    ASSERT_EQ(cudaEventRecord(done, stream.get()), cudaSuccess);
+    CSERPS_ASSERT_OK(broadcast
+                         ? device_group.BroadcastOnDevice(0, data.data(), 5, stream.get())
+                         : device_group.AllReduceSumOnDevice(data.data(), 5, stream.get()));
+    EXPECT_EQ(cudaEventQuery(done), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess);
+  }
+  ASSERT_EQ(cudaEventDestroy(done), cudaSuccess);
 }
 
 TEST(NcclGroupTest, ADeviceBroadcastFromABadRootIsRefusedBeforeJoining) {

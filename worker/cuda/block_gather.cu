@@ -55,8 +55,7 @@ absl::Status Launch(const float* src, float alpha, uint64_t num_params,
   // short last block) do nothing.
   const uint64_t total = num_blocks * block_size;
   if (total == 0) return absl::OkStatus();
-  const unsigned grid = static_cast<unsigned>(
-      std::min<uint64_t>((total + kThreads - 1) / kThreads, 1u << 20));
+  const unsigned grid = GridBlocks(total);
   // The 32-bit form also needs room for k + grid stride without wrapping.
   const uint64_t stride = uint64_t{grid} * kThreads;
   if (total + stride <= std::numeric_limits<uint32_t>::max()) {

@@ -93,8 +93,9 @@ absl::Status DeviceTrainer::Upload(const Batch& batch) {
     return absl::InternalError(absl::StrCat("batch of ", batch.size,
                                             " rows exceeds the staging of ", max_rows_));
   }
-  // The previous upload from the pinned buffers has run: every step and
-  // every evaluation batch ends with a stream synchronisation.
+  // The previous upload from the pinned buffers has run: a step reads its
+  // loss back, and an evaluation batch its sums, after its upload, and
+  // both wait for the stream to do so.
   std::memcpy(host_features_.data(), batch.features.data(),
               batch.features.size() * sizeof(float));
   std::memcpy(host_labels_.data(), batch.labels.data(), batch.labels.size());

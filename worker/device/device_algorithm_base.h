@@ -18,7 +18,8 @@ class DeviceAlgorithmBase : public DeviceAlgorithm {
   explicit DeviceAlgorithmBase(const DeviceAlgorithmContext& context);
 
   // Creates the staging device and the momentum buffer (none for NONE).
-  // Subclasses that allocate more extend it.
+  // Subclasses that allocate more extend it; those that never average
+  // blocks (the sparse methods, async SGD) replace it.
   virtual absl::Status Init();
 
   // The final full MODEL average of Algorithm::Finish.

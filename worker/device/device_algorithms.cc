@@ -15,6 +15,9 @@ DeviceAlgorithmBase::DeviceAlgorithmBase(const DeviceAlgorithmContext& context)
     : context_(context), rule_(MakeDirectionRule(context.config->optimizer())) {}
 
 absl::Status DeviceAlgorithmBase::Init() {
+  // Here rather than at the first average: on a node, a local rank that
+  // cannot make it would leave its peers waiting in that average.
+  ASSIGN_OR_RETURN(staging_, ops().MakeStaging(context_.group));
   if (rule_.kind == v1::OptimizerConfig::NONE) return absl::OkStatus();
   return Allocate(&momentum_);
 }
@@ -31,10 +34,6 @@ absl::Status DeviceAlgorithmBase::Allocate(DeviceVector* buffer) {
 absl::Status DeviceAlgorithmBase::Average(v1::Stream stream, uint64_t step,
                                           uint32_t ratio, float lr, const float* values,
                                           ScatterKind kind, float alpha, float* target) {
-  // Made on first use: the sparse methods and async SGD never average blocks.
-  if (staging_ == nullptr) {
-    ASSIGN_OR_RETURN(staging_, ops().MakeStaging(context_.group));
-  }
   const BlockLayout& layout = context_.client->layout();
   const uint64_t seed = context_.config->seed();
   auto begin_round = [&](float weight) {

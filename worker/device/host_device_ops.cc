@@ -24,11 +24,13 @@ absl::Status HostStagingDevice::Gather(const float* model,
 }
 
 absl::Status HostStagingDevice::CopyToHost(uint32_t, uint64_t offset, uint64_t count) {
+  RETURN_IF_ERROR(CheckRange("CopyToHost", offset, count));
   std::copy_n(staging_.begin() + offset, count, host_.begin() + offset);
   return absl::OkStatus();
 }
 
 absl::Status HostStagingDevice::CopyToStaging(uint64_t offset, uint64_t count) {
+  RETURN_IF_ERROR(CheckRange("CopyToStaging", offset, count));
   std::copy_n(host_.begin() + offset, count, staging_.begin() + offset);
   return absl::OkStatus();
 }
@@ -46,6 +48,7 @@ absl::Status HostStagingDevice::Scatter(ScatterKind kind, float alpha, float* mo
 absl::Status HostStagingDevice::ScaleStaging(Scale op, float factor, uint64_t offset,
                                              uint64_t count) {
   RETURN_IF_ERROR(NeedGroup("ScaleStaging"));
+  RETURN_IF_ERROR(CheckRange("ScaleStaging", offset, count));
   for (float& v : absl::MakeSpan(staging_).subspan(offset, count)) {
     v = op == Scale::kMultiply ? v * factor : v / factor;
   }
@@ -54,13 +57,24 @@ absl::Status HostStagingDevice::ScaleStaging(Scale op, float factor, uint64_t of
 
 absl::Status HostStagingDevice::AllReduceStaging(uint64_t count) {
   RETURN_IF_ERROR(NeedGroup("AllReduceStaging"));
+  RETURN_IF_ERROR(CheckRange("AllReduceStaging", 0, count));
   return group_->AllReduceSum(absl::MakeSpan(staging_).subspan(0, count));
 }
 
 absl::Status HostStagingDevice::BroadcastStaging(uint32_t root, uint64_t offset,
                                                  uint64_t count) {
   RETURN_IF_ERROR(NeedGroup("BroadcastStaging"));
+  RETURN_IF_ERROR(CheckRange("BroadcastStaging", offset, count));
   return group_->Broadcast(root, absl::MakeSpan(staging_).subspan(offset, count));
+}
+
+absl::Status HostStagingDevice::CheckRange(absl::string_view what, uint64_t offset,
+                                           uint64_t count) const {
+  if (offset <= num_params_ && count <= num_params_ - offset) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("HostStagingDevice::", what, ": ", count,
+                                                 " floats at offset ", offset,
+                                                 " exceed the staging capacity ",
+                                                 num_params_));
 }
 
 absl::Status HostStagingDevice::NeedGroup(absl::string_view what) const {

@@ -43,6 +43,9 @@ class HostStagingDevice final : public StagingDevice {
   uint64_t End(uint64_t block) const {
     return std::min(num_params_, (block + 1) * block_size_);
   }
+  // INVALID_ARGUMENT unless [offset, offset + count) is inside the staging,
+  // as on the CUDA device, so that the CPU tests catch a bad range too.
+  absl::Status CheckRange(absl::string_view what, uint64_t offset, uint64_t count) const;
   absl::Status NeedGroup(absl::string_view what) const;
 
   const uint64_t num_params_;

@@ -235,7 +235,9 @@ absl::Status NcclGroup::Complete(absl::string_view what) {
 
 absl::Status NcclGroup::EnsureStaging(size_t floats) {
   if (staging_.size() >= floats) return absl::OkStatus();
-  // Freeing the old buffer waits for the device, which is idle here.
+  // Freeing the old buffer waits for the whole device (cudaFree). It grows
+  // to the largest host collective only: on the device path those are a few
+  // floats (ShareStatus, the node weight), so this happens once.
   staging_.Reset();
   ASSIGN_OR_RETURN(staging_, DeviceBuffer<float>::Allocate(floats));
   return absl::OkStatus();

@@ -10,7 +10,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/block_layout.h"
 #include "common/status.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/in_process_cluster.h"
 #include "tests/testing/node_support.h"
@@ -19,6 +21,7 @@
 #include "worker/device/device_algorithms.h"
 #include "worker/device/host_device_ops.h"
 #include "worker/hierarchical_communicator.h"
+#include "worker/staged_average.h"
 
 namespace cserps {
 namespace {
@@ -165,6 +168,97 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"qsparse_local_sgd", R"(name: "qsparse-local-sgd" period: 2 ratio: 4)",
              "lr: 0.05 momentum_kind: NONE"}),
     [](const ::testing::TestParamInfo<Case>& info) { return info.param.label; });
+
+// A host staging device whose Gather fails, standing for a device error on
+// one local rank before the group's sum.
+class FailingGather final : public StagingDevice {
+ public:
+  explicit FailingGather(std::unique_ptr<StagingDevice> device) : device_(std::move(device)) {}
+  uint64_t capacity() const override { return device_->capacity(); }
+  absl::Span<float> host() override { return device_->host(); }
+  absl::Status Gather(const float*, absl::Span<const uint64_t>) override {
+    return absl::DataLossError("injected device failure");
+  }
+  absl::Status CopyToHost(uint32_t slot, uint64_t offset, uint64_t count) override {
+    return device_->CopyToHost(slot, offset, count);
+  }
+  absl::Status WaitCopied(uint32_t slot) override { return device_->WaitCopied(slot); }
+  absl::Status CopyToStaging(uint64_t offset, uint64_t count) override {
+    return device_->CopyToStaging(offset, count);
+  }
+  absl::Status Scatter(ScatterKind kind, float alpha, float* model) override {
+    return device_->Scatter(kind, alpha, model);
+  }
+  absl::Status ScaleStaging(Scale op, float factor, uint64_t offset,
+                            uint64_t count) override {
+    return device_->ScaleStaging(op, factor, offset, count);
+  }
+  absl::Status AllReduceStaging(uint64_t count) override {
+    return device_->AllReduceStaging(count);
+  }
+  absl::Status BroadcastStaging(uint32_t root, uint64_t offset, uint64_t count) override {
+    return device_->BroadcastStaging(root, offset, count);
+  }
+
+ private:
+  std::unique_ptr<StagingDevice> device_;
+};
+
+// One node of 3 local ranks over 2 shards (local rank 2 owns none): a
+// server's refusal, and a device failure on one local rank, reach every
+// local rank with the failing one's code at once (not after the group's
+// timeout), and the group still averages afterwards.
+TEST(NodeStagedAverageTest, FailuresReachEveryLocalRank) {
+  constexpr uint32_t kRanks = 3;
+  v1::JobConfig config = testing::TestConfig(
+      "name: \"node-errors\" seed: 5 epochs: 1\n"
+      "cluster { servers: \"127.0.0.1:0\" servers: \"127.0.0.1:0\" num_workers: 1 "
+      "local_size: 3 round_timeout_s: 20 }\n"
+      "model { kind: SOFTMAX input_dim: 99 num_classes: 10 }\n"
+      "data { batch_size: 4 }\n"
+      "optimizer { lr: 0.1 }\n"
+      "algorithm { name: \"ef-sgd\" ratio: 4 block_size: 16 }\n");
+  const size_t d = testing::NumParams(config);
+  testing::ServerSet servers;
+  ASSERT_TRUE(servers.Start(&config).ok());
+  const BlockLayout layout(d, 16, 2);
+  std::vector<absl::Status> refused(kRanks), injected(kRanks);
+  const auto status = testing::OnEveryProcess(
+      1, kRanks, [&](uint32_t, uint32_t j, LocalGroup& group) -> absl::Status {
+        ASSIGN_OR_RETURN(std::unique_ptr<PsClient> client,
+                         testing::ConnectLocalRank(config, d, kRanks, j));
+        RETURN_IF_ERROR(RegisterNode(group, *client, 0, "node").status());
+        HostDeviceOps ops(d, 16);
+        ASSIGN_OR_RETURN(std::unique_ptr<StagingDevice> device, ops.MakeStaging(&group));
+        std::vector<float> x(d, 1.0f + static_cast<float>(j));
+        auto average = [&](StagingDevice& staging, uint64_t step, uint32_t ratio) {
+          return NodeStagedAverage(
+              layout, config.seed(), v1::GRAD, step, ratio, group, 1.0f,
+              [&](float w) {
+                return client->BeginShardedAverage(v1::GRAD, step, ratio, w, 0.1f);
+              },
+              staging, x.data(), ScatterKind::kAssign, 0, x.data());
+        };
+        // ef-sgd averages GRAD at ratio 4 only: the servers refuse ratio 2.
+        refused[j] = average(*device, 0, 2);
+        if (j == 1) {
+          ASSIGN_OR_RETURN(std::unique_ptr<StagingDevice> other, ops.MakeStaging(&group));
+          FailingGather failing(std::move(other));
+          injected[j] = average(failing, 1, 4);
+        } else {
+          injected[j] = average(*device, 1, 4);
+        }
+        return average(*device, 2, 4);
+      });
+  for (uint32_t j = 0; j < kRanks; ++j) {
+    ASSERT_TRUE(status[j].ok()) << "local rank " << j << ": " << status[j];
+    EXPECT_EQ(refused[j].code(), absl::StatusCode::kFailedPrecondition) << refused[j];
+    EXPECT_EQ(injected[j].code(), absl::StatusCode::kDataLoss) << injected[j];
+  }
+  EXPECT_THAT(std::string(refused[2].message()), ::testing::HasSubstr("local rank 0 failed"));
+  EXPECT_THAT(std::string(injected[1].message()), ::testing::HasSubstr("injected"));
+  EXPECT_THAT(std::string(injected[0].message()), ::testing::HasSubstr("local rank 1 failed"));
+}
 
 TEST(NodeDeviceAlgorithmsRefusalTest, SparseAndAsyncMethodsAreRefusedOnNodes) {
   for (const char* name : {"topk-ssgd", "gtopk-ssgd", "async-sgd"}) {
