@@ -69,7 +69,7 @@ struct TrainerLink {
   LocalGroup* group = nullptr;
 };
 
-// What both trainers (this one and worker/cuda/device_trainer.h) derive
+// What both trainers (this one and worker/device/device_trainer.h) derive
 // from the job, their link and the training set's size.
 struct TrainerPlan {
   uint32_t rank = 0;        // the member's (the node's, in a node)
@@ -104,7 +104,7 @@ absl::Status PullModel(const TrainerLink& link, absl::Span<float> model, bool wa
 uint32_t DataPartition(uint32_t rank, uint32_t local_rank, uint32_t local_size);
 
 // The reporting every training loop shares (this Trainer and the device
-// trainer, worker/cuda/device_trainer.h).
+// trainer, worker/device/device_trainer.h).
 
 // correct / count of `sums` (0 for no examples).
 double Accuracy(const EvalSums& sums);

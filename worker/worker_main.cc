@@ -39,10 +39,11 @@
 #ifdef CSERPS_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
+#include "worker/cuda/cuda_backend.h"
 #include "worker/cuda/cuda_model.h"
 #include "worker/cuda/cuda_status.h"
 #include "worker/device/device_algorithms.h"
-#include "worker/cuda/device_trainer.h"
+#include "worker/device/device_trainer.h"
 #endif
 #ifdef CSERPS_HAVE_NCCL
 #include "worker/group/nccl_group.h"
@@ -236,16 +237,19 @@ RunTrainer RunOnHost(const Job& job, std::unique_ptr<cserps::Model> model) {
 }
 
 #ifdef CSERPS_HAVE_CUDA
-// The device trainer (worker/cuda/device_trainer.h): the model and the
-// algorithm's state stay on the GPU.
+// The device trainer (worker/device/device_trainer.h) on CudaBackend: the
+// model and the algorithm's state stay on the GPU.
 RunTrainer RunOnDevice(const Job& job) {
   return [&job](const cserps::TrainerLink& link,
                 cserps::WorkerMetrics* metrics) -> absl::Status {
     ASSIGN_OR_RETURN(std::unique_ptr<cserps::CudaModel> model,
                      cserps::CudaModel::Create(job.config.model()));
+    ASSIGN_OR_RETURN(std::unique_ptr<cserps::CudaBackend> backend,
+                     cserps::CudaBackend::Create(std::move(model),
+                                                 job.config.algorithm().block_size()));
     ASSIGN_OR_RETURN(std::unique_ptr<cserps::DeviceTrainer> trainer,
                      cserps::DeviceTrainer::Create(job.config, link, &job.train, &job.test,
-                                                   std::move(model), metrics));
+                                                   std::move(backend), metrics));
     return trainer->Run();
   };
 }

@@ -1,6 +1,6 @@
-// The device trainer (worker/cuda/device_trainer.h) against the host
-// Trainer with the CPU model, each on its own in-process cluster with the
-// same job and data: their loss curves (every step's loss, relative 1e-4)
+// The device trainer (worker/device/device_trainer.h) on the GPU
+// (CudaBackend) against the host Trainer with the CPU model, each on its
+// own in-process cluster with the same job and data: their loss curves (every step's loss, relative 1e-4)
 // and their models after the final average agree to float rounding (the
 // CUDA model sums in another order), for S-SGD with Nesterov momentum, CSER
 // (MODEL_BLOCKS) with heavy ball, EF-SGD and QSparse-local-SGD (error
@@ -26,7 +26,8 @@
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/testing/in_process_cluster.h"
 #include "worker/cuda/cuda_model.h"
-#include "worker/cuda/device_trainer.h"
+#include "worker/cuda/cuda_backend.h"
+#include "worker/device/device_trainer.h"
 #include "worker/trainer.h"
 
 namespace cserps {
@@ -127,10 +128,13 @@ TEST_P(DeviceTrainerTest, MatchesTheHostTrainer) {
     CSERPS_CUDA_RETURN_IF_ERROR(cudaSetDevice(0));
     ASSIGN_OR_RETURN(std::unique_ptr<CudaModel> model,
                      CudaModel::Create(device_cluster->config().model()));
+    ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> backend,
+                     CudaBackend::Create(std::move(model),
+                                         device_cluster->config().algorithm().block_size()));
     ASSIGN_OR_RETURN(std::unique_ptr<DeviceTrainer> trainer,
                      DeviceTrainer::Create(device_cluster->config(),
                                            {&device_cluster->client(r), nullptr}, &train,
-                                           &test, std::move(model)));
+                                           &test, std::move(backend)));
     RETURN_IF_ERROR(trainer->InitializeModel());
     for (int t = 0; t < kSteps; ++t) {
       ASSIGN_OR_RETURN(const float loss, trainer->Step());
@@ -184,9 +188,12 @@ TEST(DeviceTrainerRunTest, WritesTheSummaryAndMetrics) {
     CSERPS_CUDA_RETURN_IF_ERROR(cudaSetDevice(0));
     ASSIGN_OR_RETURN(std::unique_ptr<CudaModel> model,
                      CudaModel::Create(cluster->config().model()));
+    ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> backend,
+                     CudaBackend::Create(std::move(model),
+                                         cluster->config().algorithm().block_size()));
     ASSIGN_OR_RETURN(std::unique_ptr<DeviceTrainer> trainer,
                      DeviceTrainer::Create(cluster->config(), {&cluster->client(r), nullptr},
-                                           &train, &test, std::move(model),
+                                           &train, &test, std::move(backend),
                                            metrics[r].get()));
     RETURN_IF_ERROR(trainer->Run());
     steps[r] = trainer->step();

@@ -1,15 +1,11 @@
-#include "worker/cuda/device_trainer.h"
+#include "worker/device/device_trainer.h"
 
 #include <algorithm>
-#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "common/algorithm_catalog.h"
-#include "common/config.h"
 #include "common/status.h"
-#include "spdlog/spdlog.h"
 #include "worker/data/partition.h"
 
 namespace cserps {
@@ -21,18 +17,19 @@ constexpr size_t kEvalBatch = 1000;  // as the host Trainer's
 
 absl::StatusOr<std::unique_ptr<DeviceTrainer>> DeviceTrainer::Create(
     const v1::JobConfig& config, TrainerLink link, const Dataset* train,
-    const Dataset* test, std::unique_ptr<CudaModel> model, WorkerMetrics* metrics) {
+    const Dataset* test, std::unique_ptr<DeviceBackend> backend, WorkerMetrics* metrics) {
   ASSIGN_OR_RETURN(TrainerPlan plan, PlanTrainer(config, link, train->size));
-  if (model->spec().input_dim != train->dim) {
+  if (backend->spec().input_dim != train->dim) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "model.input_dim is ", model->spec().input_dim, " but the data has ",
-        train->dim, " features per example"));
+        "model.input_dim is ", backend->spec().input_dim, " but the data has ", train->dim,
+        " features per example"));
   }
-  if (model->spec().num_params != link.client->layout().num_params()) {
-    return absl::InternalError("model and client disagree on the model size");
+  if (backend->spec().num_params != link.client->layout().num_params() ||
+      backend->ops().num_params() != backend->spec().num_params) {
+    return absl::InternalError("model, device and client disagree on the model size");
   }
   std::unique_ptr<DeviceTrainer> trainer(
-      new DeviceTrainer(config, link, std::move(plan), train, test, std::move(model)));
+      new DeviceTrainer(config, link, std::move(plan), train, test, std::move(backend)));
   trainer->metrics_ = metrics;
   RETURN_IF_ERROR(trainer->Init());
   return trainer;
@@ -40,71 +37,32 @@ absl::StatusOr<std::unique_ptr<DeviceTrainer>> DeviceTrainer::Create(
 
 DeviceTrainer::DeviceTrainer(const v1::JobConfig& config, TrainerLink link,
                              TrainerPlan plan, const Dataset* train, const Dataset* test,
-                             std::unique_ptr<CudaModel> model)
+                             std::unique_ptr<DeviceBackend> backend)
     : config_(config),
       link_(link),
       plan_(std::move(plan)),
       client_(link.client),
       test_(test),
-      num_params_(model->spec().num_params),
-      model_(std::move(model)),
+      num_params_(backend->spec().num_params),
+      backend_(std::move(backend)),
+      ops_(backend_->ops()),
       batcher_(*train, plan_.range, plan_.batch_size, config.seed(), plan_.partition),
       schedule_(config.optimizer(), plan_.steps_per_epoch, config.epochs()),
       slowdown_(config.data().rank_slowdown_size() > 0
                     ? config.data().rank_slowdown(plan_.partition)
                     : 1.0f) {}
 
-DeviceTrainer::~DeviceTrainer() {
-  if (stream_ == nullptr) return;
-  static_cast<void>(cudaStreamSynchronize(stream_));
-  algorithm_.reset();
-  x_ = DeviceVector();
-  grad_ = DeviceVector();
-  ops_.reset();
-  static_cast<void>(cudaStreamDestroy(stream_));
-}
-
 absl::Status DeviceTrainer::Init() {
-  CSERPS_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-  max_rows_ = std::max<size_t>(plan_.batch_size, kEvalBatch);
-  const size_t dim = model_->spec().input_dim;
-  RETURN_IF_ERROR(model_->Reserve(max_rows_));
-  ASSIGN_OR_RETURN(host_features_, PinnedBuffer<float>::Allocate(max_rows_ * dim));
-  ASSIGN_OR_RETURN(host_labels_, PinnedBuffer<uint8_t>::Allocate(max_rows_));
-  ASSIGN_OR_RETURN(features_, DeviceBuffer<float>::Allocate(max_rows_ * dim));
-  ASSIGN_OR_RETURN(labels_, DeviceBuffer<uint8_t>::Allocate(max_rows_));
-  ASSIGN_OR_RETURN(ops_, CudaDeviceOps::Create(num_params_, config_.algorithm().block_size(),
-                                                stream_));
-  ASSIGN_OR_RETURN(x_, ops_->Allocate());
-  ASSIGN_OR_RETURN(grad_, ops_->Allocate());
-  ASSIGN_OR_RETURN(read_back_, ScalarReadBack::Allocate());
+  RETURN_IF_ERROR(backend_->Reserve(std::max<size_t>(plan_.batch_size, kEvalBatch)));
+  ASSIGN_OR_RETURN(x_, ops_.Allocate());
+  ASSIGN_OR_RETURN(grad_, ops_.Allocate());
   DeviceAlgorithmContext context;
   context.config = &config_;
   context.client = client_;
-  context.ops = ops_.get();
+  context.ops = &ops_;
   context.group = link_.group;
   context.weight = static_cast<float>(plan_.batch_size);
   ASSIGN_OR_RETURN(algorithm_, MakeDeviceAlgorithm(context));
-  return absl::OkStatus();
-}
-
-absl::Status DeviceTrainer::Upload(const Batch& batch) {
-  if (batch.size > max_rows_) {
-    return absl::InternalError(absl::StrCat("batch of ", batch.size,
-                                            " rows exceeds the staging of ", max_rows_));
-  }
-  // The previous upload from the pinned buffers has run: a step reads its
-  // loss back, and an evaluation batch its sums, after its upload, and
-  // both wait for the stream to do so.
-  std::memcpy(host_features_.data(), batch.features.data(),
-              batch.features.size() * sizeof(float));
-  std::memcpy(host_labels_.data(), batch.labels.data(), batch.labels.size());
-  CSERPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(features_.data(), host_features_.data(),
-                                              batch.features.size() * sizeof(float),
-                                              cudaMemcpyHostToDevice, stream_));
-  CSERPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(labels_.data(), host_labels_.data(),
-                                              batch.labels.size(), cudaMemcpyHostToDevice,
-                                              stream_));
   return absl::OkStatus();
 }
 
@@ -112,11 +70,11 @@ absl::Status DeviceTrainer::InitializeModel() {
   std::vector<float> x(num_params_);
   if (plan_.rank == 0) {
     // Only local rank 0's model is pushed; every local rank joins the push.
-    if (plan_.local_rank == 0) model_->Initialize(config_.seed(), absl::MakeSpan(x));
+    if (plan_.local_rank == 0) backend_->Initialize(config_.seed(), absl::MakeSpan(x));
     RETURN_IF_ERROR(PushModel(link_, x));
   }
   RETURN_IF_ERROR(PullModel(link_, absl::MakeSpan(x), /*wait_for_init=*/true));
-  return ops_->Upload(x, x_.data());
+  return ops_.Upload(x, x_.data());
 }
 
 absl::StatusOr<float> DeviceTrainer::Step() {
@@ -125,14 +83,11 @@ absl::StatusOr<float> DeviceTrainer::Step() {
   const Batch batch = batcher_.Get(index);
   StepTiming timing;
   timing.compute_start = absl::Now();
-  RETURN_IF_ERROR(Upload(batch));
-  RETURN_IF_ERROR(model_->LossAndGradientDevice(x_.data(), features_.data(),
-                                                labels_.data(), batch.size, grad_.data(),
-                                                read_back_.loss(), stream_));
-  // The gather waits for the gradient anyway; waiting here costs only the
-  // direction kernel's launch, and a diverged loss stops the step before it
-  // is pushed, as on the host.
-  ASSIGN_OR_RETURN(const float loss, read_back_.Loss(stream_));
+  // Waiting for the loss costs little: the gather waits for the gradient
+  // anyway, and a diverged loss stops the step before it is pushed, as on
+  // the host.
+  ASSIGN_OR_RETURN(const float loss,
+                   backend_->LossAndGradient(x_.data(), batch, grad_.data()));
   RETURN_IF_ERROR(EndCompute(slowdown_, timing.compute_start, loss, plan_.rank, step_));
   timing.algorithm_start = absl::Now();
   timing.waited_before = client_->wait_time();
@@ -154,12 +109,7 @@ absl::StatusOr<EvalSums> DeviceTrainer::Evaluate(const float* params) {
   EvalSums total;
   SequentialBatches batches(*test_, kEvalBatch);
   for (size_t i = 0; i < batches.count(); ++i) {
-    const Batch batch = batches.Get(i);
-    RETURN_IF_ERROR(Upload(batch));
-    RETURN_IF_ERROR(model_->EvaluateDevice(params, features_.data(), labels_.data(),
-                                           batch.size, read_back_.loss_sum(),
-                                           read_back_.correct(), stream_));
-    ASSIGN_OR_RETURN(const EvalSums part, read_back_.Sums(batch.size, stream_));
+    ASSIGN_OR_RETURN(const EvalSums part, backend_->Evaluate(params, batches.Get(i)));
     total.loss_sum += part.loss_sum;
     total.correct += part.correct;
     total.count += part.count;
@@ -175,7 +125,7 @@ absl::StatusOr<EvalSums> DeviceTrainer::EvaluateTest() {
 
 absl::StatusOr<std::vector<float>> DeviceTrainer::Params() {
   std::vector<float> x(num_params_);
-  RETURN_IF_ERROR(ops_->Download(x_.data(), absl::MakeSpan(x)));
+  RETURN_IF_ERROR(ops_.Download(x_.data(), absl::MakeSpan(x)));
   return x;
 }
 
@@ -188,7 +138,7 @@ absl::Status DeviceTrainer::FinishTraining() {
   std::vector<float> global(num_params_);
   RETURN_IF_ERROR(PullModel(link_, absl::MakeSpan(global), /*wait_for_init=*/false));
   // Training is over: the gradient buffer holds the servers' model.
-  RETURN_IF_ERROR(ops_->Upload(global, grad_.data()));
+  RETURN_IF_ERROR(ops_.Upload(global, grad_.data()));
   ASSIGN_OR_RETURN(const EvalSums servers, Evaluate(grad_.data()));
   final_.global_accuracy = Accuracy(servers);
   if (metrics_ != nullptr) {
