@@ -42,6 +42,14 @@ std::string IdPath(const std::string& name) {
   return (dir / "nccl_id").string();
 }
 
+// A group of one on device 0, its id file under a directory named `name`.
+absl::StatusOr<std::unique_ptr<NcclGroup>> GroupOfOne(const std::string& name) {
+  NcclGroupOptions options;
+  options.id_path = IdPath(name);
+  options.device = 0;
+  return NcclGroup::Create(0, 1, options);
+}
+
 // Values whose bits a sum with anything but zero, or a copy through the
 // wrong offset, would change.
 std::vector<float> Values(size_t n) {
@@ -57,11 +65,7 @@ bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
 
 TEST(NcclGroupTest, AGroupOfOneHasIdentityCollectives) {
   CSERPS_SKIP_WITHOUT_GPU();
-  NcclGroupOptions options;
-  options.id_path = IdPath("nccl_group_one");
-  options.device = 0;
-  CSERPS_ASSERT_OK_AND_ASSIGN(std::unique_ptr<NcclGroup> group,
-                              NcclGroup::Create(0, 1, options));
+  CSERPS_ASSERT_OK_AND_ASSIGN(std::unique_ptr<NcclGroup> group, GroupOfOne("nccl_group_one"));
   EXPECT_EQ(group->local_rank(), 0u);
   EXPECT_EQ(group->size(), 1u);
   EXPECT_EQ(group->device(), 0);
@@ -85,10 +89,7 @@ TEST(NcclGroupTest, AGroupOfOneHasIdentityCollectives) {
 
 TEST(NcclGroupTest, ABadRootIsRefusedBeforeJoiningAndLeavesTheGroupUsable) {
   CSERPS_SKIP_WITHOUT_GPU();
-  NcclGroupOptions options;
-  options.id_path = IdPath("nccl_group_root");
-  CSERPS_ASSERT_OK_AND_ASSIGN(std::unique_ptr<NcclGroup> group,
-                              NcclGroup::Create(0, 1, options));
+  CSERPS_ASSERT_OK_AND_ASSIGN(std::unique_ptr<NcclGroup> group, GroupOfOne("nccl_group_root"));
   std::vector<float> data = Values(10);
   const absl::Status bad = group->Broadcast(1, absl::MakeSpan(data));
   EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
@@ -145,11 +146,7 @@ class TestStream {
 // what a scaling kernel queued on the caller's stream had written.
 TEST(NcclGroupTest, AGroupOfOneHasIdentityDeviceCollectives) {
   CSERPS_SKIP_WITHOUT_GPU();
-  NcclGroupOptions options;
-  options.id_path = IdPath("nccl_group_device");
-  options.device = 0;
-  CSERPS_ASSERT_OK_AND_ASSIGN(std::unique_ptr<NcclGroup> group,
-                              NcclGroup::Create(0, 1, options));
+  CSERPS_ASSERT_OK_AND_ASSIGN(std::unique_ptr<NcclGroup> group, GroupOfOne("nccl_group_device"));
   DeviceGroup& device_group = *group;
   TestStream stream;
   ASSERT_NE(stream.get(), nullptr);
@@ -189,11 +186,7 @@ TEST(NcclGroupTest, AGroupOfOneHasIdentityDeviceCollectives) {
 // collective returns, which it could not if the collective ran beside them.
 TEST(NcclGroupTest, DeviceCollectivesWaitForTheCallersStream) {
   CSERPS_SKIP_WITHOUT_GPU();
-  NcclGroupOptions options;
-  options.id_path = IdPath("nccl_group_device_order");
-  options.device = 0;
-  CSERPS_ASSERT_OK_AND_ASSIGN(std::unique_ptr<NcclGroup> group,
-                              NcclGroup::Create(0, 1, options));
+  CSERPS_ASSERT_OK_AND_ASSIGN(std::unique_ptr<NcclGroup> group, GroupOfOne("nccl_group_device_order"));
   DeviceGroup& device_group = *group;
   TestStream stream;
   ASSERT_NE(stream.get(), nullptr);
@@ -220,10 +213,7 @@ TEST(NcclGroupTest, DeviceCollectivesWaitForTheCallersStream) {
 
 TEST(NcclGroupTest, ADeviceBroadcastFromABadRootIsRefusedBeforeJoining) {
   CSERPS_SKIP_WITHOUT_GPU();
-  NcclGroupOptions options;
-  options.id_path = IdPath("nccl_group_device_root");
-  CSERPS_ASSERT_OK_AND_ASSIGN(std::unique_ptr<NcclGroup> group,
-                              NcclGroup::Create(0, 1, options));
+  CSERPS_ASSERT_OK_AND_ASSIGN(std::unique_ptr<NcclGroup> group, GroupOfOne("nccl_group_device_root"));
   TestStream stream;
   ASSERT_NE(stream.get(), nullptr);
   const std::vector<float> values = Values(10);
@@ -250,10 +240,7 @@ TEST(NcclGroupTest, MakeStagingTakesTheNcclGroupButNotAHostGroup) {
   EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(refused.message(), HasSubstr("NCCL"));
 
-  NcclGroupOptions options;
-  options.id_path = IdPath("nccl_group_staging");
-  CSERPS_ASSERT_OK_AND_ASSIGN(std::unique_ptr<NcclGroup> group,
-                              NcclGroup::Create(0, 1, options));
+  CSERPS_ASSERT_OK_AND_ASSIGN(std::unique_ptr<NcclGroup> group, GroupOfOne("nccl_group_staging"));
   CSERPS_ASSERT_OK_AND_ASSIGN(std::unique_ptr<StagingDevice> node,
                               ops->MakeStaging(group.get()));
   CSERPS_ASSERT_OK(node->ScaleStaging(StagingDevice::Scale::kMultiply, 2.0f, 0, 100));
@@ -361,10 +348,7 @@ absl::StatusOr<NodeResult> RunNodeRound(const NodeCase& c, bool on_device,
   const float* values = assign ? result.target.data() : p.data();
   float* target = result.target.data();
   if (on_device) {
-    NcclGroupOptions options;
-    options.id_path = IdPath(id_name);
-    options.device = 0;
-    ASSIGN_OR_RETURN(nccl, NcclGroup::Create(0, 1, options));
+    ASSIGN_OR_RETURN(nccl, GroupOfOne(id_name));
     group = nccl.get();
     ASSIGN_OR_RETURN(ops, CudaDeviceOps::Create(kD, kBlockSize, stream.get()));
     ASSIGN_OR_RETURN(x_device, Upload(result.target));

@@ -106,6 +106,29 @@ void ExpectSameRuns(const std::vector<ProcessRun>& device, const std::vector<Pro
   EXPECT_NE(host[0].losses.front(), host[0].losses.back());
 }
 
+const Dataset& TrainSet() {
+  static const Dataset* const data = new Dataset(testing::RandomDataset(512, kDim, 10, 1));
+  return *data;
+}
+const Dataset& TestSet() {
+  static const Dataset* const data = new Dataset(testing::RandomDataset(200, kDim, 10, 2));
+  return *data;
+}
+
+// Both trainers on flat workers, each on its own cluster: [device][rank].
+absl::StatusOr<std::vector<std::vector<ProcessRun>>> RunFlat(const v1::JobConfig& config) {
+  std::vector<std::vector<ProcessRun>> runs(2, std::vector<ProcessRun>(2));
+  for (const bool device : {false, true}) {
+    ASSIGN_OR_RETURN(std::unique_ptr<testing::InProcessCluster> cluster,
+                     testing::InProcessCluster::Start(config, testing::NumParams(config)));
+    RETURN_IF_ERROR(cluster->OnEveryRank([&](int r) {
+      return RunProcess(cluster->config(), {&cluster->client(r), nullptr}, TrainSet(), TestSet(),
+                        device, &runs[device][r]);
+    }));
+  }
+  return runs;
+}
+
 struct Case {
   std::string label;
   std::string algorithm;
@@ -117,30 +140,18 @@ std::ostream& operator<<(std::ostream& os, const Case& c) { return os << c.label
 class DeviceTrainerOnHostTest : public ::testing::TestWithParam<Case> {};
 
 TEST_P(DeviceTrainerOnHostTest, FlatWorkersMatchTheHostTrainer) {
-  const v1::JobConfig config =
-      MakeConfig(GetParam().algorithm, GetParam().optimizer, 1, ::testing::TempDir());
-  const Dataset train = testing::RandomDataset(512, kDim, 10, 1);
-  const Dataset test = testing::RandomDataset(200, kDim, 10, 2);
-  const uint64_t d = testing::NumParams(config);
-  std::vector<std::vector<ProcessRun>> runs(2, std::vector<ProcessRun>(2));
-  for (const bool device : {false, true}) {
-    absl::StatusOr<std::unique_ptr<testing::InProcessCluster>> cluster =
-        testing::InProcessCluster::Start(config, d);
-    ASSERT_TRUE(cluster.ok()) << cluster.status();
-    ASSERT_TRUE((*cluster)->OnEveryRank([&](int r) {
-      return RunProcess((*cluster)->config(), {&(*cluster)->client(r), nullptr}, train, test,
-                        device, &runs[device][r]);
-    }).ok());
-  }
-  ExpectSameRuns(runs[true], runs[false]);
+  absl::StatusOr<std::vector<std::vector<ProcessRun>>> runs = RunFlat(
+      MakeConfig(GetParam().algorithm, GetParam().optimizer, 1, ::testing::TempDir()));
+  ASSERT_TRUE(runs.ok()) << runs.status();
+  ExpectSameRuns((*runs)[true], (*runs)[false]);
 }
 
 TEST_P(DeviceTrainerOnHostTest, NodesOfTwoLocalRanksMatchTheHostTrainer) {
   constexpr uint32_t kNodes = 2, kLocal = 2;
   v1::JobConfig config =
       MakeConfig(GetParam().algorithm, GetParam().optimizer, kLocal, ::testing::TempDir());
-  const Dataset train = testing::RandomDataset(512, kDim, 10, 1);
-  const Dataset test = testing::RandomDataset(200, kDim, 10, 2);
+  const Dataset& train = TrainSet();
+  const Dataset& test = TestSet();
   const uint64_t d = testing::NumParams(config);
   std::vector<std::vector<ProcessRun>> runs(2, std::vector<ProcessRun>(kNodes * kLocal));
   for (const bool device : {false, true}) {
@@ -178,29 +189,19 @@ INSTANTIATE_TEST_SUITE_P(
 // The sparse methods run flat only; their device top-k and sparse updates
 // follow the host's through a whole trainer too.
 TEST(DeviceTrainerOnHostSparseTest, GtopkMatchesTheHostTrainer) {
-  const v1::JobConfig config = MakeConfig(R"(name: "gtopk-ssgd" density: 0.05)",
-                                          "lr: 0.05 momentum: 0.9 momentum_kind: NESTEROV",
-                                          1, ::testing::TempDir());
-  const Dataset train = testing::RandomDataset(512, kDim, 10, 1);
-  const Dataset test = testing::RandomDataset(200, kDim, 10, 2);
-  std::vector<std::vector<ProcessRun>> runs(2, std::vector<ProcessRun>(2));
-  for (const bool device : {false, true}) {
-    absl::StatusOr<std::unique_ptr<testing::InProcessCluster>> cluster =
-        testing::InProcessCluster::Start(config, testing::NumParams(config));
-    ASSERT_TRUE(cluster.ok()) << cluster.status();
-    ASSERT_TRUE((*cluster)->OnEveryRank([&](int r) {
-      return RunProcess((*cluster)->config(), {&(*cluster)->client(r), nullptr}, train, test,
-                        device, &runs[device][r]);
-    }).ok());
-  }
-  ExpectSameRuns(runs[true], runs[false]);
+  absl::StatusOr<std::vector<std::vector<ProcessRun>>> runs =
+      RunFlat(MakeConfig(R"(name: "gtopk-ssgd" density: 0.05)",
+                         "lr: 0.05 momentum: 0.9 momentum_kind: NESTEROV", 1,
+                         ::testing::TempDir()));
+  ASSERT_TRUE(runs.ok()) << runs.status();
+  ExpectSameRuns((*runs)[true], (*runs)[false]);
 }
 
 // Run() writes the summary files the host trainer writes, with the same
 // learning curve.
 TEST(DeviceTrainerOnHostRunTest, RunWritesTheHostTrainersCurve) {
-  const Dataset train = testing::RandomDataset(512, kDim, 10, 1);
-  const Dataset test = testing::RandomDataset(200, kDim, 10, 2);
+  const Dataset& train = TrainSet();
+  const Dataset& test = TestSet();
   std::vector<std::vector<CurvePoint>> curves(2);
   for (const bool device : {false, true}) {
     const std::string dir = ::testing::TempDir() + (device ? "/device_run" : "/host_run");
