@@ -96,14 +96,16 @@ absl::Status RunEpochs(const EpochLoop& loop, absl::Time start,
 }
 
 absl::Status EndCompute(float slowdown, absl::Time compute_start, float loss,
-                        uint32_t rank, uint64_t step) {
+                        const TrainerLink& link, uint64_t step) {
   if (slowdown > 1.0f) absl::SleepFor((slowdown - 1.0f) * (absl::Now() - compute_start));
+  absl::Status status;
   if (!std::isfinite(loss)) {
-    return absl::InternalError(absl::StrCat("rank ", rank, " step ", step,
-                                            ": training loss is ", loss,
-                                            " (diverged: lower optimizer.lr?)"));
+    status = absl::InternalError(absl::StrCat("rank ", link.client->rank(), " step ", step,
+                                              ": training loss is ", loss,
+                                              " (diverged: lower optimizer.lr?)"));
   }
-  return absl::OkStatus();
+  if (link.group == nullptr) return status;
+  return ShareStatus(*link.group, status, absl::StrCat("step ", step));
 }
 
 void RecordStep(WorkerMetrics& metrics, const PsClient& client, const StepTiming& timing,
@@ -269,7 +271,7 @@ absl::StatusOr<float> Trainer::Step() {
   StepTiming timing;
   timing.compute_start = absl::Now();
   const float loss = model_->LossAndGradient(x_, batch, absl::MakeSpan(grad_));
-  RETURN_IF_ERROR(EndCompute(slowdown_, timing.compute_start, loss, rank_, step_));
+  RETURN_IF_ERROR(EndCompute(slowdown_, timing.compute_start, loss, link_, step_));
   timing.algorithm_start = absl::Now();
   timing.waited_before = client_->wait_time();
   const float lr = schedule_.At(step_);

@@ -121,9 +121,12 @@ void ReportTraffic(const PsClient& client, WorkerMetrics* metrics);
 // After a step's loss and gradient, for both trainers: sleeps
 // (slowdown - 1) x the compute time when slowdown > 1 (data.rank_slowdown's
 // slower device), and refuses a diverged (non-finite) loss naming the rank
-// and step.
+// and step. In a node (link.group set) the local ranks share that verdict
+// (ShareStatus, a collective every step), so that the peers of a diverged
+// local rank fail with it at once instead of waiting for it in the step's
+// first average until the group's timeout.
 absl::Status EndCompute(float slowdown, absl::Time compute_start, float loss,
-                        uint32_t rank, uint64_t step);
+                        const TrainerLink& link, uint64_t step);
 
 // One step's timing, as the worker metrics split it: compute until the
 // algorithm starts; communication, the time blocked on the servers since

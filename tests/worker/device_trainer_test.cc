@@ -5,17 +5,20 @@
 // final models, the final report and the learning curve agree bit for bit,
 // for flat workers and for nodes of two local ranks (thread groups). On
 // the GPU the same trainer runs on CudaBackend (tests/gpu).
+#include <cmath>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/in_process_cluster.h"
 #include "tests/testing/node_support.h"
 #include "tests/testing/test_support.h"
 #include "tests/worker/algorithms/algorithm_harness.h"
+#include "worker/data/partition.h"
 #include "worker/device/device_trainer.h"
 #include "worker/device/host_backend.h"
 #include "worker/hierarchical_communicator.h"
@@ -195,6 +198,49 @@ TEST(DeviceTrainerOnHostSparseTest, GtopkMatchesTheHostTrainer) {
                          ::testing::TempDir()));
   ASSERT_TRUE(runs.ok()) << runs.status();
   ExpectSameRuns((*runs)[true], (*runs)[false]);
+}
+
+// One node of two local ranks whose local rank 1 diverges at its first
+// step (its data partition holds NaN features): both local ranks fail with
+// its error at once, on either trainer (without the shared verdict local
+// rank 0 would wait for it in the first average until the group's timeout,
+// and fail with DEADLINE_EXCEEDED).
+TEST(NodeDivergenceTest, ADivergedLocalRankStopsItsNodeAtOnce) {
+  constexpr uint32_t kLocal = 2;
+  v1::JobConfig config = MakeConfig(R"(name: "ssgd")", "lr: 0.05", kLocal, ::testing::TempDir());
+  // A linear model: NaN features reach the loss (an MLP's ReLU drops them).
+  config.mutable_model()->set_kind(v1::ModelConfig::SOFTMAX);
+  config.mutable_model()->clear_hidden();
+  config.mutable_cluster()->set_num_workers(1);
+  config.mutable_data()->clear_rank_batch_sizes();
+  config.mutable_data()->add_rank_batch_sizes(12);
+  config.mutable_data()->add_rank_batch_sizes(20);
+  Dataset train = TrainSet();
+  const Range poisoned = RankRange(train.size, {12, 20}, 1);
+  for (size_t i = poisoned.begin * kDim; i < poisoned.end * kDim; ++i) {
+    train.features[i] = std::nanf("");
+  }
+  const uint64_t d = testing::NumParams(config);
+  for (const bool device : {false, true}) {
+    SCOPED_TRACE(device ? "device trainer" : "host trainer");
+    testing::ServerSet servers;
+    ASSERT_TRUE(servers.Start(&config).ok());
+    std::vector<ProcessRun> runs(kLocal);
+    const auto status = testing::OnEveryProcess(
+        1, kLocal, [&](uint32_t, uint32_t j, LocalGroup& group) -> absl::Status {
+          ASSIGN_OR_RETURN(std::unique_ptr<PsClient> client,
+                           testing::ConnectLocalRank(config, d, kLocal, j));
+          RETURN_IF_ERROR(RegisterNode(group, *client, 0, "node").status());
+          return RunProcess(config, {client.get(), &group}, train, TestSet(), device,
+                            &runs[j]);
+        });
+    for (uint32_t j = 0; j < kLocal; ++j) {
+      EXPECT_EQ(status[j].code(), absl::StatusCode::kInternal) << status[j];
+      EXPECT_TRUE(runs[j].losses.empty()) << "local rank " << j;
+    }
+    EXPECT_THAT(std::string(status[1].message()), ::testing::HasSubstr("diverged"));
+    EXPECT_THAT(std::string(status[0].message()), ::testing::HasSubstr("local rank 1 failed"));
+  }
 }
 
 // Run() writes the summary files the host trainer writes, with the same

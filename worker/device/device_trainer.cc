@@ -88,7 +88,7 @@ absl::StatusOr<float> DeviceTrainer::Step() {
   // the host.
   ASSIGN_OR_RETURN(const float loss,
                    backend_->LossAndGradient(x_.data(), batch, grad_.data()));
-  RETURN_IF_ERROR(EndCompute(slowdown_, timing.compute_start, loss, plan_.rank, step_));
+  RETURN_IF_ERROR(EndCompute(slowdown_, timing.compute_start, loss, link_, step_));
   timing.algorithm_start = absl::Now();
   timing.waited_before = client_->wait_time();
   const float lr = schedule_.At(step_);
