@@ -5,7 +5,11 @@
 //   - model steps (loss and gradient) in samples/s: CPU backend, CUDA through
 //     host spans (copies included), CUDA on device buffers;
 //   - top-k by magnitude on the device for d = 10M and 100M, next to the CPU
-//     SelectTopK.
+//     SelectTopK;
+//   - whole training steps in samples/s (model, algorithm, averages with
+//     in-process servers on 127.0.0.1, one worker): the device trainer on
+//     the GPU next to the host trainer on the CPU, for S-SGD, CSER and
+//     gTop-k S-SGD.
 // Prints one table. Exits 0 with a message when no CUDA device is present.
 #include <algorithm>
 #include <cstdio>
@@ -13,6 +17,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -21,15 +26,21 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "common/config.h"
 #include "common/grbs.h"
 #include "common/prng.h"
 #include "common/status.h"
+#include "tests/testing/in_process_cluster.h"
+#include "tests/testing/test_support.h"
 #include "worker/cuda/block_gather.h"
+#include "worker/cuda/cuda_backend.h"
 #include "worker/cuda/cuda_model.h"
 #include "worker/cuda/cuda_status.h"
 #include "worker/cuda/topk.h"
+#include "worker/device/device_trainer.h"
 #include "worker/model/model.h"
 #include "worker/topk_select.h"
+#include "worker/trainer.h"
 
 ABSL_FLAG(uint64_t, gather_d, 64ull << 20, "Model floats for the gather/scatter rows.");
 ABSL_FLAG(uint32_t, block_size, 256, "GRBS block size (floats).");
@@ -315,6 +326,68 @@ absl::Status TopKRows(cudaStream_t stream, Table* table) {
   return absl::OkStatus();
 }
 
+// Samples/s of whole steps of `trainer` (Trainer or DeviceTrainer), after
+// the initial model.
+template <typename AnyTrainer>
+absl::StatusOr<double> TrainerRate(AnyTrainer& trainer, size_t batch) {
+  RETURN_IF_ERROR(trainer.InitializeModel());
+  return SamplesPerSecond(batch, [&] { return trainer.Step().status(); });
+}
+
+// The job of the trainer rows: one worker, two shards, an MLP.
+absl::StatusOr<v1::JobConfig> TrainerJob(absl::string_view algorithm, size_t batch) {
+  ASSIGN_OR_RETURN(v1::JobConfig config,
+                   ParseJobConfig(absl::StrCat(
+                                      "name: \"bench\" seed: 3 epochs: 1000\n"
+                                      "cluster { servers: \"127.0.0.1:0\" "
+                                      "servers: \"127.0.0.1:0\" num_workers: 1 }\n"
+                                      "model { kind: MLP hidden: 512 hidden: 256 }\n"
+                                      "data { batch_size: ",
+                                      batch, " }\n",
+                                      "optimizer { lr: 0.05 momentum: 0.9 "
+                                      "momentum_kind: NESTEROV }\n",
+                                      "algorithm { ", algorithm, " block_size: 1024 }\n"),
+                                  "the trainer rows' job"));
+  ApplyDefaults(&config);
+  RETURN_IF_ERROR(ValidateJobConfig(config));
+  return config;
+}
+
+absl::Status TrainerRows(Table* table) {
+  const size_t batch = static_cast<size_t>(absl::GetFlag(FLAGS_batch));
+  const Dataset train = testing::RandomDataset(64 * batch, 784, 10, 1);
+  const Dataset test = testing::RandomDataset(1000, 784, 10, 2);
+  const std::pair<const char*, const char*> algorithms[] = {
+      {"ssgd", R"(name: "ssgd")"},
+      {"cser", R"(name: "cser" period: 8 ratio_c1: 4 ratio_c2: 32)"},
+      {"gtopk-ssgd", R"(name: "gtopk-ssgd" density: 0.01)"}};
+  for (const auto& [name, algorithm] : algorithms) {
+    ASSIGN_OR_RETURN(v1::JobConfig config, TrainerJob(algorithm, batch));
+    ASSIGN_OR_RETURN(const ModelSpec spec, MakeModelSpec(config.model()));
+    ASSIGN_OR_RETURN(std::unique_ptr<testing::InProcessCluster> host_cluster,
+                     testing::InProcessCluster::Start(config, spec.num_params));
+    ASSIGN_OR_RETURN(std::unique_ptr<Trainer> host,
+                     Trainer::Create(host_cluster->config(), &host_cluster->client(0), &train,
+                                     &test));
+    const absl::StatusOr<double> host_rate = TrainerRate(*host, batch);
+
+    ASSIGN_OR_RETURN(std::unique_ptr<testing::InProcessCluster> device_cluster,
+                     testing::InProcessCluster::Start(config, spec.num_params));
+    ASSIGN_OR_RETURN(std::unique_ptr<CudaModel> model, CudaModel::Create(config.model()));
+    ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> backend,
+                     CudaBackend::Create(std::move(model), config.algorithm().block_size()));
+    ASSIGN_OR_RETURN(std::unique_ptr<DeviceTrainer> device,
+                     DeviceTrainer::Create(device_cluster->config(),
+                                           {&device_cluster->client(0), nullptr}, &train,
+                                           &test, std::move(backend)));
+    const absl::StatusOr<double> device_rate = TrainerRate(*device, batch);
+    RETURN_IF_ERROR(device_rate.status());
+    table->Add("trainer", absl::StrCat(name, ", mlp 784-512-256-10, device trainer"),
+               Rate(device_rate), "host trainer (cpu) " + Rate(host_rate));
+  }
+  return absl::OkStatus();
+}
+
 int Run() {
   if (CudaDeviceCount() == 0) {
     std::printf("cserps-bench-gpu: no CUDA device present; nothing measured.\n");
@@ -335,6 +408,7 @@ int Run() {
   absl::Status status = GatherRows(stream, &table);
   if (status.ok()) status = ModelRows(stream, &table);
   if (status.ok()) status = TopKRows(stream, &table);
+  if (status.ok()) status = TrainerRows(&table);
   std::printf("\n");
   table.Print();
   static_cast<void>(cudaStreamDestroy(stream));
