@@ -42,17 +42,42 @@ fi
 
 # Directories holding the driver's and CUDA's libraries on this machine, for
 # the bundle's loader (which does not read this machine's configuration).
+# The loader's cache first; then LD_LIBRARY_PATH and the driver's usual
+# mount; a search (one `find`, bounded) only for the names still missing.
+# CUDA's compat/ libcuda is skipped: it may not match the kernel's driver.
 cuda_library_path() {
-  local dirs=() name found
-  local roots=(/usr/local/cuda/ /usr/local/nvidia/ /usr/lib/x86_64-linux-gnu/ /usr/lib64/ /opt/)
-  # pip's nvidia-* wheels keep their libraries under site-packages/nvidia/.
-  roots+=($(python3 -c 'import site; print(*site.getsitepackages())' 2>/dev/null))
-  for name in libcuda.so.1 libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libnccl.so.2; do
-    found=$( (ldconfig -p 2>/dev/null | awk -v n="$name" '$1 == n {print $NF; exit}';
-              timeout 60 find "${roots[@]}" -maxdepth 8 -name "$name" 2>/dev/null) | head -1)
-    [ -n "$found" ] && dirs+=("$(dirname "$(readlink -f "$found")")")
+  local names=(libcuda.so.1 libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libnccl.so.2)
+  local dirs=() missing=() name found d
+  for name in "${names[@]}"; do
+    found=$(ldconfig -p 2>/dev/null | awk -v n="$name" '$1 == n {print $NF; exit}')
+    if [ -z "$found" ]; then
+      for d in ${LD_LIBRARY_PATH:+${LD_LIBRARY_PATH//:/ }} /usr/local/nvidia/lib64 /usr/local/nvidia/lib; do
+        if [ -e "$d/$name" ]; then found=$d/$name; break; fi
+      done
+    fi
+    if [ -n "$found" ]; then
+      dirs+=("$(dirname "$(readlink -f "$found")")")
+    else
+      missing+=("$name")
+    fi
   done
-  printf '%s\n' "${dirs[@]}" | awk '!seen[$0]++' | paste -sd: -
+  if [ ${#missing[@]} -gt 0 ]; then
+    local roots=(/usr/local/cuda/ /usr/lib/x86_64-linux-gnu/ /usr/lib64/ /opt/)
+    # pip's nvidia-* wheels keep their libraries under site-packages/nvidia/.
+    roots+=($(python3 -c 'import site; print(*site.getsitepackages())' 2>/dev/null))
+    local expr=() path
+    for name in "${missing[@]}"; do expr+=(-o -name "$name"); done
+    while read -r path; do
+      name=$(basename "$path")
+      # One directory per name: the first found.
+      if [[ " ${missing[*]} " == *" $name "* ]]; then
+        dirs+=("$(dirname "$(readlink -f "$path")")")
+        missing=("${missing[@]/$name}")
+      fi
+    done < <(timeout 60 find "${roots[@]}" -maxdepth 6 -path '*/compat/*' -prune \
+               -o \( -false "${expr[@]}" \) -print 2>/dev/null)
+  fi
+  printf '%s\n' "${dirs[@]}" | awk 'NF && !seen[$0]++' | paste -sd: -
 }
 
 # Sets CMD to the command line that runs the built or bundled binary $1.
@@ -64,6 +89,10 @@ binary_command() {
     CMD=("$BUILD_DIR/bin/$1")
   fi
 }
+
+# NCCL says why it cannot start (a sandbox without /sys, say) instead of
+# failing with a bare ncclSystemError.
+export NCCL_DEBUG=${NCCL_DEBUG:-WARN}
 
 main() {
   local failures=() gpu_listing="" have_gpu=0
@@ -106,7 +135,7 @@ main() {
       total=$((total + 1))
       echo "--- $name"
       binary_command "$name"
-      timeout 300 "${CMD[@]}" >"$WORK/$name.txt" 2>&1
+      timeout 120 "${CMD[@]}" >"$WORK/$name.txt" 2>&1
       rc=$?
       cat "$WORK/$name.txt"
       if [ $rc -ne 0 ]; then
@@ -131,7 +160,7 @@ main() {
     # --- benchmark -------------------------------------------------------
     t0=$SECONDS
     binary_command cserps-bench-gpu
-    timeout 300 "${CMD[@]}" 2>&1 | tee "$WORK/bench.txt"
+    timeout 180 "${CMD[@]}" 2>&1 | tee "$WORK/bench.txt"
     local bench_rc=${PIPESTATUS[0]}
     if [ "$bench_rc" -eq 0 ]; then
       bench_result="ok ($((SECONDS - t0)) s)"

@@ -39,7 +39,9 @@
 
 namespace cserps {
 
-// A device copy of `host` (synchronous).
+// A device copy of `host`, complete when this returns: a cudaMemcpy from
+// pageable memory may return before the copy has landed, and work on a
+// non-blocking stream is not ordered after it.
 template <typename T>
 absl::StatusOr<DeviceBuffer<T>> Upload(absl::Span<const T> host) {
   ASSIGN_OR_RETURN(DeviceBuffer<T> device, DeviceBuffer<T>::Allocate(host.size()));
@@ -47,6 +49,7 @@ absl::StatusOr<DeviceBuffer<T>> Upload(absl::Span<const T> host) {
     CSERPS_CUDA_RETURN_IF_ERROR(cudaMemcpy(device.data(), host.data(),
                                            host.size() * sizeof(T),
                                            cudaMemcpyHostToDevice));
+    CSERPS_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
   }
   return device;
 }

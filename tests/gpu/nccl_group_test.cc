@@ -42,11 +42,15 @@ std::string IdPath(const std::string& name) {
   return (dir / "nccl_id").string();
 }
 
-// A group of one on device 0, its id file under a directory named `name`.
+// A group of one on device 0, its id file under a directory named `name`;
+// a communicator that does not come up fails the test in 30 s, not the
+// default 5 minutes.
 absl::StatusOr<std::unique_ptr<NcclGroup>> GroupOfOne(const std::string& name) {
   NcclGroupOptions options;
   options.id_path = IdPath(name);
   options.device = 0;
+  options.setup_timeout = absl::Seconds(30);
+  options.timeout = absl::Seconds(30);
   return NcclGroup::Create(0, 1, options);
 }
 
@@ -119,6 +123,7 @@ TEST(NcclGroupTest, ALocalRankWhoseRootNeverPublishesTimesOutNamingTheFile) {
   options.id_path = IdPath("nccl_group_no_root");
   options.device = 0;
   options.setup_timeout = absl::Milliseconds(100);
+  options.timeout = absl::Seconds(30);
   const absl::Status status = NcclGroup::Create(1, 2, options).status();
   EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_THAT(status.message(), HasSubstr(options.id_path));
