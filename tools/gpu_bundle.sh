@@ -35,17 +35,21 @@ done
 
 # The driver (libcuda) must be the GPU machine's; CUDA's libraries are large
 # (cuBLASLt alone is over 500 MB) and that machine has the same major version.
-# The C library goes to sys/ with its loader, which runs the binaries there.
+# The C and C++ runtimes go to sys/ with the loader: used together on a
+# machine whose own are older, left out where the machine's will do.
 ldd "${binaries[@]}" | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}' | sort -u |
   while read -r soname path; do
     case "$soname" in
       libcuda.so*|libcudart.so*|libcublas.so*|libcublasLt.so*|libnccl.so*) ;;
-      libc.so.*|libm.so.*|libpthread.so.*|libdl.so.*|librt.so.*)
+      libc.so.*|libm.so.*|libpthread.so.*|libdl.so.*|librt.so.*|libstdc++.so.*|libgcc_s.so.*)
         cp -L "$path" "$STAGE/sys/$soname" ;;
       *) cp -L "$path" "$STAGE/lib/$soname" ;;
     esac
   done
 cp -L /lib64/ld-linux-x86-64.so.2 "$STAGE/sys/"
+# gpu_check.sh runs the binaries on the machine's own C library when it is
+# at least this one (the machine's CUDA libraries, NCCL's say, may need it).
+getconf GNU_LIBC_VERSION | awk '{print $2}' >"$STAGE/sys/glibc_version"
 
 mkdir -p "$BUNDLE"
 tar -C "$STAGE" -czf "$BUNDLE/bundle.tar.gz" .

@@ -80,9 +80,23 @@ cuda_library_path() {
   printf '%s\n' "${dirs[@]}" | awk 'NF && !seen[$0]++' | paste -sd: -
 }
 
+# Whether this machine's C library is at least the bundle's: then the
+# bundled binaries run on it, as the machine's CUDA libraries expect (its
+# NCCL may need a newer C library than the bundle's); else on the bundle's.
+system_libc_will_do() {
+  local mine bundled
+  mine=$(getconf GNU_LIBC_VERSION 2>/dev/null | awk '{print $2}')
+  bundled=$(cat "$BUNDLE/sys/glibc_version" 2>/dev/null)
+  [ -n "$mine" ] && [ -n "$bundled" ] && [ -e /lib64/ld-linux-x86-64.so.2 ] &&
+    [ "$(printf '%s\n%s\n' "$bundled" "$mine" | sort -V | head -1)" = "$bundled" ]
+}
+
 # Sets CMD to the command line that runs the built or bundled binary $1.
 binary_command() {
-  if [ -n "$BUNDLE" ]; then
+  if [ -n "$BUNDLE" ] && system_libc_will_do; then
+    CMD=(/lib64/ld-linux-x86-64.so.2 --library-path "$BUNDLE/lib:$CUDA_PATH"
+         "$BUNDLE/bin/$1")
+  elif [ -n "$BUNDLE" ]; then
     CMD=("$BUNDLE/sys/ld-linux-x86-64.so.2" --library-path "$BUNDLE/lib:$BUNDLE/sys:$CUDA_PATH"
          "$BUNDLE/bin/$1")
   else
@@ -100,7 +114,9 @@ main() {
     gpu_listing=$(nvidia-smi -L 2>/dev/null | grep '^GPU ' || true)
   fi
   [ -n "$gpu_listing" ] && have_gpu=1
-  echo "== gpu_check: $(date -u +%FT%TZ), ${BUNDLE:+bundle $BUNDLE}${BUNDLE:-arch sm_${CUDA_ARCH}, ${JOBS} jobs, build ${BUILD_DIR}}"
+  local what="arch sm_${CUDA_ARCH}, ${JOBS} jobs, build ${BUILD_DIR}"
+  [ -n "$BUNDLE" ] && what="bundle $BUNDLE"
+  echo "== gpu_check: $(date -u +%FT%TZ), $what"
   if [ "$have_gpu" = 1 ]; then
     echo "$gpu_listing"
   else

@@ -339,8 +339,10 @@ absl::StatusOr<v1::JobConfig> TrainerJob(absl::string_view algorithm, size_t bat
   ASSIGN_OR_RETURN(v1::JobConfig config,
                    ParseJobConfig(absl::StrCat(
                                       "name: \"bench\" seed: 3 epochs: 1000\n"
-                                      "cluster { servers: \"127.0.0.1:0\" "
-                                      "servers: \"127.0.0.1:0\" num_workers: 1 }\n"
+                                      // Placeholders: the in-process cluster
+                                      // listens on ports of its own.
+                                      "cluster { servers: \"127.0.0.1:1\" "
+                                      "servers: \"127.0.0.1:2\" num_workers: 1 }\n"
                                       "model { kind: MLP hidden: 512 hidden: 256 }\n"
                                       "data { batch_size: ",
                                       batch, " }\n",
