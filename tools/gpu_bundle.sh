@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Packs the GPU tests and cserps-bench-gpu, built here (nvcc needs no GPU),
+# Packs the GPU tests, cserps-bench-gpu and the three programs (with
+# Fashion-MNIST, for gpu_check.sh's main job), built here (nvcc needs no GPU),
 # with every shared library they load except the NVIDIA driver's and CUDA's
 # own, and with this machine's C library and loader, into .gpu-bundle/ (git
 # ignores it). A GPU machine that has CUDA but none of the Debian packages
@@ -22,13 +23,15 @@ BUNDLE=.gpu-bundle
 
 cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DCSERPS_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES="$CUDA_ARCH" >/dev/null
-cmake --build "$BUILD_DIR" -j"$(nproc)" --target cserps_gpu_tests cserps-bench-gpu
+cmake --build "$BUILD_DIR" -j"$(nproc)" --target cserps_gpu_tests cserps-bench-gpu \
+  cserps-launch cserps-server cserps-worker
 
 rm -rf "$BUNDLE"
 STAGE=$(mktemp -d)
 trap 'rm -rf "$STAGE"' EXIT
 mkdir -p "$STAGE/bin" "$STAGE/lib" "$STAGE/sys"
-binaries=("$BUILD_DIR"/bin/gpu_*_test "$BUILD_DIR/bin/cserps-bench-gpu")
+binaries=("$BUILD_DIR"/bin/gpu_*_test "$BUILD_DIR/bin/cserps-bench-gpu"
+          "$BUILD_DIR"/bin/cserps-{launch,server,worker})
 for b in "${binaries[@]}"; do
   strip -o "$STAGE/bin/$(basename "$b")" "$b"
 done
@@ -50,6 +53,12 @@ cp -L /lib64/ld-linux-x86-64.so.2 "$STAGE/sys/"
 # gpu_check.sh runs the binaries on the machine's own C library when it is
 # at least this one (the machine's CUDA libraries, NCCL's say, may need it).
 getconf GNU_LIBC_VERSION | awk '{print $2}' >"$STAGE/sys/glibc_version"
+
+# Fashion-MNIST for gpu_check.sh's main job, when this machine has it.
+if [ -d /usr/share/datasets/fashion-mnist ]; then
+  mkdir -p "$STAGE/data"
+  cp /usr/share/datasets/fashion-mnist/*.gz "$STAGE/data/"
+fi
 
 mkdir -p "$BUNDLE"
 tar -C "$STAGE" -czf "$BUNDLE/bundle.tar.gz" .

@@ -104,6 +104,44 @@ binary_command() {
   fi
 }
 
+# Sets job_result: configs/quickstart.textproto run by cserps-launch from
+# $1 (servers and 4 workers on 127.0.0.1) with --backend=cuda (the workers
+# share the GPU) and then --backend=cpu, each worker's test accuracy and the
+# wall time. A bundle's launcher starts its children directly, so they load
+# on this machine's C library with the bundle's libraries: that needs
+# system_libc_will_do, and the bundle's copy of the data.
+run_jobs() {
+  local bin=$1 data="" env=() backend rc t0 acc
+  if [ -n "$BUNDLE" ]; then
+    if ! system_libc_will_do || [ ! -d "$BUNDLE/data" ] || [ ! -x "$bin/cserps-launch" ]; then
+      job_result="skipped (the bundle's launcher needs this machine's C library >= the bundle's, and its data)"
+      return
+    fi
+    data=$BUNDLE/data
+    env=(env "LD_LIBRARY_PATH=$BUNDLE/lib:$CUDA_PATH")
+  fi
+  job_result=""
+  for backend in cuda cpu; do
+    echo "--- quickstart job, --backend=$backend"
+    t0=$SECONDS
+    rc=0
+    timeout 300 "${env[@]}" "$bin/cserps-launch" --config=configs/quickstart.textproto \
+      --bin_dir="$bin" --backend="$backend" \
+      --set="log_every_steps=0;output_dir=$WORK/job-$backend${data:+;data.dir=$data}" \
+      >"$WORK/job-$backend.txt" 2>&1 || rc=$?
+    tail -n 12 "$WORK/job-$backend.txt"
+    if [ "$rc" -ne 0 ]; then
+      job_result+="$backend FAILED (exit $rc); "
+      failures+=("main job ($backend)")
+      continue
+    fi
+    acc=$(awk '/^rank +test_acc/ {t = 1; next} t && $1 ~ /^[0-9]+$/ {print $2}' "$WORK/job-$backend.txt" |
+          sort -u | paste -sd/ -)
+    job_result+="$backend: test accuracy $acc in $((SECONDS - t0)) s; "
+  done
+  job_result=${job_result%; }
+}
+
 # NCCL says why it cannot start (a sandbox without /sys, say) instead of
 # failing with a bare ncclSystemError.
 export NCCL_DEBUG=${NCCL_DEBUG:-WARN}
@@ -132,7 +170,8 @@ main() {
     bin_dir=$BUNDLE/bin
   elif cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DCSERPS_CUDA=ON \
          -DCMAKE_CUDA_ARCHITECTURES="$CUDA_ARCH" &&
-       cmake --build "$BUILD_DIR" -j"$JOBS" --target cserps_gpu_tests cserps-bench-gpu; then
+       cmake --build "$BUILD_DIR" -j"$JOBS" --target cserps_gpu_tests cserps-bench-gpu \
+         cserps-launch cserps-server cserps-worker; then
     build_result="ok ($((SECONDS - t0)) s)"
     bin_dir=$BUILD_DIR/bin
   else
@@ -186,6 +225,12 @@ main() {
     fi
   fi
 
+  # --- the main job, end to end ------------------------------------------
+  local job_result="not run (no GPU listed)"
+  if [ ${#failures[@]} -eq 0 ] && [ "$have_gpu" = 1 ]; then
+    run_jobs "$bin_dir"
+  fi
+
   # --- summary -----------------------------------------------------------
   echo
   echo "== gpu_check summary"
@@ -193,6 +238,7 @@ main() {
   printf '| %-10s | %s\n' "build" "$build_result"
   printf '| %-10s | %s\n' "gpu tests" "$tests_result"
   printf '| %-10s | %s\n' "benchmark" "$bench_result"
+  printf '| %-10s | %s\n' "main job" "$job_result"
   if [ -f "$WORK/bench.txt" ] && grep -q '^|' "$WORK/bench.txt"; then
     echo
     grep '^|' "$WORK/bench.txt"
