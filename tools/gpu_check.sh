@@ -1,24 +1,27 @@
 #!/usr/bin/env bash
-# Checks the CUDA backend on a machine with a GPU, in one go (well under 8
-# minutes on one H200): runs every GPU test binary and cserps-bench-gpu and
-# ends with one summary table.
+# Checks the CUDA backend on a machine with a GPU, in one go (about a minute
+# on one H200): runs every GPU test binary, cserps-bench-gpu and the main job
+# (configs/quickstart.textproto through cserps-launch, --backend=cuda then
+# cpu) and ends with one summary table.
 #
 #   tools/gpu_check.sh                      build here (Release, -DCSERPS_CUDA=ON), then run
 #   tools/gpu_check.sh --bundle .gpu-bundle run what tools/gpu_bundle.sh packed
 #
 # The bundle is for GPU machines without the Debian packages the build needs
-# (the device tool's): binaries built on a development machine, run through
-# the bundle's own loader and libraries, with the machine's driver and CUDA
-# libraries.
+# (the device tool's): binaries built on a development machine, run with
+# the bundle's libraries and the machine's driver and CUDA libraries, on the
+# machine's C library when it is at least the bundle's, else on the
+# bundle's own loader and C library.
 #
 # CUDA_ARCH   CMAKE_CUDA_ARCHITECTURES when building, default 90 (H100/H200)
 # BUILD_DIR   build directory, default build-gpu-check
 # OUT         when set, the whole log is also written to $OUT/gpu_check.log
 #
-# Fails (non-zero) when the build, a GPU test or the benchmark fails, when no
-# GPU test exists, or when any GPU test was SKIPPED although nvidia-smi lists
-# a GPU: a skip there means the tests did not see the device, which must not
-# pass for success. Without a GPU the tests skip, the benchmark measures
+# Fails (non-zero) when the build, a GPU test, the benchmark or the main job
+# fails, when no GPU test exists, or when any GPU test was SKIPPED although
+# nvidia-smi lists a GPU: a skip there means the tests did not see the
+# device, which must not pass for success. Without a GPU the tests skip, the
+# main job is not run, the benchmark measures
 # nothing, and the script says so and exits 0.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
