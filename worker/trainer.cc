@@ -241,10 +241,6 @@ Trainer::Trainer(const v1::JobConfig& config, TrainerLink link, TrainerPlan plan
       client_(link.client),
       comm_(link.client),
       test_(test),
-      rank_(plan_.rank),
-      local_rank_(plan_.local_rank),
-      steps_per_epoch_(plan_.steps_per_epoch),
-      batch_size_(plan_.batch_size),
       model_(std::move(model)),
       batcher_(*train, plan_.range, plan_.batch_size, config.seed(), plan_.partition),
       direction_(config.optimizer(), model_->spec().num_params),
@@ -256,17 +252,17 @@ Trainer::Trainer(const v1::JobConfig& config, TrainerLink link, TrainerPlan plan
       grad_(model_->spec().num_params) {}
 
 absl::Status Trainer::InitializeModel() {
-  if (rank_ == 0) {
+  if (plan_.rank == 0) {
     // Only local rank 0's model is pushed; every local rank joins the push.
-    if (local_rank_ == 0) model_->Initialize(config_.seed(), absl::MakeSpan(x_));
+    if (plan_.local_rank == 0) model_->Initialize(config_.seed(), absl::MakeSpan(x_));
     RETURN_IF_ERROR(PushModel(link_, x_));
   }
   return PullModel(link_, absl::MakeSpan(x_), /*wait_for_init=*/true);
 }
 
 absl::StatusOr<float> Trainer::Step() {
-  const uint64_t index = step_ % steps_per_epoch_;
-  if (index == 0) batcher_.StartEpoch(step_ / steps_per_epoch_);
+  const uint64_t index = step_ % plan_.steps_per_epoch;
+  if (index == 0) batcher_.StartEpoch(step_ / plan_.steps_per_epoch);
   const Batch batch = batcher_.Get(index);
   StepTiming timing;
   timing.compute_start = absl::Now();
@@ -278,7 +274,7 @@ absl::StatusOr<float> Trainer::Step() {
   RETURN_IF_ERROR(algorithm_->Step(step_, lr, grad_, absl::MakeSpan(x_)));
   ++step_;
   if (metrics_ != nullptr) {
-    RecordStep(*metrics_, *client_, timing, batch_size_, loss, lr,
+    RecordStep(*metrics_, *client_, timing, plan_.batch_size, loss, lr,
                AchievedCompression(TrainingFloatsPushed(*client_)));
   }
   return loss;
@@ -328,7 +324,8 @@ EvalSums Trainer::Evaluate(absl::Span<const float> params) {
 absl::Status Trainer::Run() {
   RETURN_IF_ERROR(InitializeModel());
   const absl::Time start = absl::Now();
-  const EpochLoop loop{&config_, client_, &schedule_, steps_per_epoch_, batch_size_, plan_.log_prefix};
+  const EpochLoop loop{&config_,           client_,          &schedule_,
+                       plan_.steps_per_epoch, plan_.batch_size, plan_.log_prefix};
   RETURN_IF_ERROR(RunEpochs(
       loop, start, [this] { return Step(); },
       [this]() -> absl::StatusOr<EvalSums> { return EvaluateTest(); }, &curve_));
@@ -355,18 +352,18 @@ absl::Status Trainer::FinishTraining() {
 }
 
 std::string Trainer::SummaryBaseName() const {
-  return cserps::SummaryBaseName(config_, rank_, local_rank_);
+  return cserps::SummaryBaseName(config_, plan_.rank, plan_.local_rank);
 }
 
 absl::Status Trainer::WriteOutputs(double wall_seconds) const {
   TrainingSummary summary;
   summary.config = &config_;
   summary.client = client_;
-  summary.rank = rank_;
-  summary.local_rank = local_rank_;
+  summary.rank = plan_.rank;
+  summary.local_rank = plan_.local_rank;
   summary.num_params = x_.size();
   summary.steps = step_;
-  summary.batch_size = batch_size_;
+  summary.batch_size = plan_.batch_size;
   summary.curve = &curve_;
   summary.final_report = &final_;
   summary.wall_seconds = wall_seconds;

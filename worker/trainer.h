@@ -218,12 +218,12 @@ class Trainer {
   // "worker_<rank>", or "worker_<rank>_<local_rank>" when local_size > 1.
   std::string SummaryBaseName() const;
 
-  uint32_t rank() const { return rank_; }
-  uint32_t local_rank() const { return local_rank_; }
+  uint32_t rank() const { return plan_.rank; }
+  uint32_t local_rank() const { return plan_.local_rank; }
   uint32_t partition() const { return plan_.partition; }
   absl::Span<const float> params() const { return x_; }
   uint64_t step() const { return step_; }
-  size_t steps_per_epoch() const { return steps_per_epoch_; }
+  size_t steps_per_epoch() const { return plan_.steps_per_epoch; }
   const std::vector<CurvePoint>& curve() const { return curve_; }
   const FinalReport& final_report() const { return final_; }
 
@@ -245,10 +245,6 @@ class Trainer {
   std::unique_ptr<HierarchicalCommunicator> hierarchical_;
   Communicator* comm_ = nullptr;  // client_ or hierarchical_
   const Dataset* const test_;
-  const uint32_t rank_;
-  const uint32_t local_rank_;
-  const size_t steps_per_epoch_;
-  const uint32_t batch_size_;
   std::unique_ptr<Model> model_;
   EpochBatcher batcher_;
   Direction direction_;

@@ -242,11 +242,8 @@ RunTrainer RunOnHost(const Job& job, std::unique_ptr<cserps::Model> model) {
 RunTrainer RunOnDevice(const Job& job) {
   return [&job](const cserps::TrainerLink& link,
                 cserps::WorkerMetrics* metrics) -> absl::Status {
-    ASSIGN_OR_RETURN(std::unique_ptr<cserps::CudaModel> model,
-                     cserps::CudaModel::Create(job.config.model()));
     ASSIGN_OR_RETURN(std::unique_ptr<cserps::CudaBackend> backend,
-                     cserps::CudaBackend::Create(std::move(model),
-                                                 job.config.algorithm().block_size()));
+                     cserps::CudaBackend::ForJob(job.config));
     ASSIGN_OR_RETURN(std::unique_ptr<cserps::DeviceTrainer> trainer,
                      cserps::DeviceTrainer::Create(job.config, link, &job.train, &job.test,
                                                    std::move(backend), metrics));

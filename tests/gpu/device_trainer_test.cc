@@ -126,11 +126,8 @@ TEST_P(DeviceTrainerTest, MatchesTheHostTrainer) {
   }));
   CSERPS_ASSERT_OK(device_cluster->OnEveryRank([&](int r) -> absl::Status {
     CSERPS_CUDA_RETURN_IF_ERROR(cudaSetDevice(0));
-    ASSIGN_OR_RETURN(std::unique_ptr<CudaModel> model,
-                     CudaModel::Create(device_cluster->config().model()));
     ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> backend,
-                     CudaBackend::Create(std::move(model),
-                                         device_cluster->config().algorithm().block_size()));
+                     CudaBackend::ForJob(device_cluster->config()));
     ASSIGN_OR_RETURN(std::unique_ptr<DeviceTrainer> trainer,
                      DeviceTrainer::Create(device_cluster->config(),
                                            {&device_cluster->client(r), nullptr}, &train,
@@ -186,11 +183,8 @@ TEST(DeviceTrainerRunTest, WritesTheSummaryAndMetrics) {
   std::vector<uint64_t> steps(kWorkers);
   CSERPS_ASSERT_OK(cluster->OnEveryRank([&](int r) -> absl::Status {
     CSERPS_CUDA_RETURN_IF_ERROR(cudaSetDevice(0));
-    ASSIGN_OR_RETURN(std::unique_ptr<CudaModel> model,
-                     CudaModel::Create(cluster->config().model()));
     ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> backend,
-                     CudaBackend::Create(std::move(model),
-                                         cluster->config().algorithm().block_size()));
+                     CudaBackend::ForJob(cluster->config()));
     ASSIGN_OR_RETURN(std::unique_ptr<DeviceTrainer> trainer,
                      DeviceTrainer::Create(cluster->config(), {&cluster->client(r), nullptr},
                                            &train, &test, std::move(backend),

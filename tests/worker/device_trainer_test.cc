@@ -70,6 +70,16 @@ absl::Status Drive(AnyTrainer& trainer, ProcessRun* run) {
   return absl::OkStatus();
 }
 
+// The device trainer on HostBackend with the CPU model of `config`.
+absl::StatusOr<std::unique_ptr<DeviceTrainer>> MakeHostDeviceTrainer(
+    const v1::JobConfig& config, TrainerLink link, const Dataset& train,
+    const Dataset& test) {
+  ASSIGN_OR_RETURN(std::unique_ptr<Model> model, MakeCpuModel(config.model()));
+  return DeviceTrainer::Create(
+      config, link, &train, &test,
+      std::make_unique<HostBackend>(std::move(model), config.algorithm().block_size()));
+}
+
 // Makes and drives rank r's trainer over `link`, on the device (HostBackend)
 // or the host.
 absl::Status RunProcess(const v1::JobConfig& config, TrainerLink link, const Dataset& train,
@@ -81,11 +91,8 @@ absl::Status RunProcess(const v1::JobConfig& config, TrainerLink link, const Dat
     run->params.assign(trainer->params().begin(), trainer->params().end());
     return absl::OkStatus();
   }
-  ASSIGN_OR_RETURN(std::unique_ptr<Model> model, MakeCpuModel(config.model()));
   ASSIGN_OR_RETURN(std::unique_ptr<DeviceTrainer> trainer,
-                   DeviceTrainer::Create(config, link, &train, &test,
-                                         std::make_unique<HostBackend>(
-                                             std::move(model), config.algorithm().block_size())));
+                   MakeHostDeviceTrainer(config, link, train, test));
   RETURN_IF_ERROR(Drive(*trainer, run));
   ASSIGN_OR_RETURN(run->params, trainer->Params());
   return absl::OkStatus();
@@ -267,11 +274,8 @@ TEST(DeviceTrainerOnHostRunTest, RunWritesTheHostTrainersCurve) {
         by_rank[r] = trainer->curve();
         return absl::OkStatus();
       }
-      ASSIGN_OR_RETURN(std::unique_ptr<Model> model, MakeCpuModel(job.model()));
       ASSIGN_OR_RETURN(std::unique_ptr<DeviceTrainer> trainer,
-                       DeviceTrainer::Create(job, link, &train, &test,
-                                             std::make_unique<HostBackend>(
-                                                 std::move(model), job.algorithm().block_size())));
+                       MakeHostDeviceTrainer(job, link, train, test));
       RETURN_IF_ERROR(trainer->Run());
       by_rank[r] = trainer->curve();
       return absl::OkStatus();

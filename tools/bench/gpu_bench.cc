@@ -375,9 +375,7 @@ absl::Status TrainerRows(Table* table) {
 
     ASSIGN_OR_RETURN(std::unique_ptr<testing::InProcessCluster> device_cluster,
                      testing::InProcessCluster::Start(config, spec.num_params));
-    ASSIGN_OR_RETURN(std::unique_ptr<CudaModel> model, CudaModel::Create(config.model()));
-    ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> backend,
-                     CudaBackend::Create(std::move(model), config.algorithm().block_size()));
+    ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> backend, CudaBackend::ForJob(config));
     ASSIGN_OR_RETURN(std::unique_ptr<DeviceTrainer> device,
                      DeviceTrainer::Create(device_cluster->config(),
                                            {&device_cluster->client(0), nullptr}, &train,

@@ -20,6 +20,12 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
   return backend;
 }
 
+absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::ForJob(
+    const v1::JobConfig& config) {
+  ASSIGN_OR_RETURN(std::unique_ptr<CudaModel> model, CudaModel::Create(config.model()));
+  return Create(std::move(model), config.algorithm().block_size());
+}
+
 CudaBackend::~CudaBackend() {
   if (stream_ == nullptr) return;
   // Errors here can only repeat an earlier asynchronous fault.

@@ -14,6 +14,7 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
+#include "cserps/v1/config.pb.h"
 #include "worker/cuda/cuda_device_ops.h"
 #include "worker/cuda/cuda_model.h"
 #include "worker/cuda/cuda_status.h"
@@ -28,6 +29,9 @@ class CudaBackend final : public DeviceBackend {
   // creating the stream and the ops.
   static absl::StatusOr<std::unique_ptr<CudaBackend>> Create(std::unique_ptr<CudaModel> model,
                                                              uint32_t block_size);
+  // The CUDA model of config.model on the current device, for the job's
+  // algorithm.block_size; CudaModel::Create's errors too.
+  static absl::StatusOr<std::unique_ptr<CudaBackend>> ForJob(const v1::JobConfig& config);
   // Waits for the stream, then releases everything.
   ~CudaBackend() override;
 
