@@ -18,70 +18,148 @@ constexpr int kModel = 2;
 
 enum Param { kPeriod, kRatioC1, kRatioC2, kRatio };
 
+using Rounds = std::vector<std::pair<int, uint32_t>>;
+
+bool ModelBlocks(const v1::AlgorithmConfig& a) {
+  return a.cser_variant() != v1::AlgorithmConfig::GRADIENT_BLOCKS;
+}
+
+// The R_C formulas (ALGORITHMS.md).
+double NoCompression(const v1::AlgorithmConfig&) { return 1.0; }
+double Period(const v1::AlgorithmConfig& a) { return a.period(); }
+double Ratio(const v1::AlgorithmConfig& a) { return a.ratio(); }
+double RatioC1(const v1::AlgorithmConfig& a) { return a.ratio_c1(); }
+double PeriodTimesRatio(const v1::AlgorithmConfig& a) {
+  return static_cast<double>(a.period()) * a.ratio();
+}
+double PeriodTimesRatioC1(const v1::AlgorithmConfig& a) {
+  return static_cast<double>(a.period()) * a.ratio_c1();
+}
+// d floats against k values (each also sends a 4-byte index; see
+// docs/algorithms.md).
+double InverseDensity(const v1::AlgorithmConfig& a) { return 1.0 / a.density(); }
+// GRADIENT_BLOCKS sends an R_C2 round every step and an R_C1 round every H
+// steps (the paper's formula); MODEL_BLOCKS sends R_C1 instead of R_C2 on
+// the sync step.
+double CserRatio(const v1::AlgorithmConfig& a) {
+  const double h = a.period(), r1 = a.ratio_c1(), r2 = a.ratio_c2();
+  if (!ModelBlocks(a)) return 1.0 / (1.0 / r2 + 1.0 / (r1 * h));
+  return h / ((h - 1) / r2 + 1.0 / r1);
+}
+
+// The (stream, ratio) pairs of the rounds an algorithm's steps use.
+Rounds NoRounds(const v1::AlgorithmConfig&) { return {}; }
+Rounds FullGradient(const v1::AlgorithmConfig&) { return {{kGrad, 1}}; }
+Rounds FullModel(const v1::AlgorithmConfig&) { return {{kModel, 1}}; }
+Rounds GradientAtRatio(const v1::AlgorithmConfig& a) { return {{kGrad, a.ratio()}}; }
+Rounds ModelAtRatioC1(const v1::AlgorithmConfig& a) { return {{kModel, a.ratio_c1()}}; }
+Rounds CserRounds(const v1::AlgorithmConfig& a) {
+  if (ModelBlocks(a)) return {{kModel, a.ratio_c1()}, {kModel, a.ratio_c2()}};
+  return {{kGrad, a.ratio_c2()}, {kModel, a.ratio_c1()}};
+}
+
+// What an entry reads besides the integer parameters.
+enum Extra : unsigned {
+  kNone = 0,
+  kCserVariant = 1,         // algorithm.cser_variant
+  kPeriodWarmup = 2,        // algorithm.period_warmup_epochs
+  kStaleness = 4,           // algorithm.staleness
+  kDensity = 8,             // algorithm.density
+};
+
 struct Entry {
   AlgorithmInfo info;
-  std::vector<Param> params;  // the AlgorithmConfig fields it reads
+  std::vector<Param> params;  // the integer AlgorithmConfig fields it reads
+  unsigned extras = kNone;
+  Rounds (*rounds)(const v1::AlgorithmConfig&) = NoRounds;
 };
+
+AlgorithmInfo Info(AlgorithmId id, const char* name, const char* summary,
+                   double (*overall_ratio)(const v1::AlgorithmConfig&),
+                   Exchange exchange = Exchange::kAverages, bool needs_nesterov = false) {
+  AlgorithmInfo info;
+  info.id = id;
+  info.name = name;
+  info.summary = summary;
+  info.exchange = exchange;
+  info.needs_nesterov = needs_nesterov;
+  info.overall_ratio = overall_ratio;
+  return info;
+}
 
 const std::vector<Entry>& Entries() {
   // Leaked on purpose: no destructor runs at exit while another thread may
   // still read it.
   static const auto* const kEntries = new std::vector<Entry>{
-      {{"async-sgd",
-        "asynchronous SGD: no barrier; every step each worker pushes its "
-        "gradient, the servers apply it at once with server-side momentum and "
-        "answer with the model; algorithm.staleness bounds how far a worker "
-        "runs ahead of the slowest (R_C = 1)"},
-       {}},
-      {{"cocod-sgd",
-        "CoCoD-SGD: the model average of a snapshot runs while the next k "
-        "local steps compute, then x = avg + (x - snapshot) (R_C = k)"},
-       {kPeriod}},
-      {{"csea",
-        "CSEA: every step the model is averaged on R_C1-sparse blocks "
-        "(R_C = R_C1)"},
-       {kRatioC1}},
-      {{"cser",
-        "CSER: local steps with error reset; per step the model (MODEL_BLOCKS) "
-        "or the update (GRADIENT_BLOCKS) is averaged on R_C2-sparse blocks, "
-        "every H steps the model on R_C1-sparse blocks"},
-       {kPeriod, kRatioC1, kRatioC2}},
-      {{"cser-pl",
-        "CSER-PL: local steps; every H steps the model is averaged on "
-        "R_C1-sparse blocks (R_C = H*R_C1)"},
-       {kPeriod, kRatioC1}},
-      {{"ef-sgd",
-        "EF-SGD: one shared model; the update plus the local error is averaged "
-        "on R-sparse blocks, the rest kept as error (R_C = R)"},
-       {kRatio}},
-      {{"gtopk-ssgd",
-        "gTop-k S-SGD: every step each worker pushes its local top-k of "
-        "update plus residual; the servers keep the global top-k of the sum "
-        "(R_C ~ 1/density)"},
-       {}},
-      {{"local-sgd",
-        "local SGD: local steps; every H steps the full model is averaged "
-        "(R_C = H)"},
-       {kPeriod}},
-      {{"m-cser", "M-CSER: CSER with Nesterov momentum kept local"},
-       {kPeriod, kRatioC1, kRatioC2}},
-      {{"pipe-sgd",
-        "Pipe-SGD: the gradient average of step t-1 runs while step t "
-        "computes (R_C = 1)"},
-       {}},
-      {{"qsparse-local-sgd",
-        "QSparse-local-SGD: H local steps, then the drift plus memory is "
-        "averaged on R-sparse blocks (R_C = H*R)"},
-       {kPeriod, kRatio}},
-      {{"ssgd",
-        "synchronous SGD: every step the servers average the full update of "
-        "all workers (streams: GRAD; overall compression ratio 1)"},
-       {}},
-      {{"topk-ssgd",
-        "Top-k S-SGD: every step each worker pushes its local top-k of "
-        "update plus residual; the servers return the sum on the union "
-        "(R_C ~ 1/density)"},
-       {}},
+      {Info(AlgorithmId::kAsyncSgd, "async-sgd",
+            "asynchronous SGD: no barrier; every step each worker pushes its "
+            "gradient, the servers apply it at once with server-side momentum and "
+            "answer with the model; algorithm.staleness bounds how far a worker "
+            "runs ahead of the slowest (R_C = 1)",
+            NoCompression, Exchange::kAsync),
+       {}, kStaleness},
+      // k during the main phase (period_warmup_epochs with k = 1 aside).
+      {Info(AlgorithmId::kCocodSgd, "cocod-sgd",
+            "CoCoD-SGD: the model average of a snapshot runs while the next k "
+            "local steps compute, then x = avg + (x - snapshot) (R_C = k)",
+            Period),
+       {kPeriod}, kPeriodWarmup, FullModel},
+      {Info(AlgorithmId::kCsea, "csea",
+            "CSEA: every step the model is averaged on R_C1-sparse blocks "
+            "(R_C = R_C1)",
+            RatioC1),
+       {kRatioC1}, kNone, ModelAtRatioC1},
+      {Info(AlgorithmId::kCser, "cser",
+            "CSER: local steps with error reset; per step the model (MODEL_BLOCKS) "
+            "or the update (GRADIENT_BLOCKS) is averaged on R_C2-sparse blocks, "
+            "every H steps the model on R_C1-sparse blocks",
+            CserRatio),
+       {kPeriod, kRatioC1, kRatioC2}, kCserVariant, CserRounds},
+      {Info(AlgorithmId::kCserPl, "cser-pl",
+            "CSER-PL: local steps; every H steps the model is averaged on "
+            "R_C1-sparse blocks (R_C = H*R_C1)",
+            PeriodTimesRatioC1),
+       {kPeriod, kRatioC1}, kNone, ModelAtRatioC1},
+      {Info(AlgorithmId::kEfSgd, "ef-sgd",
+            "EF-SGD: one shared model; the update plus the local error is averaged "
+            "on R-sparse blocks, the rest kept as error (R_C = R)",
+            Ratio),
+       {kRatio}, kNone, GradientAtRatio},
+      {Info(AlgorithmId::kGtopkSsgd, "gtopk-ssgd",
+            "gTop-k S-SGD: every step each worker pushes its local top-k of "
+            "update plus residual; the servers keep the global top-k of the sum "
+            "(R_C ~ 1/density)",
+            InverseDensity, Exchange::kSparse),
+       {}, kDensity},
+      {Info(AlgorithmId::kLocalSgd, "local-sgd",
+            "local SGD: local steps; every H steps the full model is averaged "
+            "(R_C = H)",
+            Period),
+       {kPeriod}, kNone, FullModel},
+      {Info(AlgorithmId::kMCser, "m-cser", "M-CSER: CSER with Nesterov momentum kept local",
+            CserRatio, Exchange::kAverages, /*needs_nesterov=*/true),
+       {kPeriod, kRatioC1, kRatioC2}, kCserVariant, CserRounds},
+      {Info(AlgorithmId::kPipeSgd, "pipe-sgd",
+            "Pipe-SGD: the gradient average of step t-1 runs while step t "
+            "computes (R_C = 1)",
+            NoCompression),
+       {}, kNone, FullGradient},
+      {Info(AlgorithmId::kQsparseLocalSgd, "qsparse-local-sgd",
+            "QSparse-local-SGD: H local steps, then the drift plus memory is "
+            "averaged on R-sparse blocks (R_C = H*R)",
+            PeriodTimesRatio),
+       {kPeriod, kRatio}, kNone, GradientAtRatio},
+      {Info(AlgorithmId::kSsgd, "ssgd",
+            "synchronous SGD: every step the servers average the full update of "
+            "all workers (streams: GRAD; overall compression ratio 1)",
+            NoCompression),
+       {}, kNone, FullGradient},
+      {Info(AlgorithmId::kTopkSsgd, "topk-ssgd",
+            "Top-k S-SGD: every step each worker pushes its local top-k of "
+            "update plus residual; the servers return the sum on the union "
+            "(R_C ~ 1/density)",
+            InverseDensity, Exchange::kSparse),
+       {}, kDensity},
   };
   return *kEntries;
 }
@@ -91,6 +169,15 @@ const Entry* FindEntry(absl::string_view name) {
     if (e.info.name == name) return &e;
   }
   return nullptr;
+}
+
+// "a and b": the names of the entries that read `extra`.
+std::string ReadersOf(Extra extra) {
+  std::vector<std::string> names;
+  for (const Entry& e : Entries()) {
+    if (e.extras & extra) names.push_back(e.info.name);
+  }
+  return absl::StrJoin(names, " and ");
 }
 
 const char* ParamName(Param p) {
@@ -119,27 +206,6 @@ uint32_t ParamValue(const v1::AlgorithmConfig& a, Param p) {
       return a.ratio();
   }
   return 0;
-}
-
-bool IsCser(absl::string_view name) { return name == "cser" || name == "m-cser"; }
-
-bool ModelBlocks(const v1::AlgorithmConfig& a) {
-  return a.cser_variant() != v1::AlgorithmConfig::GRADIENT_BLOCKS;
-}
-
-// The (stream, ratio) pairs the algorithm's steps use.
-std::vector<std::pair<int, uint32_t>> RoundRatios(const v1::AlgorithmConfig& a) {
-  const std::string& n = a.name();
-  if (n == "ssgd") return {{kGrad, 1}};
-  if (n == "ef-sgd" || n == "qsparse-local-sgd") return {{kGrad, a.ratio()}};
-  if (n == "local-sgd" || n == "cocod-sgd") return {{kModel, 1}};
-  if (n == "pipe-sgd") return {{kGrad, 1}};
-  if (n == "cser-pl" || n == "csea") return {{kModel, a.ratio_c1()}};
-  if (IsCser(n)) {
-    if (ModelBlocks(a)) return {{kModel, a.ratio_c1()}, {kModel, a.ratio_c2()}};
-    return {{kGrad, a.ratio_c2()}, {kModel, a.ratio_c1()}};
-  }
-  return {};
 }
 
 }  // namespace
@@ -180,27 +246,28 @@ absl::Status ValidateAlgorithm(const v1::AlgorithmConfig& algorithm,
           " does not use it (got ", value, "); leave it unset"));
     }
   }
+  const unsigned extras = entry->extras;
   if (algorithm.cser_variant() != v1::AlgorithmConfig::VARIANT_UNSPECIFIED &&
-      !IsCser(algorithm.name())) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "algorithm.cser_variant: only cser and m-cser have variants, not ",
-        algorithm.name()));
+      !(extras & kCserVariant)) {
+    return absl::InvalidArgumentError(absl::StrCat("algorithm.cser_variant: only ",
+                                                   ReadersOf(kCserVariant),
+                                                   " have variants, not ", algorithm.name()));
   }
   if (!v1::AlgorithmConfig::CserVariant_IsValid(algorithm.cser_variant())) {
     return absl::InvalidArgumentError(absl::StrCat(
         "algorithm.cser_variant: unknown value ", algorithm.cser_variant()));
   }
-  if (algorithm.period_warmup_epochs() != 0 && algorithm.name() != "cocod-sgd") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "algorithm.period_warmup_epochs: only cocod-sgd uses it, not ",
-        algorithm.name()));
+  if (algorithm.period_warmup_epochs() != 0 && !(extras & kPeriodWarmup)) {
+    return absl::InvalidArgumentError(absl::StrCat("algorithm.period_warmup_epochs: only ",
+                                                   ReadersOf(kPeriodWarmup),
+                                                   " uses it, not ", algorithm.name()));
   }
-  if (algorithm.staleness() != 0 && algorithm.name() != "async-sgd") {
+  if (algorithm.staleness() != 0 && !(extras & kStaleness)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "algorithm.staleness: only async-sgd uses it, not ", algorithm.name(),
-        " (got ", algorithm.staleness(), "); leave it unset"));
+        "algorithm.staleness: only ", ReadersOf(kStaleness), " uses it, not ",
+        algorithm.name(), " (got ", algorithm.staleness(), "); leave it unset"));
   }
-  if (IsSparseTopk(algorithm.name())) {
+  if (extras & kDensity) {
     const float density = algorithm.density();
     if (!std::isfinite(density) || !(density > 0.0f) || density > 1.0f) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -209,45 +276,28 @@ absl::Status ValidateAlgorithm(const v1::AlgorithmConfig& algorithm,
     }
   } else if (algorithm.density() != 0.0f) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "algorithm.density: only gtopk-ssgd and topk-ssgd use it, not ",
+        "algorithm.density: only ", ReadersOf(kDensity), " use it, not ",
         algorithm.name(), " (got ", algorithm.density(), "); leave it unset"));
   }
-  if (algorithm.name() == "m-cser" &&
+  if (entry->info.needs_nesterov &&
       optimizer.momentum_kind() != v1::OptimizerConfig::NESTEROV) {
-    return absl::InvalidArgumentError(
-        "optimizer.momentum_kind: m-cser is CSER with Nesterov momentum; set "
-        "NESTEROV (or use cser)");
+    return absl::InvalidArgumentError(absl::StrCat(
+        "optimizer.momentum_kind: ", algorithm.name(),
+        " is CSER with Nesterov momentum; set NESTEROV (or use cser)"));
   }
   return absl::OkStatus();
 }
 
 double OverallRatio(const v1::AlgorithmConfig& a) {
-  const std::string& n = a.name();
-  const double h = a.period(), r = a.ratio(), r1 = a.ratio_c1(), r2 = a.ratio_c2();
-  if (n == "ef-sgd") return r;
-  // d floats against k values (each also sends a 4-byte index; see
-  // docs/algorithms.md).
-  if (IsSparseTopk(n)) return 1.0 / a.density();
-  // cocod-sgd: k during the main phase (period_warmup_epochs with k = 1 aside).
-  if (n == "local-sgd" || n == "cocod-sgd") return h;
-  if (n == "qsparse-local-sgd") return h * r;
-  if (n == "cser-pl") return h * r1;
-  if (n == "csea") return r1;
-  if (IsCser(n)) {
-    // GRADIENT_BLOCKS sends an R_C2 round every step and an R_C1 round every
-    // H steps (the paper's formula); MODEL_BLOCKS sends R_C1 instead of R_C2
-    // on the sync step.
-    if (!ModelBlocks(a)) return 1.0 / (1.0 / r2 + 1.0 / (r1 * h));
-    return h / ((h - 1) / r2 + 1.0 / r1);
-  }
-  return 1.0;
+  const Entry* entry = FindEntry(a.name());
+  return entry == nullptr ? 1.0 : entry->info.overall_ratio(a);
 }
 
 std::string DescribeAlgorithm(const v1::AlgorithmConfig& a) {
   const Entry* entry = FindEntry(a.name());
   if (entry == nullptr) return a.name();
   std::string text = a.name();
-  if (IsCser(a.name())) {
+  if (entry->extras & kCserVariant) {
     absl::StrAppend(&text, ModelBlocks(a) ? " (MODEL_BLOCKS)" : " (GRADIENT_BLOCKS)");
   }
   std::vector<std::string> params;
@@ -255,7 +305,7 @@ std::string DescribeAlgorithm(const v1::AlgorithmConfig& a) {
     static constexpr const char* kShown[] = {"H", "R_C1", "R_C2", "R"};
     params.push_back(absl::StrCat(kShown[p], "=", ParamValue(a, p)));
   }
-  if (a.name() == "async-sgd") params.push_back(absl::StrCat("s=", a.staleness()));
+  if (entry->extras & kStaleness) params.push_back(absl::StrCat("s=", a.staleness()));
   if (!params.empty()) absl::StrAppend(&text, ": ", absl::StrJoin(params, ", "));
   absl::StrAppend(&text, absl::StrFormat(" -> overall R_C = %.4g", OverallRatio(a)));
   return text;
@@ -264,8 +314,10 @@ std::string DescribeAlgorithm(const v1::AlgorithmConfig& a) {
 absl::Status CheckRoundRatio(const v1::AlgorithmConfig& algorithm, int stream,
                              uint32_t ratio) {
   if (stream == kModel && ratio == 1) return absl::OkStatus();
+  const Entry* entry = FindEntry(algorithm.name());
+  const Rounds rounds = entry == nullptr ? Rounds{} : entry->rounds(algorithm);
   std::vector<std::string> used;
-  for (const auto& [s, r] : RoundRatios(algorithm)) {
+  for (const auto& [s, r] : rounds) {
     if (s == stream && r == ratio) return absl::OkStatus();
     used.push_back(absl::StrCat(s == kGrad ? "GRAD" : "MODEL", " at ratio ", r));
   }
@@ -280,7 +332,8 @@ absl::Status CheckRoundRatio(const v1::AlgorithmConfig& algorithm, int stream,
 }
 
 bool IsSparseTopk(absl::string_view name) {
-  return name == "gtopk-ssgd" || name == "topk-ssgd";
+  const Entry* entry = FindEntry(name);
+  return entry != nullptr && entry->info.exchange == Exchange::kSparse;
 }
 
 uint64_t SparseK(const v1::AlgorithmConfig& algorithm, uint64_t num_params) {

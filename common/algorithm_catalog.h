@@ -1,8 +1,9 @@
-// The algorithms a job config may choose (algorithm.name), known to both
-// servers and workers: which parameters each reads, which (stream, ratio)
-// rounds it uses, and its overall compression ratio R_C against S-SGD
-// (ALGORITHMS.md). The worker-side implementations are registered by the
-// same names in worker/algorithms/.
+// The registry of the algorithms a job config may choose (algorithm.name),
+// known to both servers and workers: each one's properties (how it reaches
+// the servers, whether a node of several local ranks can run it, which
+// parameters it reads, which (stream, ratio) rounds it uses) and its overall
+// compression ratio R_C against S-SGD (ALGORITHMS.md). The worker makes the
+// implementation of an entry from its id (worker/algorithms/registry.h).
 //
 // Thread-safe: the catalog is immutable.
 #ifndef CSERPS_COMMON_ALGORITHM_CATALOG_H_
@@ -19,9 +20,41 @@
 
 namespace cserps {
 
+enum class AlgorithmId {
+  kAsyncSgd,
+  kCocodSgd,
+  kCsea,
+  kCser,
+  kCserPl,
+  kEfSgd,
+  kGtopkSsgd,
+  kLocalSgd,
+  kMCser,
+  kPipeSgd,
+  kQsparseLocalSgd,
+  kSsgd,
+  kTopkSsgd,
+};
+
+// How an algorithm's steps reach the servers.
+enum class Exchange {
+  kAverages,  // averaging rounds of GRBS-selected blocks (PushPull)
+  kSparse,    // the sparse top-k exchange (SparsePushPull)
+  kAsync,     // asynchronous pushes (AsyncPushPull)
+};
+
 struct AlgorithmInfo {
+  AlgorithmId id = AlgorithmId::kSsgd;
   std::string name;     // the value of algorithm.name, e.g. "ssgd"
   std::string summary;  // one line for users: update rule, streams, ratio
+  Exchange exchange = Exchange::kAverages;
+  // Whether the local ranks of a node (cluster.local_size > 1) can run it:
+  // only averages have an intra-node form.
+  bool runs_on_node() const { return exchange == Exchange::kAverages; }
+  // m-cser: CSER with Nesterov momentum (optimizer.momentum_kind NESTEROV).
+  bool needs_nesterov = false;
+  // R_C from the algorithm's parameters (OverallRatio).
+  double (*overall_ratio)(const v1::AlgorithmConfig&) = nullptr;
 };
 
 // Every known algorithm, sorted by name. The reference lives for the whole
@@ -55,7 +88,8 @@ std::string DescribeAlgorithm(const v1::AlgorithmConfig& algorithm);
 absl::Status CheckRoundRatio(const v1::AlgorithmConfig& algorithm, int stream,
                              uint32_t ratio);
 
-// gtopk-ssgd and topk-ssgd: the algorithms that use the sparse exchange.
+// Whether the algorithm `name` uses the sparse exchange (gtopk-ssgd,
+// topk-ssgd); false for an unknown name.
 bool IsSparseTopk(absl::string_view name);
 
 // k of the sparse methods: max(1, round(density * d)) (round half away from

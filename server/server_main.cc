@@ -6,10 +6,10 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/synchronization/notification.h"
-#include "common/job_flags.h"
+#include "common/config_load.h"
+#include "common/config_override.h"
 #include "common/metrics.h"
 #include "common/signals.h"
-#include "common/split_overrides.h"
 #include "server/ps_server.h"
 #include "spdlog/spdlog.h"
 

@@ -24,29 +24,26 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/algorithm_catalog.h"
-#include "common/job_flags.h"
+#include "common/config_load.h"
+#include "common/config_override.h"
 #include "common/metrics.h"
 #include "common/model_spec.h"
-#include "common/split_overrides.h"
 #include "common/status.h"
 #include "spdlog/spdlog.h"
 #include "worker/data/dataset.h"
 #include "worker/group/local_group.h"
 #include "worker/group/thread_group.h"
-#include "worker/hierarchical_communicator.h"
-#include "worker/ps_client.h"
-#include "worker/trainer.h"
+#include "worker/ps/node_client.h"
+#include "worker/ps/ps_client.h"
+#include "worker/trainer/trainer.h"
 #ifdef CSERPS_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
 #include "worker/cuda/cuda_backend.h"
-#include "worker/cuda/cuda_model.h"
-#include "worker/cuda/cuda_status.h"
-#include "worker/device/device_algorithms.h"
-#include "worker/device/device_trainer.h"
+#include "worker/cuda/kernels/cuda_status.h"
 #endif
 #ifdef CSERPS_HAVE_NCCL
-#include "worker/group/nccl_group.h"
+#include "worker/cuda/nccl_group.h"
 #endif
 
 ABSL_FLAG(std::string, config, "", "Job config file (text-format cserps.v1.JobConfig).");
@@ -72,10 +69,9 @@ ABSL_FLAG(std::string, metrics_address, "",
 ABSL_FLAG(std::string, backend, "cpu",
           "cpu: OpenBLAS; with cluster.local_size L > 1 this process runs the "
           "node's L local ranks as threads. cuda: the CUDA model on GPU "
-          "--local_rank; with L > 1 one process per GPU, the node's local ranks "
-          "joined by NCCL; with L = 1 and ssgd, cser or m-cser (MODEL_BLOCKS) the "
-          "model and the averaging stay on the device (docs/gpu.md). Not part of "
-          "the job config: nodes may differ.");
+          "--local_rank, with the model and the algorithm's state on the device; "
+          "with L > 1 one process per GPU, the node's local ranks joined by NCCL "
+          "(docs/gpu.md). Not part of the job config: nodes may differ.");
 ABSL_FLAG(int, local_rank, -1,
           "This process's local rank in its node (--backend=cuda; with "
           "cluster.local_size 1 it only picks the GPU). -1: the LOCAL_RANK "
@@ -183,15 +179,14 @@ absl::StatusOr<std::unique_ptr<cserps::PsClient>> ConnectFlat(const Job& job,
   return client;
 }
 
-// Builds and runs the trainer of one process over its registered link.
-using RunTrainer = std::function<absl::Status(const cserps::TrainerLink& link,
-                                              cserps::WorkerMetrics* metrics)>;
+// The backend of one process's trainer; null: the CPU model on host memory.
+using MakeBackend = std::function<absl::StatusOr<std::unique_ptr<cserps::DeviceBackend>>()>;
 
 // Registers, trains and writes the summary of one process of the job: flat
 // (group null) or one local rank of a node. `metrics` null: none.
 absl::Status TrainProcess(const Job& job, cserps::LocalGroup* group,
                           const std::string& worker_id, cserps::MetricsRegistry* metrics,
-                          const RunTrainer& run) {
+                          const MakeBackend& make_backend) {
   const cserps::v1::JobConfig& config = job.config;
   cserps::PsClientOptions options;
   if (group != nullptr) {
@@ -219,43 +214,21 @@ absl::Status TrainProcess(const Job& job, cserps::LocalGroup* group,
     ASSIGN_OR_RETURN(worker_metrics, cserps::WorkerMetrics::Create(
                                          metrics, rank, config.algorithm().name()));
   }
-  return run({client.get(), group}, worker_metrics.get());
+  std::unique_ptr<cserps::DeviceBackend> backend;
+  if (make_backend) {
+    ASSIGN_OR_RETURN(backend, make_backend());
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<cserps::Trainer> trainer,
+                   cserps::Trainer::Create(config, {client.get(), group}, &job.train,
+                                           &job.test, worker_metrics.get(),
+                                           std::move(backend)));
+  return trainer->Run();
 }
-
-// The host Trainer; `model` null: the CPU model.
-RunTrainer RunOnHost(const Job& job, std::unique_ptr<cserps::Model> model) {
-  // std::function needs a copyable callable: the model moves through a
-  // shared pointer and is taken once.
-  auto shared = std::make_shared<std::unique_ptr<cserps::Model>>(std::move(model));
-  return [&job, shared](const cserps::TrainerLink& link,
-                        cserps::WorkerMetrics* metrics) -> absl::Status {
-    ASSIGN_OR_RETURN(std::unique_ptr<cserps::Trainer> trainer,
-                     cserps::Trainer::Create(job.config, link, &job.train, &job.test, metrics,
-                                             std::move(*shared)));
-    return trainer->Run();
-  };
-}
-
-#ifdef CSERPS_HAVE_CUDA
-// The device trainer (worker/device/device_trainer.h) on CudaBackend: the
-// model and the algorithm's state stay on the GPU.
-RunTrainer RunOnDevice(const Job& job) {
-  return [&job](const cserps::TrainerLink& link,
-                cserps::WorkerMetrics* metrics) -> absl::Status {
-    ASSIGN_OR_RETURN(std::unique_ptr<cserps::CudaBackend> backend,
-                     cserps::CudaBackend::ForJob(job.config));
-    ASSIGN_OR_RETURN(std::unique_ptr<cserps::DeviceTrainer> trainer,
-                     cserps::DeviceTrainer::Create(job.config, link, &job.train, &job.test,
-                                                   std::move(backend), metrics));
-    return trainer->Run();
-  };
-}
-#endif
 
 // TrainProcess, with a local rank's errors naming it.
 absl::Status Train(const Job& job, cserps::LocalGroup* group, const std::string& worker_id,
-                   cserps::MetricsRegistry* metrics, const RunTrainer& run) {
-  const absl::Status status = TrainProcess(job, group, worker_id, metrics, run);
+                   cserps::MetricsRegistry* metrics, const MakeBackend& make_backend) {
+  const absl::Status status = TrainProcess(job, group, worker_id, metrics, make_backend);
   if (status.ok() || group == nullptr) return status;
   return absl::Status(status.code(), absl::StrCat("local rank ", group->local_rank(), ": ",
                                                   status.message()));
@@ -316,7 +289,7 @@ absl::Status RunLocalRankThreads(const Job& job, const std::string& node_id) {
   for (uint32_t j = 0; j < size; ++j) {
     threads.emplace_back([&job, &node_id, &members, &results, j] {
       results.Finished(Train(job, members[j].get(), node_id,
-                             j == 0 ? job.metrics.get() : nullptr, RunOnHost(job, nullptr)));
+                             j == 0 ? job.metrics.get() : nullptr, nullptr));
     });
   }
   const auto [failure, all_finished] = results.AwaitAllOrFailure();
@@ -385,16 +358,17 @@ absl::Status RunWorker() {
   ASSIGN_OR_RETURN(job.metrics, StartMetrics());
 
   if (backend == "cpu") {
-    if (local_size == 1) {
-      return Train(job, nullptr, worker_id, job.metrics.get(), RunOnHost(job, nullptr));
-    }
+    if (local_size == 1) return Train(job, nullptr, worker_id, job.metrics.get(), nullptr);
     return RunLocalRankThreads(job, worker_id);
   }
 #ifdef CSERPS_HAVE_CUDA
   // One process per GPU: device = local rank (0 when not set).
   const int device = std::max(local_rank, 0);
   CSERPS_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+  // A node's NcclGroup is both its LocalGroup and, for the backend, its
+  // collectives on the device.
   std::unique_ptr<cserps::LocalGroup> group;
+  cserps::DeviceGroup* node_group = nullptr;
   if (local_size > 1) {
 #ifdef CSERPS_HAVE_NCCL
     cserps::NcclGroupOptions options;
@@ -413,6 +387,7 @@ absl::Status RunWorker() {
                           absl::StrCat("local group of local rank ", local_rank, " (",
                                        options.id_path, "): ", nccl.status().message()));
     }
+    node_group = nccl->get();
     group = *std::move(nccl);
 #else
     return absl::FailedPreconditionError(
@@ -420,15 +395,10 @@ absl::Status RunWorker() {
         "without NCCL (none was found beside the CUDA toolkit)");
 #endif
   }
-  // The NCCL group runs a node's collectives on the device too, so nodes
-  // take the device path wherever the algorithm has one (docs/gpu.md).
-  if (cserps::HasDeviceAlgorithm(config.algorithm(), /*on_node=*/local_size > 1)) {
-    return Train(job, group.get(), worker_id, job.metrics.get(), RunOnDevice(job));
-  }
-  ASSIGN_OR_RETURN(std::unique_ptr<cserps::Model> model,
-                   cserps::MakeCudaModel(config.model()));
   return Train(job, group.get(), worker_id, job.metrics.get(),
-               RunOnHost(job, std::move(model)));
+               [&job, node_group]() -> absl::StatusOr<std::unique_ptr<cserps::DeviceBackend>> {
+                 return cserps::CudaBackend::ForJob(job.config, node_group);
+               });
 #else
   return absl::InternalError("unreachable: --backend=cuda without CUDA");
 #endif

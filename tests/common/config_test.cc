@@ -242,6 +242,70 @@ TEST(ApplyOverrideTest, ErrorsNamePathAndProblemAndLeaveConfigUnchanged) {
   }
 }
 
+TEST(SplitOverridesTest, SplitsAtSemicolonsAndDropsBlankPieces) {
+  EXPECT_THAT(SplitOverrides("model.hidden=2,3;seed=7; ;;name=x "),
+              ElementsAre("model.hidden=2,3", "seed=7", "name=x "));
+  EXPECT_TRUE(SplitOverrides("").empty());
+}
+
+// ---------------------------------------------------------------------------
+// LoadJobWithOverrides
+
+constexpr char kMinimalConfig[] =
+    "cluster { servers: \"127.0.0.1:0\" num_workers: 2 }\n"
+    "model { kind: SOFTMAX }\n"
+    "data { batch_size: 8 }\n"
+    "optimizer { lr: 0.1 }\n"
+    "epochs: 1\n";
+
+// The minimal config lists a port-0 server, as the launcher's do.
+ValidateOptions PortZero() {
+  ValidateOptions options;
+  options.allow_port_zero = true;
+  return options;
+}
+
+std::string WriteMinimalConfig() {
+  const std::string path = MakeTempDir() + "/job.textproto";
+  std::ofstream(path) << kMinimalConfig;
+  return path;
+}
+
+TEST(LoadJobWithOverridesTest, LoadsOverridesDefaultsAndValidates) {
+  const std::string path = WriteMinimalConfig();
+  absl::StatusOr<v1::JobConfig> config = LoadJobWithOverrides(
+      path, {"optimizer.lr=0.05", "cluster.num_workers=3"}, PortZero());
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->optimizer().lr(), 0.05f);
+  EXPECT_EQ(config->cluster().num_workers(), 3u);
+  EXPECT_EQ(config->algorithm().name(), "ssgd");  // a default
+}
+
+TEST(LoadJobWithOverridesTest, ErrorsSayWhereTheyCameFrom) {
+  EXPECT_EQ(LoadJobWithOverrides("", {}).status(),
+            absl::InvalidArgumentError("--config: a job config file is required"));
+
+  const std::string path = WriteMinimalConfig();
+  absl::Status status =
+      LoadJobWithOverrides(path, {"optimizer.lr=abc"}, PortZero()).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(status.message()),
+              StartsWith("--set optimizer.lr=abc: optimizer.lr: "));
+
+  status = LoadJobWithOverrides(path, {"optimizer.lr=-1"}, PortZero()).status();
+  EXPECT_EQ(status, absl::InvalidArgumentError(
+                        absl::StrCat(path, ": optimizer.lr: must be > 0 and "
+                                           "finite (got -1)")));
+
+  // The options reach validation.
+  status = LoadJobWithOverrides(path, {}).status();
+  EXPECT_THAT(std::string(status.message()),
+              StartsWith(absl::StrCat(path, ": cluster.servers[0]: ")));
+
+  status = LoadJobWithOverrides(path + ".missing", {}).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kNotFound);
+}
+
 // ---------------------------------------------------------------------------
 // ApplyDefaults
 

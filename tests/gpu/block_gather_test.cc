@@ -1,7 +1,7 @@
 // Gather, scatter, scatter-axpy and fill of GRBS-selected blocks on the
 // device against plain CPU loops, and the staging order against the CPU's
 // ShardPayload, on random models and random block sets.
-#include "worker/cuda/block_gather.h"
+#include "worker/cuda/kernels/block_gather.h"
 
 #include <algorithm>
 #include <cstring>

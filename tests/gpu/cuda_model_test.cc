@@ -1,6 +1,6 @@
 // The CUDA model against the CPU backend (worker/model/cpu_model.h) on random
 // data: same loss, gradient and evaluation to float rounding.
-#include "worker/cuda/cuda_model.h"
+#include "worker/cuda/kernels/cuda_model.h"
 
 #include <algorithm>
 #include <cmath>

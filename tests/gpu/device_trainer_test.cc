@@ -25,7 +25,7 @@
 #include "gtest/gtest.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/testing/in_process_cluster.h"
-#include "worker/cuda/cuda_model.h"
+#include "worker/cuda/kernels/cuda_model.h"
 #include "worker/cuda/cuda_backend.h"
 #include "worker/device/device_trainer.h"
 #include "worker/trainer.h"

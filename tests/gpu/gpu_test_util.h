@@ -11,7 +11,7 @@
 #include "absl/types/span.h"
 #include "common/status.h"
 #include "gtest/gtest.h"
-#include "worker/cuda/cuda_status.h"
+#include "worker/cuda/kernels/cuda_status.h"
 
 // First statement of every test that needs a device. ctest turns the
 // "[  SKIPPED ]" this prints into a Skipped result (tests/gpu/CMakeLists.txt),

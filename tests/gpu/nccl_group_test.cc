@@ -5,7 +5,7 @@
 // of one, against the host staging device with a ThreadGroup of one, on
 // in-process clusters. The id's hand-over between processes is tested
 // without a GPU in tests/worker/group/rendezvous_file_test.cc.
-#include "worker/group/nccl_group.h"
+#include "worker/cuda/nccl_group.h"
 
 #include <algorithm>
 #include <cstring>
@@ -26,10 +26,10 @@
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/testing/in_process_cluster.h"
 #include "worker/cuda/cuda_device_ops.h"
-#include "worker/cuda/vector_kernels.h"
+#include "worker/cuda/kernels/vector_kernels.h"
 #include "worker/device/host_device_ops.h"
 #include "worker/group/thread_group.h"
-#include "worker/staged_average.h"
+#include "worker/ps/staged_average.h"
 
 namespace cserps {
 namespace {

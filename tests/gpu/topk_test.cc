@@ -1,7 +1,7 @@
 // Device top-k against SelectTopK (worker/topk_select.h) on random data full
 // of ties, signed zeros, infinities and NaNs: the same positions, and the
 // values at them bit for bit.
-#include "worker/cuda/topk.h"
+#include "worker/cuda/kernels/topk.h"
 
 #include <cmath>
 #include <cstring>
@@ -12,7 +12,7 @@
 #include "common/prng.h"
 #include "gtest/gtest.h"
 #include "tests/gpu/gpu_test_util.h"
-#include "worker/topk_select.h"
+#include "worker/device/topk_select.h"
 
 namespace cserps {
 namespace {

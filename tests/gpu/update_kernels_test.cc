@@ -1,7 +1,7 @@
 // The device optimizer step against worker/optim's Direction and the CPU
 // x -= lr * p: bit for bit, over several steps so that the momentum buffer
 // carries state.
-#include "worker/cuda/update_kernels.h"
+#include "worker/cuda/kernels/update_kernels.h"
 
 #include <cstring>
 #include <string>

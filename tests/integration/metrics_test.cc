@@ -37,7 +37,7 @@
 #include "gtest/gtest.h"
 #include "server/ps_server.h"
 #include "tests/testing/in_process_cluster.h"
-#include "worker/ps_client.h"
+#include "worker/ps/ps_client.h"
 
 namespace cserps {
 namespace {

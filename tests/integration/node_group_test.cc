@@ -25,9 +25,9 @@
 #include "tests/testing/test_support.h"
 #include "worker/data/partition.h"
 #include "worker/group/thread_group.h"
-#include "worker/hierarchical_communicator.h"
+#include "worker/ps/node_client.h"
 #include "worker/model/model.h"
-#include "worker/ps_client.h"
+#include "worker/ps/ps_client.h"
 #include "worker/trainer.h"
 
 namespace cserps {

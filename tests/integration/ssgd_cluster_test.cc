@@ -18,7 +18,7 @@
 #include "worker/model/model.h"
 #include "worker/optim/direction.h"
 #include "worker/optim/lr_schedule.h"
-#include "worker/ps_client.h"
+#include "worker/ps/ps_client.h"
 #include "worker/trainer.h"
 
 namespace cserps {

@@ -12,7 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "server/ps_server.h"
-#include "worker/ps_client.h"
+#include "worker/ps/ps_client.h"
 
 namespace cserps::testing {
 

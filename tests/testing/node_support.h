@@ -13,7 +13,7 @@
 #include "absl/status/statusor.h"
 #include "cserps/v1/config.pb.h"
 #include "worker/group/local_group.h"
-#include "worker/ps_client.h"
+#include "worker/ps/ps_client.h"
 
 namespace cserps::testing {
 

@@ -21,7 +21,7 @@
 #include "worker/data/partition.h"
 #include "worker/device/device_trainer.h"
 #include "worker/device/host_backend.h"
-#include "worker/hierarchical_communicator.h"
+#include "worker/ps/node_client.h"
 #include "worker/trainer.h"
 
 namespace cserps {

@@ -17,7 +17,7 @@
 #include "gtest/gtest.h"
 #include "tests/testing/in_process_cluster.h"
 #include "worker/device/host_device_ops.h"
-#include "worker/staged_average.h"
+#include "worker/ps/staged_average.h"
 
 namespace cserps {
 namespace {

@@ -29,8 +29,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/algorithm_catalog.h"
-#include "common/job_flags.h"
-#include "common/split_overrides.h"
+#include "common/config_load.h"
+#include "common/config_override.h"
 #include "tools/launch/child_process.h"
 
 ABSL_FLAG(std::string, config, "", "Job config file (text-format cserps.v1.JobConfig).");

@@ -1,98 +1,163 @@
 // The interface of a training algorithm (ALGORITHMS.md): what it does with
-// a step's gradient, its local model and the averaging primitive. Each
-// algorithm is one file next to its listing; they are created by name from
-// the registry below.
+// a step's gradient, its local model and the servers. Each algorithm is one
+// file next to its listing, written once against the device operations
+// (worker/device/device_ops.h), so that it runs on host memory on the CPU
+// and on device memory on a GPU; the registry (registry.h) makes it by
+// name.
+//
+// The base class holds what every listing's lines are made of: the
+// direction rule and its momentum buffer, the GRBS block sets, and the
+// averages, as verbs named after what the listings do. An average's
+// mechanics (gathering the selected blocks, the staged copies, a node's
+// collectives) are worker/ps/staged_average.h's.
 #ifndef CSERPS_WORKER_ALGORITHMS_ALGORITHM_H_
 #define CSERPS_WORKER_ALGORITHMS_ALGORITHM_H_
 
 #include <cstdint>
-#include <functional>
-#include <map>
 #include <memory>
-#include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/types/span.h"
-#include "common/block_layout.h"
-#include "common/grbs.h"
 #include "cserps/v1/config.pb.h"
-#include "worker/communicator.h"
+#include "worker/device/device_ops.h"
+#include "worker/group/local_group.h"
 #include "worker/optim/direction.h"
+#include "worker/ps/communicator.h"
+#include "worker/ps/staged_average.h"
 
 namespace cserps {
 
-// What an algorithm is built from. Every pointer outlives the algorithm.
+// What an algorithm is built from; every pointer outlives it.
 struct AlgorithmContext {
   const v1::JobConfig* config = nullptr;
+  // The servers, as this process reaches them: every shard for a flat
+  // worker; on a node, this local rank's shards (worker/ps/node_client.h).
   Communicator* comm = nullptr;
-  Direction* direction = nullptr;  // this worker's momentum state
-  const BlockLayout* layout = nullptr;
-  float weight = 1.0f;  // this member's weight in averages: its batch size
+  DeviceOps* ops = nullptr;     // sized for comm's layout
+  LocalGroup* group = nullptr;  // the node's group; null: a flat worker
+  float weight = 1.0f;          // this process's weight in averages: its batch size
   uint64_t steps_per_epoch = 0;  // for schedules counted in epochs
+};
 
-  size_t num_params() const { return layout->num_params(); }
-  const v1::AlgorithmConfig& algorithm() const { return config->algorithm(); }
+class Algorithm;
+
+// An average started and left in flight (CoCoD-SGD, Pipe-SGD): its payloads
+// are on the wire while the caller computes. Move-only; it must not outlive
+// its algorithm. Destroying it uncompleted waits for the servers' replies
+// and drops them.
+class PendingAverage {
+ public:
+  PendingAverage(PendingAverage&&) noexcept;
+  PendingAverage& operator=(PendingAverage&&) noexcept;
+  ~PendingAverage();
+
+  // Waits for the mean and lands it in `target` as the average was started:
+  // target[S] ← AVG(v[S]) (StartModelAverage) or target[S] ← target[S] −
+  // η·AVG(v[S]) (StartGradientAverage, with its η). Call once.
+  absl::Status Complete(float* target);
+
+ private:
+  friend class Algorithm;
+  PendingAverage(Algorithm* owner, std::unique_ptr<StagingDevice> staging,
+                 std::unique_ptr<StagedRound> round, ScatterKind kind, float alpha);
+  void Release();
+
+  Algorithm* owner_ = nullptr;
+  std::unique_ptr<StagingDevice> staging_;
+  std::unique_ptr<StagedRound> round_;  // on staging_
+  ScatterKind kind_ = ScatterKind::kAssign;
+  float alpha_ = 0;
 };
 
 class Algorithm {
  public:
-  explicit Algorithm(const AlgorithmContext& context) : context_(context) {}
-  virtual ~Algorithm() = default;
+  // `staging_devices`: how many averages the algorithm keeps in flight at
+  // once, plus one for its blocking averages if it has both.
+  explicit Algorithm(const AlgorithmContext& context, int staging_devices = 1);
+  virtual ~Algorithm();
 
-  // One training step t (0-based): `grad` is the stochastic gradient at
-  // `params` (this worker's local model), which the step updates in place.
-  virtual absl::Status Step(uint64_t step, float lr, absl::Span<const float> grad,
-                            absl::Span<float> params) = 0;
+  // Step t (0-based): `grad` is the stochastic gradient at `params` (this
+  // worker's local model), which the step updates in place; both are
+  // buffers of context.ops. Returns once the step's exchanges have been
+  // answered and their results queued; the update itself may still be
+  // running on the ops' stream.
+  virtual absl::Status Step(uint64_t step, float lr, const float* grad,
+                            float* params) = 0;
 
   // After the last step; `step` is the number of steps trained (one past the
-  // last step's number), so the round cannot collide with a step's. A full
-  // model average (an error
-  // reset with C1 = identity), after which every worker and the servers hold
-  // the same, exact global model. S-SGD needs none.
-  virtual absl::Status Finish(uint64_t step, absl::Span<float> params);
+  // last step's number), so the round cannot collide with a step's. By
+  // default a full model average (an error reset with C1 = identity), after
+  // which every worker and the servers hold the same, exact global model.
+  virtual absl::Status Finish(uint64_t step, float* params);
+
+  // Makes the buffers and staging devices the algorithm needs; the
+  // registry calls it once, before the first step. Algorithms that need
+  // more extend it.
+  virtual absl::Status Init();
 
  protected:
+  const v1::JobConfig& config() const { return *context_.config; }
+  const v1::AlgorithmConfig& algorithm() const { return context_.config->algorithm(); }
+  const AlgorithmContext& context() const { return context_; }
+  DeviceOps& ops() { return *context_.ops; }
+  Communicator& comm() { return *context_.comm; }
+  const DirectionRule& rule() const { return rule_; }
+  // Direction's momentum buffer; null for NONE.
+  float* momentum() { return momentum_.data(); }
+
+  // A new zeroed buffer of the ops, kept by `*buffer`.
+  absl::Status Allocate(DeviceVector* buffer);
+  // The blocks GRBS(stream, t, ratio) selects, ascending.
+  std::vector<uint64_t> Blocks(v1::Stream stream, uint64_t t, uint32_t ratio) const;
+
+  // x[S] ← AVG(x[S]) with S = GRBS(MODEL, t, ratio) (ratio 1: every block).
+  absl::Status AverageModel(uint64_t t, uint32_t ratio, float* x);
+  // target[S] ← AVG(p[S]) with S = GRBS(GRAD, t, ratio); the servers apply
+  // x[S] ← x[S] − η·AVG(p[S]) to their model.
+  absl::Status AverageGradient(uint64_t t, uint32_t ratio, float lr, const float* p,
+                               float* target);
+  // x[S] ← x[S] − η·AVG(p[S]) with S = GRBS(GRAD, t, ratio), here as on the
+  // servers.
+  absl::Status DescendByAverage(uint64_t t, uint32_t ratio, float lr, const float* p,
+                                float* x);
+  // The starts of AverageModel (every block) and DescendByAverage (every
+  // block, the descent by η happening at Complete), returning with the
+  // average in flight. `values` may change once the ops' queue has passed
+  // the call.
+  absl::StatusOr<PendingAverage> StartModelAverage(uint64_t t, const float* values);
+  absl::StatusOr<PendingAverage> StartGradientAverage(uint64_t t, float lr,
+                                                      const float* values);
+
+ private:
+  friend class PendingAverage;
+
+  absl::StatusOr<std::unique_ptr<StagedRound>> Start(v1::Stream stream, uint64_t t,
+                                                     uint32_t ratio, float lr,
+                                                     const float* values,
+                                                     StagingDevice& staging);
+  absl::Status Average(v1::Stream stream, uint64_t t, uint32_t ratio, float lr,
+                       const float* values, ScatterKind kind, float alpha, float* target);
+  absl::StatusOr<PendingAverage> StartPending(v1::Stream stream, uint64_t t, float lr,
+                                              const float* values, ScatterKind kind,
+                                              float alpha);
+  // A staging device no average uses; FAILED_PRECONDITION when every one
+  // of them is in use (more averages in flight than the algorithm declared).
+  absl::StatusOr<std::unique_ptr<StagingDevice>> TakeStaging();
+  void ReturnStaging(std::unique_ptr<StagingDevice> staging);
+
   const AlgorithmContext context_;
+  const DirectionRule rule_;
+  const int staging_devices_;
+  DeviceVector momentum_;  // Direction's; empty for NONE
+  std::vector<std::unique_ptr<StagingDevice>> idle_staging_;
 };
 
-// Steps after which the local methods sync: t with (t + 1) % H == 0, i.e.
-// after every H-th step.
+// Steps after which the periodic methods sync: t with (t + 1) % H == 0,
+// i.e. after every H-th step.
 inline bool IsSyncStep(uint64_t step, uint32_t period) {
   return (step + 1) % period == 0;
 }
-
-// Calls fn(begin, end) for the float range of every block that
-// GRBS(stream, step, ratio) selects, in ascending order.
-template <typename Fn>
-void ForEachSelectedRange(const AlgorithmContext& context, v1::Stream stream,
-                          uint64_t step, uint32_t ratio, Fn fn) {
-  const BlockLayout& layout = *context.layout;
-  for (uint64_t b : SelectBlocks(context.config->seed(), stream, step, ratio,
-                                 layout.num_blocks())) {
-    fn(layout.BlockBegin(b), layout.BlockEnd(b));
-  }
-}
-
-using AlgorithmFactory = std::function<absl::StatusOr<std::unique_ptr<Algorithm>>(
-    const AlgorithmContext&)>;
-
-// Name → factory. Built explicitly (no static registration): main and tests
-// call DefaultAlgorithms().
-class AlgorithmRegistry {
- public:
-  // ALREADY_EXISTS when `name` is taken.
-  absl::Status Register(const std::string& name, AlgorithmFactory factory);
-  // NOT_FOUND listing the known names when `name` is unknown.
-  absl::StatusOr<std::unique_ptr<Algorithm>> Create(
-      const std::string& name, const AlgorithmContext& context) const;
-
- private:
-  std::map<std::string, AlgorithmFactory> factories_;
-};
-
-// Every algorithm of this build.
-const AlgorithmRegistry& DefaultAlgorithms();
 
 }  // namespace cserps
 

@@ -1,40 +1,40 @@
 // CSER-PL (ALGORITHMS.md): CSER with C2 = 0: local steps, and every H steps
-// x_i[S1] ← AVG(x[S1]). CSEA is CSER-PL with H = 1.
-#include <vector>
-
+// x_i[S1] ← AVG(x[S1]). R_C = H·R_C1. CSEA (csea.cc) is CSER-PL with
+// H = 1, local SGD (local_sgd.cc) CSER-PL with R_C1 = 1.
 #include "common/status.h"
 #include "worker/algorithms/factories.h"
 
 namespace cserps {
 namespace {
 
-class CserPl final : public Algorithm {
+class PeriodicAverage final : public Algorithm {
  public:
-  CserPl(const AlgorithmContext& context, uint32_t period)
-      : Algorithm(context), period_(period), p_(context.num_params()) {}
+  PeriodicAverage(const AlgorithmContext& context, uint32_t period, uint32_t ratio)
+      : Algorithm(context), period_(period), ratio_(ratio) {}
 
-  absl::Status Step(uint64_t t, float lr, absl::Span<const float> g,
-                    absl::Span<float> x) override {
-    context_.direction->Compute(g, x, absl::MakeSpan(p_));
-    for (size_t j = 0; j < x.size(); ++j) x[j] -= lr * p_[j];
+  absl::Status Step(uint64_t t, float lr, const float* g, float* x) override {
+    // x_i ← x_i − η·Direction(g_i).
+    RETURN_IF_ERROR(ops().SgdStep(rule(), lr, g, momentum(), x));
+    // Every H steps: x_i[S1] ← AVG(x[S1]).
     if (!IsSyncStep(t, period_)) return absl::OkStatus();
-    return context_.comm->AverageBlocks(v1::MODEL, t, context_.algorithm().ratio_c1(), x,
-                                        context_.weight, /*lr=*/0, x);
+    return AverageModel(t, ratio_, x);
   }
 
  private:
   const uint32_t period_;
-  std::vector<float> p_;
+  const uint32_t ratio_;
 };
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Algorithm>> MakeCserPl(const AlgorithmContext& context) {
-  return std::unique_ptr<Algorithm>(new CserPl(context, context.algorithm().period()));
+std::unique_ptr<Algorithm> MakePeriodicAverage(const AlgorithmContext& context,
+                                               uint32_t period, uint32_t ratio) {
+  return std::make_unique<PeriodicAverage>(context, period, ratio);
 }
 
-absl::StatusOr<std::unique_ptr<Algorithm>> MakeCsea(const AlgorithmContext& context) {
-  return std::unique_ptr<Algorithm>(new CserPl(context, 1));
+std::unique_ptr<Algorithm> MakeCserPl(const AlgorithmContext& context) {
+  const v1::AlgorithmConfig& a = context.config->algorithm();
+  return MakePeriodicAverage(context, a.period(), a.ratio_c1());
 }
 
 }  // namespace cserps

@@ -1,7 +1,6 @@
 // EF-SGD with GRBS (ALGORITHMS.md): one shared model x, gradients at x,
-// a_i = η·Direction(g_i) + e_i; x[S] ← x[S] − AVG(a[S]); e_i ← a_i, e_i[S] = 0.
-#include <vector>
-
+// a_i = η·Direction(g_i) + e_i; x[S] ← x[S] − AVG(a[S]); e_i ← a_i with
+// e_i[S] = 0. The error buffer keeps what the selection left out.
 #include "common/status.h"
 #include "worker/algorithms/factories.h"
 
@@ -10,42 +9,39 @@ namespace {
 
 class EfSgd final : public Algorithm {
  public:
-  explicit EfSgd(const AlgorithmContext& context)
-      : Algorithm(context),
-        p_(context.num_params()),
-        a_(context.num_params()),
-        e_(context.num_params(), 0.0f),
-        mean_(context.num_params()) {}
+  using Algorithm::Algorithm;
 
-  absl::Status Step(uint64_t t, float lr, absl::Span<const float> g,
-                    absl::Span<float> x) override {
-    const uint32_t r = context_.algorithm().ratio();
-    context_.direction->Compute(g, x, absl::MakeSpan(p_));
-    for (size_t j = 0; j < x.size(); ++j) a_[j] = lr * p_[j] + e_[j];
-    // lr 1: a already carries η, and the servers apply x[S] -= AVG(a[S]).
-    RETURN_IF_ERROR(context_.comm->AverageBlocks(v1::GRAD, t, r, a_, context_.weight,
-                                                 /*lr=*/1.0f, absl::MakeSpan(mean_)));
-    e_ = a_;
-    ForEachSelectedRange(context_, v1::GRAD, t, r, [&](uint64_t begin, uint64_t end) {
-      for (uint64_t j = begin; j < end; ++j) {
-        x[j] -= mean_[j];
-        e_[j] = 0.0f;
-      }
-    });
-    return absl::OkStatus();
+  absl::Status Init() override {
+    RETURN_IF_ERROR(Algorithm::Init());
+    RETURN_IF_ERROR(Allocate(&p_));
+    RETURN_IF_ERROR(Allocate(&a_));
+    return Allocate(&e_);
+  }
+
+  absl::Status Step(uint64_t t, float lr, const float* g, float* x) override {
+    const uint32_t r = algorithm().ratio();
+    RETURN_IF_ERROR(ops().Direction(rule(), g, x, momentum(), p_.data()));
+    // a = η·p + e.
+    RETURN_IF_ERROR(ops().ScaleAdd(lr, p_.data(), e_.data(), a_.data()));
+    // x[S] ← x[S] − AVG(a[S]): η 1, since a already carries the learning
+    // rate, here as on the servers.
+    RETURN_IF_ERROR(DescendByAverage(t, r, /*lr=*/1.0f, a_.data(), x));
+    // e = a off S, 0 on S.
+    RETURN_IF_ERROR(ops().Copy(a_.data(), e_.data()));
+    return ops().FillBlocks(Blocks(v1::GRAD, t, r), 0.0f, e_.data());
   }
 
   // The shared model is the servers' model already.
-  absl::Status Finish(uint64_t, absl::Span<float>) override { return absl::OkStatus(); }
+  absl::Status Finish(uint64_t, float*) override { return absl::OkStatus(); }
 
  private:
-  std::vector<float> p_, a_, e_, mean_;
+  DeviceVector p_, a_, e_;
 };
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Algorithm>> MakeEfSgd(const AlgorithmContext& context) {
-  return std::unique_ptr<Algorithm>(new EfSgd(context));
+std::unique_ptr<Algorithm> MakeEfSgd(const AlgorithmContext& context) {
+  return std::make_unique<EfSgd>(context);
 }
 
 }  // namespace cserps

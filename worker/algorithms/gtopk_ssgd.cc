@@ -2,15 +2,14 @@
 // (topk-ssgd), ALGORITHMS.md. The worker's side of both is the same code:
 // only the servers' choice of G differs (the global top-k of the sum, or the
 // union of the members' indices, which contains I_i so that gMask = I_i).
-#include <cmath>
+// The accumulator stays on the device and is searched there; only the k
+// chosen entries cross to the host and back.
 #include <cstdint>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
 #include "common/algorithm_catalog.h"
 #include "common/status.h"
 #include "worker/algorithms/factories.h"
-#include "worker/topk_select.h"
 
 namespace cserps {
 namespace {
@@ -18,112 +17,80 @@ namespace {
 class SparseTopkSsgd final : public Algorithm {
  public:
   explicit SparseTopkSsgd(const AlgorithmContext& context)
-      : Algorithm(context),
-        momentum_kind_(context.config->optimizer().momentum_kind()),
-        beta_(context.config->optimizer().momentum()),
-        lambda_(context.config->optimizer().weight_decay()),
-        members_(static_cast<float>(context.config->cluster().num_workers())),
-        k_(SparseK(context.algorithm(), context.num_params())),
-        residual_(context.num_params(), 0.0f) {
-    if (HasMomentum()) momentum_.assign(context.num_params(), 0.0f);
+      : Algorithm(context, /*staging_devices=*/0),
+        members_(static_cast<float>(context.config->cluster().num_workers())) {
+    const BlockLayout& layout = context.comm->layout();
+    const uint64_t k = SparseK(context.config->algorithm(), layout.num_params());
+    for (uint32_t s = 0; s < layout.num_shards(); ++s) {
+      const uint64_t size = layout.ShardSize(s);
+      if (size == 0) continue;
+      ranges_.push_back({layout.ShardFirstFloat(s), size,
+                         ShardSparseK(k, size, layout.num_params())});
+    }
   }
 
-  absl::Status Step(uint64_t t, float lr, absl::Span<const float> g,
-                    absl::Span<float> x) override {
-    const BlockLayout& layout = *context_.layout;
-    const uint64_t d = layout.num_params();
-    // Line 3: acc = ε + α·G(v); G with weight decay, no momentum (that comes
-    // after aggregation). residual_ holds acc until line 5.
-    for (uint64_t j = 0; j < d; ++j) {
-      const float p = g[j] + lambda_ * x[j];
-      residual_[j] = residual_[j] + lr * p;
-    }
+  // The momentum comes after aggregation, with its update on a buffer of
+  // its own.
+  absl::Status Init() override {
+    RETURN_IF_ERROR(Algorithm::Init());
+    RETURN_IF_ERROR(Allocate(&residual_));
+    if (momentum() == nullptr) return absl::OkStatus();
+    return Allocate(&update_);
+  }
+
+  absl::Status Step(uint64_t t, float lr, const float* g, float* x) override {
+    // Line 3: acc = ε + α·G(v), G with weight decay; residual_ holds acc
+    // until line 5.
+    RETURN_IF_ERROR(ops().Accumulate(lr, rule().weight_decay, g, x, residual_.data()));
     // Line 4, this worker's part: its top-k_s of |acc| within every shard.
-    local_.indices.clear();
-    local_.values.clear();
-    for (uint32_t s = 0; s < layout.num_shards(); ++s) {
-      const uint64_t first = layout.ShardFirstFloat(s), size = layout.ShardSize(s);
-      if (size == 0) continue;
-      SelectTopK(absl::MakeConstSpan(residual_).subspan(first, size),
-                 ShardSparseK(k_, size, d), &positions_);
-      for (uint32_t pos : positions_) {
-        local_.indices.push_back(static_cast<uint32_t>(first + pos));
-        local_.values.push_back(residual_[first + pos]);
-      }
-    }
-    RETURN_IF_ERROR(context_.comm->ExchangeSparse(t, local_, &global_));
-    // Line 5: ε = acc ⊙ ¬gMask with gMask = I ∩ G: a local top-k entry that
-    // was not chosen globally stays in the residual, as does every entry of
-    // G that this worker did not push.
+    RETURN_IF_ERROR(ops().TopK(residual_.data(), ranges_, &local_));
+    RETURN_IF_ERROR(comm().ExchangeSparse(t, local_, &global_));
+    // Line 5: ε = acc ⊙ ¬gMask with gMask = I ∩ G: a local top-k entry not
+    // chosen globally stays in the residual, as does every entry of G that
+    // this worker did not push.
+    chosen_.clear();
     size_t i = 0;
     for (uint32_t index : local_.indices) {
       while (i < global_.indices.size() && global_.indices[i] < index) ++i;
-      if (i < global_.indices.size() && global_.indices[i] == index) residual_[index] = 0.0f;
+      if (i < global_.indices.size() && global_.indices[i] == index) chosen_.push_back(index);
     }
-    // Line 6: v -= (1/P)·g on G (the servers apply the same expression).
-    if (!HasMomentum()) {
-      for (size_t e = 0; e < global_.indices.size(); ++e) {
-        x[global_.indices[e]] -= global_.values[e] / members_;
-      }
-      return absl::OkStatus();
+    RETURN_IF_ERROR(ops().ScatterSparse(SparseOp::kZero, chosen_, {}, 0, residual_.data()));
+    // Line 6: v -= (1/P)·g on G, as the servers do.
+    if (momentum() == nullptr) {
+      return ops().ScatterSparse(SparseOp::kSubtractDivided, global_.indices,
+                                 global_.values, members_, x);
     }
-    // Momentum on the aggregated update u = g/P, identical on every worker
-    // and on the servers: m ← βm + u; heavy ball v -= m, Nesterov
-    // v -= u + βm.
-    update_.assign(d, 0.0f);
-    for (size_t e = 0; e < global_.indices.size(); ++e) {
-      update_[global_.indices[e]] = global_.values[e] / members_;
-    }
-    for (uint64_t j = 0; j < d; ++j) {
-      momentum_[j] = beta_ * momentum_[j] + update_[j];
-      x[j] -= momentum_kind_ == v1::OptimizerConfig::NESTEROV
-                  ? update_[j] + beta_ * momentum_[j]
-                  : momentum_[j];
-    }
-    return absl::OkStatus();
+    // With momentum, on the aggregated update u = g/P (zero off G), the same
+    // on every worker and the servers: m ← βm + u; heavy ball v -= m,
+    // Nesterov v -= u + βm. update_ is zero between steps.
+    RETURN_IF_ERROR(ops().ScatterSparse(SparseOp::kAssignDivided, global_.indices,
+                                        global_.values, members_, update_.data()));
+    RETURN_IF_ERROR(ops().ApplyMomentum(rule(), update_.data(), momentum(), x));
+    return ops().ScatterSparse(SparseOp::kZero, global_.indices, {}, 0, update_.data());
   }
 
   // The servers apply the same update (momentum included) and hold the
   // workers' common model bit for bit.
-  absl::Status Finish(uint64_t, absl::Span<float>) override { return absl::OkStatus(); }
+  absl::Status Finish(uint64_t, float*) override { return absl::OkStatus(); }
 
  private:
-  bool HasMomentum() const {
-    return momentum_kind_ == v1::OptimizerConfig::HEAVY_BALL ||
-           momentum_kind_ == v1::OptimizerConfig::NESTEROV;
-  }
-
-  const v1::OptimizerConfig::Momentum momentum_kind_;
-  const float beta_;
-  const float lambda_;
   const float members_;
-  const uint64_t k_;
-  std::vector<float> residual_;  // ε_i
-  std::vector<float> momentum_;
-  std::vector<float> update_;
-  std::vector<uint32_t> positions_;
+  std::vector<TopKRange> ranges_;  // one per non-empty shard
+  DeviceVector residual_;          // ε_i
+  DeviceVector update_;            // u, with momentum only
   SparseVector local_;
   SparseVector global_;
+  std::vector<uint32_t> chosen_;  // I ∩ G
 };
-
-absl::StatusOr<std::unique_ptr<Algorithm>> MakeSparse(const AlgorithmContext& context) {
-  if (context.num_params() > (uint64_t{1} << 32)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "algorithm.name: ", context.algorithm().name(),
-        " sends uint32 indices, but the model has ", context.num_params(),
-        " floats (at most 2^32)"));
-  }
-  return std::unique_ptr<Algorithm>(new SparseTopkSsgd(context));
-}
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Algorithm>> MakeGtopkSsgd(const AlgorithmContext& context) {
-  return MakeSparse(context);
+std::unique_ptr<Algorithm> MakeGtopkSsgd(const AlgorithmContext& context) {
+  return std::make_unique<SparseTopkSsgd>(context);
 }
 
-absl::StatusOr<std::unique_ptr<Algorithm>> MakeTopkSsgd(const AlgorithmContext& context) {
-  return MakeSparse(context);
+std::unique_ptr<Algorithm> MakeTopkSsgd(const AlgorithmContext& context) {
+  return std::make_unique<SparseTopkSsgd>(context);
 }
 
 }  // namespace cserps

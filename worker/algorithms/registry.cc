@@ -1,59 +1,66 @@
-#include <utility>
+#include "worker/algorithms/registry.h"
+
+#include <cstdint>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
+#include "common/algorithm_catalog.h"
 #include "common/status.h"
-#include "worker/algorithms/algorithm.h"
 #include "worker/algorithms/factories.h"
 
 namespace cserps {
+namespace {
 
-absl::Status AlgorithmRegistry::Register(const std::string& name,
-                                         AlgorithmFactory factory) {
-  if (!factories_.emplace(name, std::move(factory)).second) {
-    return absl::AlreadyExistsError(
-        absl::StrCat("algorithm \"", name, "\" is already registered"));
+std::unique_ptr<Algorithm> Make(AlgorithmId id, const AlgorithmContext& context) {
+  switch (id) {
+    case AlgorithmId::kAsyncSgd:
+      return MakeAsyncSgd(context);
+    case AlgorithmId::kCocodSgd:
+      return MakeCocodSgd(context);
+    case AlgorithmId::kCsea:
+      return MakeCsea(context);
+    case AlgorithmId::kCser:
+    case AlgorithmId::kMCser:
+      return MakeCser(context);
+    case AlgorithmId::kCserPl:
+      return MakeCserPl(context);
+    case AlgorithmId::kEfSgd:
+      return MakeEfSgd(context);
+    case AlgorithmId::kGtopkSsgd:
+      return MakeGtopkSsgd(context);
+    case AlgorithmId::kLocalSgd:
+      return MakeLocalSgd(context);
+    case AlgorithmId::kPipeSgd:
+      return MakePipeSgd(context);
+    case AlgorithmId::kQsparseLocalSgd:
+      return MakeQsparseLocalSgd(context);
+    case AlgorithmId::kSsgd:
+      return MakeSsgd(context);
+    case AlgorithmId::kTopkSsgd:
+      return MakeTopkSsgd(context);
   }
-  return absl::OkStatus();
+  return nullptr;
 }
 
-absl::StatusOr<std::unique_ptr<Algorithm>> AlgorithmRegistry::Create(
-    const std::string& name, const AlgorithmContext& context) const {
-  auto it = factories_.find(name);
-  if (it == factories_.end()) {
-    std::vector<std::string> known;
-    for (const auto& [known_name, factory] : factories_) known.push_back(known_name);
-    return absl::NotFoundError(absl::StrCat("algorithm.name: unknown algorithm \"",
-                                            name, "\"; known: ",
-                                            absl::StrJoin(known, ", ")));
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Algorithm>> MakeAlgorithm(const AlgorithmContext& context) {
+  ASSIGN_OR_RETURN(const AlgorithmInfo info, FindAlgorithm(context.config->algorithm().name()));
+  if (context.group != nullptr && !info.runs_on_node()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cluster.local_size: algorithm.name \"", info.name,
+        "\" has no form for nodes of several local ranks (its exchange has no "
+        "intra-node form)"));
   }
-  return it->second(context);
-}
-
-absl::Status Algorithm::Finish(uint64_t step, absl::Span<float> params) {
-  return context_.comm->AverageBlocks(v1::MODEL, step, /*ratio=*/1, params,
-                                      context_.weight, /*lr=*/0, params);
-}
-
-const AlgorithmRegistry& DefaultAlgorithms() {
-  static const AlgorithmRegistry* const registry = [] {
-    auto* r = new AlgorithmRegistry();
-    CSERPS_CHECK(r->Register("ssgd", MakeSsgd).ok());
-    CSERPS_CHECK(r->Register("async-sgd", MakeAsyncSgd).ok());
-    CSERPS_CHECK(r->Register("ef-sgd", MakeEfSgd).ok());
-    CSERPS_CHECK(r->Register("local-sgd", MakeLocalSgd).ok());
-    CSERPS_CHECK(r->Register("qsparse-local-sgd", MakeQsparseLocalSgd).ok());
-    CSERPS_CHECK(r->Register("cser", MakeCser).ok());
-    CSERPS_CHECK(r->Register("m-cser", MakeCser).ok());
-    CSERPS_CHECK(r->Register("cser-pl", MakeCserPl).ok());
-    CSERPS_CHECK(r->Register("csea", MakeCsea).ok());
-    CSERPS_CHECK(r->Register("gtopk-ssgd", MakeGtopkSsgd).ok());
-    CSERPS_CHECK(r->Register("topk-ssgd", MakeTopkSsgd).ok());
-    CSERPS_CHECK(r->Register("cocod-sgd", MakeCocodSgd).ok());
-    CSERPS_CHECK(r->Register("pipe-sgd", MakePipeSgd).ok());
-    return r;
-  }();
-  return *registry;
+  const uint64_t d = context.comm->layout().num_params();
+  if (info.exchange == Exchange::kSparse && d > (uint64_t{1} << 32)) {
+    return absl::InvalidArgumentError(absl::StrCat("algorithm.name: ", info.name,
+                                                   " sends uint32 indices, but the model has ",
+                                                   d, " floats (at most 2^32)"));
+  }
+  std::unique_ptr<Algorithm> algorithm = Make(info.id, context);
+  CSERPS_CHECK(algorithm != nullptr);
+  RETURN_IF_ERROR(algorithm->Init());
+  return algorithm;
 }
 
 }  // namespace cserps

@@ -1,6 +1,6 @@
-// S-SGD (ALGORITHMS.md, "Baselines of the CSER paper").
-#include <vector>
-
+// S-SGD (ALGORITHMS.md, "Baselines of the CSER paper"): every worker pushes
+// its direction on every block and applies the average, as the servers do,
+// so that all hold one model.
 #include "common/status.h"
 #include "worker/algorithms/factories.h"
 
@@ -9,33 +9,31 @@ namespace {
 
 class Ssgd final : public Algorithm {
  public:
-  explicit Ssgd(const AlgorithmContext& context)
-      : Algorithm(context), p_(context.num_params()), mean_(context.num_params()) {}
+  using Algorithm::Algorithm;
 
-  absl::Status Step(uint64_t t, float lr, absl::Span<const float> g,
-                    absl::Span<float> x) override {
+  absl::Status Init() override {
+    RETURN_IF_ERROR(Algorithm::Init());
+    return Allocate(&p_);
+  }
+
+  absl::Status Step(uint64_t t, float lr, const float* g, float* x) override {
     // p_i = Direction(g_i), with this worker's own momentum buffer.
-    context_.direction->Compute(g, x, absl::MakeSpan(p_));
-    // Every worker (and the server) applies x ← x − η·AVG(p).
-    RETURN_IF_ERROR(context_.comm->AverageBlocks(v1::GRAD, t, /*ratio=*/1, p_,
-                                                 context_.weight, lr,
-                                                 absl::MakeSpan(mean_)));
-    for (size_t j = 0; j < x.size(); ++j) x[j] -= lr * mean_[j];
-    return absl::OkStatus();
+    RETURN_IF_ERROR(ops().Direction(rule(), g, x, momentum(), p_.data()));
+    // x ← x − η·AVG(p), on every worker and the servers.
+    return DescendByAverage(t, /*ratio=*/1, lr, p_.data(), x);
   }
 
   // Every worker and the servers already hold the same model.
-  absl::Status Finish(uint64_t, absl::Span<float>) override { return absl::OkStatus(); }
+  absl::Status Finish(uint64_t, float*) override { return absl::OkStatus(); }
 
  private:
-  std::vector<float> p_;
-  std::vector<float> mean_;
+  DeviceVector p_;
 };
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Algorithm>> MakeSsgd(const AlgorithmContext& context) {
-  return std::unique_ptr<Algorithm>(new Ssgd(context));
+std::unique_ptr<Algorithm> MakeSsgd(const AlgorithmContext& context) {
+  return std::make_unique<Ssgd>(context);
 }
 
 }  // namespace cserps

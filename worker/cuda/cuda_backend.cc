@@ -9,21 +9,21 @@
 namespace cserps {
 
 absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
-    std::unique_ptr<CudaModel> model, uint32_t block_size) {
+    std::unique_ptr<CudaModel> model, uint32_t block_size, DeviceGroup* node_group) {
   std::unique_ptr<CudaBackend> backend(new CudaBackend(std::move(model)));
   CSERPS_CUDA_RETURN_IF_ERROR(
       cudaStreamCreateWithFlags(&backend->stream_, cudaStreamNonBlocking));
   ASSIGN_OR_RETURN(backend->ops_,
                    CudaDeviceOps::Create(backend->model_->spec().num_params, block_size,
-                                         backend->stream_));
+                                         backend->stream_, node_group));
   ASSIGN_OR_RETURN(backend->read_back_, ScalarReadBack::Allocate());
   return backend;
 }
 
 absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::ForJob(
-    const v1::JobConfig& config) {
+    const v1::JobConfig& config, DeviceGroup* node_group) {
   ASSIGN_OR_RETURN(std::unique_ptr<CudaModel> model, CudaModel::Create(config.model()));
-  return Create(std::move(model), config.algorithm().block_size());
+  return Create(std::move(model), config.algorithm().block_size(), node_group);
 }
 
 CudaBackend::~CudaBackend() {

@@ -1,7 +1,7 @@
 // DeviceBackend (worker/device/device_backend.h) on a GPU: CudaModel and
 // CudaDeviceOps on one CUDA stream of their own, batches uploaded through
 // pinned memory, and the loss and evaluation sums read back through a
-// ScalarReadBack. The device trainer's GPU worker.
+// ScalarReadBack. The trainer's GPU backend.
 //
 // The device current at Create must be current on the calling thread.
 // Not thread-safe.
@@ -16,22 +16,26 @@
 #include "absl/status/statusor.h"
 #include "cserps/v1/config.pb.h"
 #include "worker/cuda/cuda_device_ops.h"
-#include "worker/cuda/cuda_model.h"
-#include "worker/cuda/cuda_status.h"
-#include "worker/cuda/read_back.h"
+#include "worker/cuda/kernels/cuda_model.h"
+#include "worker/cuda/kernels/cuda_status.h"
+#include "worker/cuda/kernels/read_back.h"
 #include "worker/device/device_backend.h"
 
 namespace cserps {
 
 class CudaBackend final : public DeviceBackend {
  public:
-  // `block_size` > 0: the job's algorithm.block_size. The CUDA errors of
+  // `block_size` > 0: the job's algorithm.block_size. `node_group`: the
+  // device side of this process's node group (it outlives the backend), or
+  // null for a flat worker (CudaDeviceOps::Create). The CUDA errors of
   // creating the stream and the ops.
-  static absl::StatusOr<std::unique_ptr<CudaBackend>> Create(std::unique_ptr<CudaModel> model,
-                                                             uint32_t block_size);
+  static absl::StatusOr<std::unique_ptr<CudaBackend>> Create(
+      std::unique_ptr<CudaModel> model, uint32_t block_size,
+      DeviceGroup* node_group = nullptr);
   // The CUDA model of config.model on the current device, for the job's
   // algorithm.block_size; CudaModel::Create's errors too.
-  static absl::StatusOr<std::unique_ptr<CudaBackend>> ForJob(const v1::JobConfig& config);
+  static absl::StatusOr<std::unique_ptr<CudaBackend>> ForJob(
+      const v1::JobConfig& config, DeviceGroup* node_group = nullptr);
   // Waits for the stream, then releases everything.
   ~CudaBackend() override;
 

@@ -6,12 +6,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
-#include "worker/cuda/block_gather.h"
+#include "worker/cuda/kernels/block_gather.h"
 #include "worker/cuda/cuda_staging.h"
 #include "worker/cuda/device_group.h"
-#include "worker/cuda/topk.h"
-#include "worker/cuda/update_kernels.h"
-#include "worker/cuda/vector_kernels.h"
+#include "worker/cuda/kernels/topk.h"
+#include "worker/cuda/kernels/update_kernels.h"
+#include "worker/cuda/kernels/vector_kernels.h"
 
 namespace cserps {
 namespace {
@@ -31,13 +31,13 @@ absl::StatusOr<cuda::ScatterOp> ScatterOpOf(SparseOp op) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<CudaDeviceOps>> CudaDeviceOps::Create(uint64_t num_params,
-                                                                     uint32_t block_size,
-                                                                     cudaStream_t stream) {
+absl::StatusOr<std::unique_ptr<CudaDeviceOps>> CudaDeviceOps::Create(
+    uint64_t num_params, uint32_t block_size, cudaStream_t stream, DeviceGroup* node_group) {
   if (block_size == 0) {
     return absl::InvalidArgumentError("CudaDeviceOps: block_size is 0");
   }
-  std::unique_ptr<CudaDeviceOps> ops(new CudaDeviceOps(num_params, block_size, stream));
+  std::unique_ptr<CudaDeviceOps> ops(
+      new CudaDeviceOps(num_params, block_size, stream, node_group));
   const uint64_t num_blocks = (num_params + block_size - 1) / block_size;
   ASSIGN_OR_RETURN(ops->host_, PinnedBuffer<float>::Allocate(num_params));
   ASSIGN_OR_RETURN(ops->blocks_, DeviceBuffer<uint64_t>::Allocate(num_blocks));
@@ -93,20 +93,16 @@ absl::StatusOr<DeviceVector> CudaDeviceOps::Allocate() {
 
 absl::StatusOr<std::unique_ptr<StagingDevice>> CudaDeviceOps::MakeStaging(
     LocalGroup* group) {
-  DeviceGroup* device_group = nullptr;
-  if (group != nullptr) {
-    device_group = dynamic_cast<DeviceGroup*>(group);
-    if (device_group == nullptr) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "CudaDeviceOps::MakeStaging on local rank ", group->local_rank(), " of ",
-          group->size(),
-          ": a node of GPUs needs a local group whose collectives run on the device "
-          "(the NCCL group, worker/group/nccl_group.h); this one's run on host memory"));
-    }
+  if (group != nullptr && node_group_ == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "CudaDeviceOps::MakeStaging on local rank ", group->local_rank(), " of ",
+        group->size(),
+        ": a node of GPUs needs its group's collectives on the device (the NCCL "
+        "group, worker/cuda/nccl_group.h), but these ops were made without one"));
   }
   ASSIGN_OR_RETURN(std::unique_ptr<CudaStagingDevice> staging,
                    CudaStagingDevice::Create(num_params_, block_size_, stream_,
-                                             device_group));
+                                             group != nullptr ? node_group_ : nullptr));
   return std::unique_ptr<StagingDevice>(std::move(staging));
 }
 

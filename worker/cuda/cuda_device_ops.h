@@ -37,7 +37,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "worker/cuda/cuda_status.h"
+#include "worker/cuda/device_group.h"
+#include "worker/cuda/kernels/cuda_status.h"
 #include "worker/device/device_ops.h"
 
 namespace cserps {
@@ -46,11 +47,13 @@ class CudaDeviceOps final : public DeviceOps {
  public:
   // Ops on buffers of `num_params` floats in GRBS blocks of `block_size`,
   // queued on `stream` (not owned; it outlives the ops and every
-  // DeviceVector and StagingDevice they made). INVALID_ARGUMENT for
+  // DeviceVector and StagingDevice they made). `node_group`: the device
+  // side of this process's node group (NcclGroup, worker/cuda/nccl_group.h;
+  // it outlives the ops), or null for a flat worker. INVALID_ARGUMENT for
   // block_size 0; the CUDA error of an allocation.
-  static absl::StatusOr<std::unique_ptr<CudaDeviceOps>> Create(uint64_t num_params,
-                                                               uint32_t block_size,
-                                                               cudaStream_t stream);
+  static absl::StatusOr<std::unique_ptr<CudaDeviceOps>> Create(
+      uint64_t num_params, uint32_t block_size, cudaStream_t stream,
+      DeviceGroup* node_group = nullptr);
   // Waits for the stream, then frees the internal buffers.
   ~CudaDeviceOps() override;
 
@@ -60,10 +63,9 @@ class CudaDeviceOps final : public DeviceOps {
   // The DeviceVector's release calls cudaFree, which waits for the device.
   absl::StatusOr<DeviceVector> Allocate() override;
   // A CudaStagingDevice (worker/cuda/cuda_staging.h) on this ops' stream.
-  // A non-null `group` (a node's; it outlives the staging device) must also
-  // be a DeviceGroup (worker/cuda/device_group.h: NcclGroup), whose
-  // collectives run on the staging buffer; FAILED_PRECONDITION for one
-  // that is not (a ThreadGroup).
+  // For a node (`group` not null), its collectives run on the staging
+  // buffer through the ops' node group, which must be `group`'s device side;
+  // FAILED_PRECONDITION when the ops were made without one.
   absl::StatusOr<std::unique_ptr<StagingDevice>> MakeStaging(LocalGroup* group) override;
   absl::Status Upload(absl::Span<const float> host, float* dst) override;
   absl::Status Download(const float* src, absl::Span<float> host) override;
@@ -90,8 +92,12 @@ class CudaDeviceOps final : public DeviceOps {
                              float* x) override;
 
  private:
-  CudaDeviceOps(uint64_t num_params, uint32_t block_size, cudaStream_t stream)
-      : num_params_(num_params), block_size_(block_size), stream_(stream) {}
+  CudaDeviceOps(uint64_t num_params, uint32_t block_size, cudaStream_t stream,
+                DeviceGroup* node_group)
+      : num_params_(num_params),
+        block_size_(block_size),
+        stream_(stream),
+        node_group_(node_group) {}
 
   // Waits until the last upload from the pinned argument buffers has run,
   // so that they may be rewritten.
@@ -106,6 +112,7 @@ class CudaDeviceOps final : public DeviceOps {
   const uint64_t num_params_;
   const uint32_t block_size_;
   cudaStream_t stream_;
+  DeviceGroup* const node_group_;  // null: a flat worker's ops
   PinnedBuffer<float> host_;  // Upload and Download, num_params floats
   // FillBlocks' block ids: every block of the model fits.
   DeviceBuffer<uint64_t> blocks_;

@@ -4,8 +4,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
-#include "worker/cuda/block_gather.h"
-#include "worker/cuda/vector_kernels.h"
+#include "worker/cuda/kernels/block_gather.h"
+#include "worker/cuda/kernels/vector_kernels.h"
 
 namespace cserps {
 

@@ -38,9 +38,9 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "worker/cuda/cuda_status.h"
+#include "worker/cuda/kernels/cuda_status.h"
 #include "worker/cuda/device_group.h"
-#include "worker/staged_average.h"
+#include "worker/ps/staged_average.h"
 
 namespace cserps {
 

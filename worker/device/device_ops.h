@@ -1,12 +1,11 @@
 // Vector operations on the model-sized float buffers of one device: what
-// the device algorithms (device_algorithms.h) are written with, each the
-// twin of a loop of worker/algorithms/. Two implementations:
-//   HostDeviceOps (host_device_ops.h): host memory and the host
-//     algorithms' own loops, so that the device algorithms are tested on
-//     the CPU, bit for bit against the host algorithms;
+// the training algorithms (worker/algorithms/) are written with. Two
+// implementations:
+//   HostDeviceOps (host_device_ops.h): host memory and plain loops (the
+//     CPU worker);
 //   CudaDeviceOps (worker/cuda/cuda_device_ops.h): kernels on one CUDA
-//     stream that round every product and sum as the CPU code does (never
-//     an FMA), so that both agree bit for bit too (tests/gpu).
+//     stream that round every product and sum as the host loops do (never
+//     an FMA), so that both agree bit for bit (tests/gpu).
 //
 // Every float pointer is a buffer of num_params() floats from Allocate of
 // the same ops. Operations are queued in order on the ops' one stream and
@@ -25,10 +24,10 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "worker/communicator.h"
 #include "worker/group/local_group.h"
 #include "worker/optim/direction.h"
-#include "worker/staged_average.h"
+#include "worker/ps/communicator.h"
+#include "worker/ps/staged_average.h"
 
 namespace cserps {
 

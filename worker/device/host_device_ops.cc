@@ -4,7 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
-#include "worker/topk_select.h"
+#include "worker/device/topk_select.h"
 
 namespace cserps {
 HostStagingDevice::HostStagingDevice(uint64_t num_params, uint32_t block_size,
@@ -12,8 +12,7 @@ HostStagingDevice::HostStagingDevice(uint64_t num_params, uint32_t block_size,
     : num_params_(num_params),
       block_size_(block_size),
       group_(group),
-      staging_(num_params),
-      host_(num_params) {}
+      staging_(num_params) {}
 
 absl::Status HostStagingDevice::Gather(const float* model,
                                        absl::Span<const uint64_t> blocks) {
@@ -24,15 +23,11 @@ absl::Status HostStagingDevice::Gather(const float* model,
 }
 
 absl::Status HostStagingDevice::CopyToHost(uint32_t, uint64_t offset, uint64_t count) {
-  RETURN_IF_ERROR(CheckRange("CopyToHost", offset, count));
-  std::copy_n(staging_.begin() + offset, count, host_.begin() + offset);
-  return absl::OkStatus();
+  return CheckRange("CopyToHost", offset, count);
 }
 
 absl::Status HostStagingDevice::CopyToStaging(uint64_t offset, uint64_t count) {
-  RETURN_IF_ERROR(CheckRange("CopyToStaging", offset, count));
-  std::copy_n(host_.begin() + offset, count, staging_.begin() + offset);
-  return absl::OkStatus();
+  return CheckRange("CopyToStaging", offset, count);
 }
 
 absl::Status HostStagingDevice::Scatter(ScatterKind kind, float alpha, float* model) {

@@ -1,8 +1,6 @@
-// DeviceOps (device_ops.h) in host memory, with the host algorithms' own
-// loops: the device algorithms run on it bit for bit as the host
-// algorithms do, which is how they are tested without a GPU, and the GPU
-// tests hold CudaDeviceOps to it. Its StagingDevice copies between plain
-// vectors. Nothing is queued: every operation is done when it returns.
+// DeviceOps (device_ops.h) in host memory: the CPU worker's, and what the
+// GPU tests hold CudaDeviceOps to, bit for bit. Nothing is queued: every
+// operation is done when it returns.
 #ifndef CSERPS_WORKER_DEVICE_HOST_DEVICE_OPS_H_
 #define CSERPS_WORKER_DEVICE_HOST_DEVICE_OPS_H_
 
@@ -17,17 +15,17 @@
 
 namespace cserps {
 
-// The StagingDevice of HostDeviceOps: a staging vector and a host vector of
-// model size, copies done when they are asked for, and the collectives of
-// `group` (may be null: a flat worker's) on the staging vector. Also what
-// tests that inspect the staged average's order build on.
+// The StagingDevice of HostDeviceOps: one model-sized vector that is both
+// the staging and the host buffer (so the copies between them only check
+// their ranges), and the collectives of `group` (may be null: a flat
+// worker's) on it.
 class HostStagingDevice final : public StagingDevice {
  public:
   // block_size > 0; `group`, when not null, outlives the device.
   HostStagingDevice(uint64_t num_params, uint32_t block_size, LocalGroup* group);
 
   uint64_t capacity() const override { return num_params_; }
-  absl::Span<float> host() override { return absl::MakeSpan(host_); }
+  absl::Span<float> host() override { return absl::MakeSpan(staging_); }
   absl::Status Gather(const float* model, absl::Span<const uint64_t> blocks) override;
   absl::Status CopyToHost(uint32_t slot, uint64_t offset, uint64_t count) override;
   absl::Status WaitCopied(uint32_t) override { return absl::OkStatus(); }
@@ -51,8 +49,7 @@ class HostStagingDevice final : public StagingDevice {
   const uint64_t num_params_;
   const uint32_t block_size_;
   LocalGroup* const group_;  // null: no collectives
-  std::vector<float> staging_;
-  std::vector<float> host_;
+  std::vector<float> staging_;  // also the host buffer
   std::vector<uint64_t> blocks_;  // of the last Gather
 };
 

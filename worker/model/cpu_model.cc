@@ -190,8 +190,9 @@ absl::Span<const float> CpuModel::Forward(absl::Span<const float> params,
   return Activation(num_layers - 1, batch.size);
 }
 
-float CpuModel::LossAndGradient(absl::Span<const float> params,
-                                const Batch& batch, absl::Span<float> grad) {
+absl::StatusOr<float> CpuModel::LossAndGradient(absl::Span<const float> params,
+                                                const Batch& batch,
+                                                absl::Span<float> grad) {
   CheckArguments(params, batch);
   CSERPS_CHECK(grad.size() == spec_.num_params);
   if (batch.size == 0) {
@@ -240,8 +241,8 @@ float CpuModel::LossAndGradient(absl::Span<const float> params,
   return static_cast<float>(loss_sum / static_cast<double>(rows));
 }
 
-EvalSums CpuModel::Evaluate(absl::Span<const float> params,
-                            const Batch& batch) {
+absl::StatusOr<EvalSums> CpuModel::Evaluate(absl::Span<const float> params,
+                                            const Batch& batch) {
   CheckArguments(params, batch);
   EvalSums sums;
   if (batch.size == 0) return sums;

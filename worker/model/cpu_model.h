@@ -34,10 +34,12 @@ class CpuModel final : public Model {
 
   const ModelSpec& spec() const override { return spec_; }
   void Initialize(uint64_t seed, absl::Span<float> params) const override;
-  float LossAndGradient(absl::Span<const float> params, const Batch& batch,
-                        absl::Span<float> grad) override;
-  EvalSums Evaluate(absl::Span<const float> params,
-                    const Batch& batch) override;
+  // Never fail: every error of the CPU model is a programmer error.
+  absl::StatusOr<float> LossAndGradient(absl::Span<const float> params,
+                                        const Batch& batch,
+                                        absl::Span<float> grad) override;
+  absl::StatusOr<EvalSums> Evaluate(absl::Span<const float> params,
+                                    const Batch& batch) override;
 
  private:
   void CheckArguments(absl::Span<const float> params, const Batch& batch) const;

@@ -32,7 +32,7 @@ struct EvalSums {
 // batch.dim == spec().input_dim, features.size() == size * dim,
 // labels.size() == size and every label < spec().num_classes; a violation is a
 // programmer error (the data loader validates labels against the model) and
-// aborts.
+// aborts. A backend's own failure (a device error) is returned.
 class Model {
  public:
   virtual ~Model() = default;
@@ -48,14 +48,14 @@ class Model {
   // d(mean loss)/d(params) into `grad` (overwritten, same layout as params).
   // An empty batch gives loss 0 and a zero gradient. Not thread-safe: uses
   // the model's scratch buffers.
-  virtual float LossAndGradient(absl::Span<const float> params,
-                                const Batch& batch,
-                                absl::Span<float> grad) = 0;
+  virtual absl::StatusOr<float> LossAndGradient(absl::Span<const float> params,
+                                                const Batch& batch,
+                                                absl::Span<float> grad) = 0;
 
   // Returns the batch's summed loss, correct top-1 predictions (ties go to
   // the lowest class index) and example count. Not thread-safe either.
-  virtual EvalSums Evaluate(absl::Span<const float> params,
-                            const Batch& batch) = 0;
+  virtual absl::StatusOr<EvalSums> Evaluate(absl::Span<const float> params,
+                                            const Batch& batch) = 0;
 };
 
 // The CPU (OpenBLAS) backend for `config`; InvalidArgument naming the field

@@ -25,7 +25,7 @@
 #include "cserps/v1/config.pb.h"
 #include "gtest/gtest.h"
 #include "worker/algorithms/algorithm.h"
-#include "worker/ps_client.h"
+#include "worker/ps/ps_client.h"
 
 namespace cserps::testing {
 

@@ -1,5 +1,5 @@
 // SelectTopK against a sort-based reference.
-#include "worker/topk_select.h"
+#include "worker/device/topk_select.h"
 
 #include <algorithm>
 #include <cmath>

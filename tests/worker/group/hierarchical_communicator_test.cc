@@ -1,4 +1,4 @@
-#include "worker/hierarchical_communicator.h"
+#include "worker/ps/node_client.h"
 
 #include <algorithm>
 #include <cmath>
@@ -23,7 +23,7 @@
 #include "tests/testing/test_support.h"
 #include "tests/worker/algorithms/algorithm_harness.h"
 #include "worker/group/thread_group.h"
-#include "worker/ps_client.h"
+#include "worker/ps/ps_client.h"
 
 namespace cserps {
 namespace {

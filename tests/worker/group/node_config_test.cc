@@ -1,7 +1,7 @@
 // The job-config rules of nodes (cluster.local_size > 1): the per-rank data
 // lists read per process, and the algorithms without an intra-node form are
-// refused. (Config rules live in common/config.cc; these are the ones node
-// groups brought.)
+// refused. (Config rules live in common/config_validate.cc; these are the
+// ones node groups brought.)
 #include <string>
 #include <vector>
 

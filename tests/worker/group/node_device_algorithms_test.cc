@@ -20,8 +20,8 @@
 #include "tests/worker/algorithms/algorithm_harness.h"
 #include "worker/device/device_algorithms.h"
 #include "worker/device/host_device_ops.h"
-#include "worker/hierarchical_communicator.h"
-#include "worker/staged_average.h"
+#include "worker/ps/node_client.h"
+#include "worker/ps/staged_average.h"
 
 namespace cserps {
 namespace {

@@ -1,6 +1,6 @@
 // The file through which local rank 0 of an NCCL group hands its id to the
 // other local ranks, exercised on the CPU (no NCCL involved).
-#include "worker/group/rendezvous_file.h"
+#include "worker/cuda/rendezvous_file.h"
 
 #include <sys/stat.h>
 

@@ -1,0 +1,334 @@
+#include "common/config_validate.h"
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "common/algorithm_catalog.h"
+#include "common/format_real.h"
+#include "common/model_spec.h"
+#include "common/status.h"
+#include "google/protobuf/repeated_field.h"
+
+namespace cserps {
+namespace {
+
+constexpr uint32_t kMinMaxMessageBytes = 64u << 10;
+constexpr uint32_t kMaxMaxMessageBytes = 1u << 30;
+
+absl::Status Invalid(absl::string_view field, absl::string_view problem) {
+  return absl::InvalidArgumentError(absl::StrCat(field, ": ", problem));
+}
+
+absl::Status CheckServerAddress(absl::string_view address, int index,
+                                bool allow_port_zero) {
+  const std::string where = absl::StrCat("cluster.servers[", index, "]");
+  const std::string quoted = absl::StrCat("\"", absl::CHexEscape(address), "\"");
+  const size_t colon = address.rfind(':');
+  if (colon == absl::string_view::npos) {
+    return Invalid(where, absl::StrCat(quoted, " is not host:port"));
+  }
+  const absl::string_view host = address.substr(0, colon);
+  const absl::string_view port_text = address.substr(colon + 1);
+  for (char c : address) {
+    if (absl::ascii_isspace(static_cast<unsigned char>(c))) {
+      return Invalid(where, absl::StrCat(quoted, " contains whitespace"));
+    }
+  }
+  if (host.empty() || host == "[]") {
+    return Invalid(where, absl::StrCat(quoted, " has no host"));
+  }
+  const bool bracketed = absl::StartsWith(host, "[");
+  if (bracketed != absl::EndsWith(host, "]")) {
+    return Invalid(where, absl::StrCat(quoted, " has an unbalanced '[' ']'"));
+  }
+  if (!bracketed && absl::StrContains(host, ':')) {
+    return Invalid(where, absl::StrCat(quoted,
+                                       ": an IPv6 host must be in brackets, "
+                                       "e.g. [::1]:5000"));
+  }
+  bool digits_only = !port_text.empty() && port_text.size() <= 5;
+  for (char c : port_text) digits_only = digits_only && absl::ascii_isdigit(c);
+  uint32_t port = 0;
+  if (!digits_only || !absl::SimpleAtoi(port_text, &port) || port > 65535) {
+    return Invalid(where, absl::StrCat(quoted, " has a port outside 0..65535"));
+  }
+  if (port == 0 && !allow_port_zero) {
+    return Invalid(where, absl::StrCat(quoted,
+                                       " has port 0; a server address needs "
+                                       "a port in 1..65535"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateCluster(const v1::ClusterConfig& cluster,
+                             const ValidateOptions& options) {
+  if (cluster.servers_size() == 0) {
+    return Invalid("cluster.servers", "must list at least one server");
+  }
+  for (int i = 0; i < cluster.servers_size(); ++i) {
+    RETURN_IF_ERROR(
+        CheckServerAddress(cluster.servers(i), i, options.allow_port_zero));
+    // Two shards cannot listen on one address; port 0 addresses are distinct
+    // once the servers pick their ports.
+    if (absl::EndsWith(cluster.servers(i), ":0")) continue;
+    for (int j = 0; j < i; ++j) {
+      if (cluster.servers(j) == cluster.servers(i)) {
+        return Invalid(absl::StrCat("cluster.servers[", i, "]"),
+                       absl::StrCat("\"", cluster.servers(i),
+                                    "\" is already cluster.servers[", j, "]"));
+      }
+    }
+  }
+  if (cluster.num_workers() < 1) {
+    return Invalid("cluster.num_workers", "must be >= 1 (got 0)");
+  }
+  if (cluster.max_message_bytes() < kMinMaxMessageBytes ||
+      cluster.max_message_bytes() > kMaxMaxMessageBytes) {
+    return Invalid("cluster.max_message_bytes",
+                   absl::StrCat("must be in [", kMinMaxMessageBytes, ", ",
+                                kMaxMaxMessageBytes, "] (64 KiB..1 GiB) (got ",
+                                cluster.max_message_bytes(), ")"));
+  }
+  if (!(cluster.round_timeout_s() > 0) ||
+      !std::isfinite(cluster.round_timeout_s())) {
+    return Invalid("cluster.round_timeout_s",
+                   absl::StrCat("must be > 0 and finite (got ",
+                                FormatReal(cluster.round_timeout_s()), ")"));
+  }
+  if (cluster.retained_rounds() < 1) {
+    return Invalid("cluster.retained_rounds", "must be >= 1 (got 0)");
+  }
+  if (cluster.local_size() < 1) {
+    return Invalid("cluster.local_size", "must be >= 1 (got 0)");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateModel(const v1::ModelConfig& model) {
+  switch (model.kind()) {
+    case v1::ModelConfig::SOFTMAX:
+      if (model.hidden_size() != 0) {
+        return Invalid("model.hidden",
+                       absl::StrCat("must be empty for a SOFTMAX model (got ",
+                                    model.hidden_size(), " widths)"));
+      }
+      break;
+    case v1::ModelConfig::MLP:
+      if (model.hidden_size() == 0) {
+        return Invalid("model.hidden",
+                       "an MLP needs at least one hidden width");
+      }
+      for (int i = 0; i < model.hidden_size(); ++i) {
+        if (model.hidden(i) == 0) {
+          return Invalid(absl::StrCat("model.hidden[", i, "]"),
+                         "must be > 0 (got 0)");
+        }
+      }
+      break;
+    case v1::ModelConfig::CNN:
+      break;  // MakeModelSpec below checks the conv fields
+    case v1::ModelConfig::KIND_UNSPECIFIED:
+      return Invalid("model.kind", "must be set to SOFTMAX, MLP or CNN");
+    default:
+      return Invalid("model.kind",
+                     absl::StrCat("unknown value ", model.kind(),
+                                  "; must be SOFTMAX, MLP or CNN"));
+  }
+  if (model.input_dim() < 1) {
+    return Invalid("model.input_dim", "must be >= 1 (got 0)");
+  }
+  if (model.num_classes() < 2) {
+    return Invalid("model.num_classes",
+                   absl::StrCat("must be >= 2 (got ", model.num_classes(), ")"));
+  }
+  // The layout rules (conv geometry, CNN-only fields, sizes that overflow)
+  // live in one place, which the servers and workers use as well.
+  return MakeModelSpec(model).status();
+}
+
+// How many entries a per-rank data list must have: one per worker process,
+// i.e. cluster.num_workers x cluster.local_size (each local rank of a node
+// has its own batch size, data partition and slowdown).
+struct WorkerProcesses {
+  uint64_t count = 0;
+  std::string described;  // for messages
+};
+
+WorkerProcesses CountWorkerProcesses(const v1::ClusterConfig& cluster) {
+  const uint64_t count = uint64_t{cluster.num_workers()} * cluster.local_size();
+  if (cluster.local_size() == 1) {
+    return {count, absl::StrCat("cluster.num_workers is ", cluster.num_workers())};
+  }
+  return {count, absl::StrCat("cluster.num_workers x cluster.local_size is ",
+                              cluster.num_workers(), " x ", cluster.local_size(),
+                              " = ", count)};
+}
+
+absl::Status WrongEntryCount(absl::string_view field, int size,
+                             const WorkerProcesses& workers) {
+  return Invalid(field, absl::StrCat("must have one entry per worker: has ", size,
+                                     ", ", workers.described));
+}
+
+// A per-rank list: empty, or one finite value >= `min` per worker process.
+absl::Status ValidatePerRank(const google::protobuf::RepeatedField<float>& values,
+                             const std::string& field, const WorkerProcesses& workers,
+                             float min, bool min_exclusive) {
+  if (values.empty()) return absl::OkStatus();
+  if (static_cast<uint64_t>(values.size()) != workers.count) {
+    return WrongEntryCount(field, values.size(), workers);
+  }
+  for (int i = 0; i < values.size(); ++i) {
+    const float v = values[i];
+    if (!std::isfinite(v) || v < min || (min_exclusive && v == min)) {
+      return Invalid(absl::StrCat(field, "[", i, "]"),
+                     absl::StrCat("must be finite and ", min_exclusive ? "> " : ">= ",
+                                  min, " (got ", v, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateData(const v1::DataConfig& data, const WorkerProcesses& workers) {
+  RETURN_IF_ERROR(ValidatePerRank(data.rank_slowdown(), "data.rank_slowdown",
+                                  workers, 1.0f, false));
+  RETURN_IF_ERROR(ValidatePerRank(data.rank_speeds(), "data.rank_speeds",
+                                  workers, 0.0f, true));
+  if (data.rank_speeds_size() > 0 && data.rank_batch_sizes_size() > 0) {
+    return Invalid("data.rank_speeds",
+                   "set either rank_speeds or rank_batch_sizes, not both");
+  }
+  if (data.rank_batch_sizes_size() == 0) {
+    if (data.batch_size() < 1) {
+      return Invalid("data.batch_size",
+                     "must be >= 1 (got 0) unless data.rank_batch_sizes is set");
+    }
+    if (data.rank_speeds_size() > 0 &&
+        uint64_t{data.batch_size()} * workers.count < workers.count) {
+      return Invalid("data.batch_size", "too small to give every rank an example");
+    }
+    return absl::OkStatus();
+  }
+  if (static_cast<uint64_t>(data.rank_batch_sizes_size()) != workers.count) {
+    return WrongEntryCount("data.rank_batch_sizes", data.rank_batch_sizes_size(),
+                           workers);
+  }
+  for (int i = 0; i < data.rank_batch_sizes_size(); ++i) {
+    if (data.rank_batch_sizes(i) < 1) {
+      return Invalid(absl::StrCat("data.rank_batch_sizes[", i, "]"),
+                     "must be >= 1 (got 0)");
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateOptimizer(const v1::OptimizerConfig& opt,
+                               uint32_t epochs) {
+  if (!(opt.lr() > 0) || !std::isfinite(opt.lr())) {
+    return Invalid("optimizer.lr", absl::StrCat("must be > 0 and finite (got ",
+                                                FormatReal(opt.lr()), ")"));
+  }
+  if (!v1::OptimizerConfig::Momentum_IsValid(opt.momentum_kind())) {
+    return Invalid("optimizer.momentum_kind",
+                   absl::StrCat("unknown value ", opt.momentum_kind()));
+  }
+  if (!(opt.momentum() >= 0 && opt.momentum() < 1)) {
+    return Invalid("optimizer.momentum",
+                   absl::StrCat("must be in [0, 1) (got ",
+                                FormatReal(opt.momentum()), ")"));
+  }
+  const bool uses_momentum =
+      opt.momentum_kind() == v1::OptimizerConfig::HEAVY_BALL ||
+      opt.momentum_kind() == v1::OptimizerConfig::NESTEROV;
+  if (uses_momentum && !(opt.momentum() > 0)) {
+    return Invalid("optimizer.momentum",
+                   absl::StrCat("must be > 0 when momentum_kind is ",
+                                v1::OptimizerConfig::Momentum_Name(
+                                    opt.momentum_kind()),
+                                " (got ", FormatReal(opt.momentum()), ")"));
+  }
+  if (!(opt.weight_decay() >= 0) || !std::isfinite(opt.weight_decay())) {
+    return Invalid("optimizer.weight_decay",
+                   absl::StrCat("must be >= 0 and finite (got ",
+                                FormatReal(opt.weight_decay()), ")"));
+  }
+  switch (opt.schedule()) {
+    case v1::OptimizerConfig::SCHEDULE_UNSPECIFIED:
+    case v1::OptimizerConfig::CONSTANT:
+      break;
+    case v1::OptimizerConfig::STEP_DECAY:
+      if (opt.step_epochs() < 1) {
+        return Invalid("optimizer.step_epochs",
+                       "must be >= 1 for STEP_DECAY (got 0)");
+      }
+      if (!(opt.gamma() > 0 && opt.gamma() <= 1)) {
+        return Invalid("optimizer.gamma",
+                       absl::StrCat("must be in (0, 1] for STEP_DECAY (got ",
+                                    FormatReal(opt.gamma()), ")"));
+      }
+      break;
+    case v1::OptimizerConfig::WARMUP_COSINE:
+      if (!(opt.warmup_epochs() >= 0 &&
+            static_cast<double>(opt.warmup_epochs()) < epochs)) {
+        return Invalid("optimizer.warmup_epochs",
+                       absl::StrCat("must be >= 0 and < epochs (", epochs,
+                                    ") for WARMUP_COSINE (got ",
+                                    FormatReal(opt.warmup_epochs()), ")"));
+      }
+      break;
+    default:
+      return Invalid("optimizer.schedule",
+                     absl::StrCat("unknown value ", opt.schedule()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidateJobConfig(const v1::JobConfig& config,
+                               ValidateOptions options) {
+  // The name goes into summaries (JSON), metric labels and file names.
+  for (char c : config.name()) {
+    if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_' &&
+        c != '.') {
+      return Invalid("name", absl::StrCat("may hold only letters, digits, '-', '_' and "
+                                          "'.' (got \"", config.name(), "\")"));
+    }
+  }
+  RETURN_IF_ERROR(ValidateCluster(config.cluster(), options));
+  RETURN_IF_ERROR(ValidateModel(config.model()));
+  RETURN_IF_ERROR(ValidateData(config.data(), CountWorkerProcesses(config.cluster())));
+  // Before the optimizer: its warm-up is bounded by epochs.
+  if (config.epochs() < 1) {
+    return Invalid("epochs", "must be >= 1 (got 0)");
+  }
+  RETURN_IF_ERROR(ValidateOptimizer(config.optimizer(), config.epochs()));
+  const absl::StatusOr<AlgorithmInfo> algorithm =
+      FindAlgorithm(config.algorithm().name());
+  if (!algorithm.ok()) {
+    // The catalog's message already starts with "algorithm.name: ".
+    return absl::InvalidArgumentError(algorithm.status().message());
+  }
+  if (config.algorithm().block_size() < 1) {
+    return Invalid("algorithm.block_size", "must be >= 1 (got 0)");
+  }
+  // Those that exchange through the servers alone (AsyncPushPull, the
+  // sparse exchange) have no intra-node form to average a node first.
+  if (config.cluster().local_size() > 1 && !algorithm->runs_on_node()) {
+    return Invalid("cluster.local_size",
+                   absl::StrCat("must be 1 with algorithm.name \"", algorithm->name,
+                                "\", which has no hierarchical (intra-node) form (got ",
+                                config.cluster().local_size(), ")"));
+  }
+  return ValidateAlgorithm(config.algorithm(), config.optimizer());
+}
+
+}  // namespace cserps

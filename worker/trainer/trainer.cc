@@ -1,0 +1,261 @@
+#include "worker/trainer/trainer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/status.h"
+#include "spdlog/spdlog.h"
+#include "worker/algorithms/registry.h"
+#include "worker/device/host_backend.h"
+
+namespace cserps {
+namespace {
+
+constexpr size_t kEvalBatch = 1000;
+
+// The learning-curve row of the epoch that just ended (epoch is 1-based),
+// logged as the epoch's progress line.
+CurvePoint EndOfEpoch(uint64_t epoch, uint64_t step, double train_loss_sum,
+                      size_t steps_per_epoch, const EvalSums& test, double wall_seconds,
+                      const PsClient& client, const std::string& log_prefix) {
+  CurvePoint point;
+  point.epoch = epoch;
+  point.step = step;
+  point.train_loss = train_loss_sum / steps_per_epoch;
+  point.test_loss = test.loss_sum / std::max<size_t>(1, test.count);
+  point.test_accuracy = Accuracy(test);
+  point.wall_seconds = wall_seconds;
+  point.bytes_pushed = client.bytes_pushed();
+  point.bytes_pulled = client.bytes_pulled();
+  spdlog::info("{}epoch {} done: train loss {:.4f} test loss {:.4f} test accuracy {:.2f}% ({:.1f} s)",
+               log_prefix, point.epoch, point.train_loss, point.test_loss,
+               100 * point.test_accuracy, point.wall_seconds);
+  return point;
+}
+
+void LogStep(const std::string& log_prefix, uint64_t step, uint64_t epoch, float loss,
+             float lr, double samples_per_second, const PsClient& client) {
+  spdlog::info("{}step {} epoch {} loss {:.4f} lr {:.4g} samples/s {:.0f} pushed {:.1f} MB pulled {:.1f} MB",
+               log_prefix, step, epoch, loss, lr, samples_per_second,
+               client.bytes_pushed() / 1e6, client.bytes_pulled() / 1e6);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
+    const v1::JobConfig& config, PsClient* client, const Dataset* train,
+    const Dataset* test, WorkerMetrics* metrics) {
+  return Create(config, TrainerLink{client, nullptr}, train, test, metrics);
+}
+
+absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
+    const v1::JobConfig& config, TrainerLink link, const Dataset* train,
+    const Dataset* test, WorkerMetrics* metrics, std::unique_ptr<DeviceBackend> backend) {
+  ASSIGN_OR_RETURN(TrainerPlan plan, PlanTrainer(config, link, train->size));
+  if (backend == nullptr) {
+    ASSIGN_OR_RETURN(std::unique_ptr<Model> model, MakeCpuModel(config.model()));
+    backend = std::make_unique<HostBackend>(std::move(model),
+                                            config.algorithm().block_size());
+  }
+  if (backend->spec().input_dim != train->dim) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model.input_dim is ", backend->spec().input_dim, " but the data has ", train->dim,
+        " features per example"));
+  }
+  if (backend->spec().num_params != link.client->layout().num_params() ||
+      backend->ops().num_params() != backend->spec().num_params) {
+    return absl::InternalError("model, device and client disagree on the model size");
+  }
+  std::unique_ptr<Trainer> trainer(
+      new Trainer(config, link, std::move(plan), train, test, std::move(backend)));
+  trainer->metrics_ = metrics;
+  RETURN_IF_ERROR(trainer->Init());
+  return trainer;
+}
+
+Trainer::Trainer(const v1::JobConfig& config, TrainerLink link, TrainerPlan plan,
+                 const Dataset* train, const Dataset* test,
+                 std::unique_ptr<DeviceBackend> backend)
+    : config_(config),
+      link_(link),
+      plan_(std::move(plan)),
+      client_(link.client),
+      test_(test),
+      num_params_(backend->spec().num_params),
+      backend_(std::move(backend)),
+      ops_(backend_->ops()),
+      batcher_(*train, plan_.range, plan_.batch_size, config.seed(), plan_.partition),
+      schedule_(config.optimizer(), plan_.steps_per_epoch, config.epochs()),
+      slowdown_(config.data().rank_slowdown_size() > 0
+                    ? config.data().rank_slowdown(plan_.partition)
+                    : 1.0f) {}
+
+absl::Status Trainer::Init() {
+  RETURN_IF_ERROR(backend_->Reserve(std::max<size_t>(plan_.batch_size, kEvalBatch)));
+  ASSIGN_OR_RETURN(x_, ops_.Allocate());
+  ASSIGN_OR_RETURN(grad_, ops_.Allocate());
+  AlgorithmContext context;
+  context.config = &config_;
+  context.comm = client_;
+  context.ops = &ops_;
+  context.group = link_.group;
+  context.weight = static_cast<float>(plan_.batch_size);
+  context.steps_per_epoch = plan_.steps_per_epoch;
+  ASSIGN_OR_RETURN(algorithm_, MakeAlgorithm(context));
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::InitializeModel() {
+  std::vector<float> x(num_params_);
+  if (plan_.rank == 0) {
+    // Only local rank 0's model is pushed; every local rank joins the push.
+    if (plan_.local_rank == 0) backend_->Initialize(config_.seed(), absl::MakeSpan(x));
+    RETURN_IF_ERROR(PushModel(link_, x));
+  }
+  RETURN_IF_ERROR(PullModel(link_, absl::MakeSpan(x), /*wait_for_init=*/true));
+  return ops_.Upload(x, x_.data());
+}
+
+absl::Status Trainer::EndCompute(absl::Time compute_start, float loss) {
+  if (slowdown_ > 1.0f) absl::SleepFor((slowdown_ - 1.0f) * (absl::Now() - compute_start));
+  absl::Status status;
+  if (!std::isfinite(loss)) {
+    status = absl::InternalError(absl::StrCat("rank ", plan_.rank, " step ", step_,
+                                              ": training loss is ", loss,
+                                              " (diverged: lower optimizer.lr?)"));
+  }
+  if (link_.group == nullptr) return status;
+  return ShareStatus(*link_.group, status, absl::StrCat("step ", step_));
+}
+
+absl::StatusOr<float> Trainer::Step() {
+  const uint64_t index = step_ % plan_.steps_per_epoch;
+  if (index == 0) batcher_.StartEpoch(step_ / plan_.steps_per_epoch);
+  const Batch batch = batcher_.Get(index);
+  const absl::Time compute_start = absl::Now();
+  // Waiting for the loss costs little: the gather waits for the gradient
+  // anyway, and a diverged loss stops the step before it is pushed.
+  ASSIGN_OR_RETURN(const float loss,
+                   backend_->LossAndGradient(x_.data(), batch, grad_.data()));
+  RETURN_IF_ERROR(EndCompute(compute_start, loss));
+  const absl::Time algorithm_start = absl::Now();
+  const absl::Duration waited_before = client_->wait_time();
+  const float lr = schedule_.At(step_);
+  RETURN_IF_ERROR(algorithm_->Step(step_, lr, grad_.data(), x_.data()));
+  ++step_;
+  if (metrics_ != nullptr) {
+    // Compute until the algorithm starts; communication, the time blocked
+    // on the servers since then; update, the rest.
+    const absl::Duration algorithm = absl::Now() - algorithm_start;
+    const absl::Duration communication =
+        std::min(algorithm, client_->wait_time() - waited_before);
+    metrics_->RecordStep(algorithm_start - compute_start, communication,
+                         algorithm - communication, plan_.batch_size, loss, lr);
+    ReportTraffic(*client_, *metrics_);
+    metrics_->SetCompressionRatio(AchievedCompression());
+  }
+  return loss;
+}
+
+double Trainer::AchievedCompression() const {
+  const uint64_t floats = TrainingFloatsPushed(*client_);
+  return floats == 0 ? 0.0 : static_cast<double>(step_) * plan_.shard_floats / floats;
+}
+
+absl::StatusOr<EvalSums> Trainer::Evaluate(const float* params) {
+  EvalSums total;
+  SequentialBatches batches(*test_, kEvalBatch);
+  for (size_t i = 0; i < batches.count(); ++i) {
+    ASSIGN_OR_RETURN(const EvalSums part, backend_->Evaluate(params, batches.Get(i)));
+    total.loss_sum += part.loss_sum;
+    total.correct += part.correct;
+    total.count += part.count;
+  }
+  return total;
+}
+
+absl::StatusOr<EvalSums> Trainer::EvaluateTest() {
+  ASSIGN_OR_RETURN(const EvalSums sums, Evaluate(x_.data()));
+  if (metrics_ != nullptr) metrics_->SetTestAccuracy(/*global=*/false, Accuracy(sums));
+  return sums;
+}
+
+absl::StatusOr<std::vector<float>> Trainer::Params() {
+  std::vector<float> x(num_params_);
+  RETURN_IF_ERROR(ops_.Download(x_.data(), absl::MakeSpan(x)));
+  return x;
+}
+
+absl::Status Trainer::FinishTraining() {
+  // Traffic of the training steps alone, against S-SGD's d floats per step.
+  final_.training_floats_pushed = TrainingFloatsPushed(*client_);
+  final_.achieved_compression = AchievedCompression();
+  ASSIGN_OR_RETURN(const EvalSums local, EvaluateTest());
+  final_.local_accuracy = Accuracy(local);
+  RETURN_IF_ERROR(algorithm_->Finish(step_, x_.data()));
+  std::vector<float> global(num_params_);
+  RETURN_IF_ERROR(PullModel(link_, absl::MakeSpan(global), /*wait_for_init=*/false));
+  // Training is over: the gradient buffer holds the servers' model.
+  RETURN_IF_ERROR(ops_.Upload(global, grad_.data()));
+  ASSIGN_OR_RETURN(const EvalSums servers, Evaluate(grad_.data()));
+  final_.global_accuracy = Accuracy(servers);
+  if (metrics_ != nullptr) {
+    ReportTraffic(*client_, *metrics_);
+    metrics_->SetTestAccuracy(/*global=*/true, final_.global_accuracy);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::RunEpochs(absl::Time start) {
+  const uint32_t log_every = config_.log_every_steps();
+  absl::Time window_start = start;
+  uint64_t window_steps = 0;
+  for (uint64_t epoch = 0; epoch < config_.epochs(); ++epoch) {
+    double loss_sum = 0;
+    for (size_t i = 0; i < plan_.steps_per_epoch; ++i) {
+      ASSIGN_OR_RETURN(const float loss, Step());
+      loss_sum += loss;
+      ++window_steps;
+      if (log_every != 0 && step_ % log_every == 0) {
+        const absl::Time now = absl::Now();
+        const double seconds = absl::ToDoubleSeconds(now - window_start);
+        LogStep(plan_.log_prefix, step_, epoch, loss, schedule_.At(step_ - 1),
+                seconds > 0 ? window_steps * plan_.batch_size / seconds : 0.0, *client_);
+        window_start = now;
+        window_steps = 0;
+      }
+    }
+    ASSIGN_OR_RETURN(const EvalSums test, EvaluateTest());
+    curve_.push_back(EndOfEpoch(epoch + 1, step_, loss_sum, plan_.steps_per_epoch, test,
+                                absl::ToDoubleSeconds(absl::Now() - start), *client_,
+                                plan_.log_prefix));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::Run() {
+  RETURN_IF_ERROR(InitializeModel());
+  const absl::Time start = absl::Now();
+  RETURN_IF_ERROR(RunEpochs(start));
+  RETURN_IF_ERROR(FinishTraining());
+  spdlog::info("{}final: local model {:.2f}%, global model {:.2f}%, achieved compression {:.1f}x",
+               plan_.log_prefix, 100 * final_.local_accuracy, 100 * final_.global_accuracy,
+               final_.achieved_compression);
+  TrainingSummary summary;
+  summary.config = &config_;
+  summary.client = client_;
+  summary.rank = plan_.rank;
+  summary.local_rank = plan_.local_rank;
+  summary.num_params = num_params_;
+  summary.steps = step_;
+  summary.batch_size = plan_.batch_size;
+  summary.curve = &curve_;
+  summary.final_report = &final_;
+  summary.wall_seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  return WriteTrainingSummary(summary);
+}
+
+}  // namespace cserps

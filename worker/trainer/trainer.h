@@ -1,0 +1,121 @@
+// The worker's training loop: data partition, the model's loss and
+// gradient on its backend, the algorithm's step, evaluation, progress lines,
+// metrics and the run's summary files. One loop for every algorithm and
+// backend: the DeviceBackend (worker/device/device_backend.h) holds the
+// model, gradient and algorithm state in its memory (HostBackend: host
+// memory and the CPU model; CudaBackend, worker/cuda/cuda_backend.h: a GPU),
+// and the algorithm (worker/algorithms/) steps it there.
+//
+// Not thread-safe; on a CUDA backend, the device current at the backend's
+// creation must be current on the calling thread.
+#ifndef CSERPS_WORKER_TRAINER_TRAINER_H_
+#define CSERPS_WORKER_TRAINER_TRAINER_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/metrics.h"
+#include "cserps/v1/config.pb.h"
+#include "worker/algorithms/algorithm.h"
+#include "worker/data/batcher.h"
+#include "worker/data/dataset.h"
+#include "worker/device/device_backend.h"
+#include "worker/optim/lr_schedule.h"
+#include "worker/trainer/trainer_plan.h"
+#include "worker/trainer/training_summary.h"
+
+namespace cserps {
+
+class Trainer {
+ public:
+  // `config` has defaults applied and is valid; `link` (a flat worker's
+  // client, or a node's client and group, whose collectives the backend's
+  // staging device must be able to run), `train` and `test` outlive the
+  // trainer. `metrics` (may be null: none) outlives the trainer too and is
+  // updated by every step and evaluation. `backend` null: HostBackend with
+  // the CPU model of config.model. Errors: PlanTrainer's
+  // (cluster.local_size, ranks, batch sizes, too few examples);
+  // INVALID_ARGUMENT for a model that does not fit the data; MakeAlgorithm's
+  // (an algorithm without a form for nodes, say); the backend's errors of
+  // the allocations.
+  static absl::StatusOr<std::unique_ptr<Trainer>> Create(
+      const v1::JobConfig& config, TrainerLink link, const Dataset* train,
+      const Dataset* test, WorkerMetrics* metrics = nullptr,
+      std::unique_ptr<DeviceBackend> backend = nullptr);
+  // A flat worker on the CPU: Create(config, {client, nullptr}, train, test,
+  // metrics).
+  static absl::StatusOr<std::unique_ptr<Trainer>> Create(
+      const v1::JobConfig& config, PsClient* client, const Dataset* train,
+      const Dataset* test, WorkerMetrics* metrics = nullptr);
+
+  // Rank 0 initialises the model from the job seed and pushes it (in a
+  // node: local rank 0's, with PushNodeModel); every rank then pulls it, so
+  // all start from the identical model.
+  absl::Status InitializeModel();
+  // Runs the next step; returns its training loss.
+  absl::StatusOr<float> Step();
+  // Loss and accuracy of the local model on the test set.
+  absl::StatusOr<EvalSums> EvaluateTest();
+  // After the last step: measures the local model, runs the algorithm's
+  // final average and measures the servers' (global) model.
+  absl::Status FinishTraining();
+  // InitializeModel, then every epoch's steps with progress lines every
+  // log_every_steps and a test evaluation at the end of each epoch; finally
+  // writes <output_dir>/<SummaryBaseName>.json and .csv.
+  absl::Status Run();
+
+  // A host copy of the local model (waits for the backend).
+  absl::StatusOr<std::vector<float>> Params();
+  uint32_t rank() const { return plan_.rank; }
+  uint32_t local_rank() const { return plan_.local_rank; }
+  uint32_t partition() const { return plan_.partition; }
+  uint64_t step() const { return step_; }
+  size_t steps_per_epoch() const { return plan_.steps_per_epoch; }
+  const std::vector<CurvePoint>& curve() const { return curve_; }
+  const FinalReport& final_report() const { return final_; }
+
+ private:
+  Trainer(const v1::JobConfig& config, TrainerLink link, TrainerPlan plan,
+          const Dataset* train, const Dataset* test,
+          std::unique_ptr<DeviceBackend> backend);
+  absl::Status Init();
+  absl::StatusOr<EvalSums> Evaluate(const float* params);
+  // Steps times this process's shard floats over the training floats
+  // pushed so far.
+  double AchievedCompression() const;
+  // Sleeps (slowdown - 1) x the compute time for a data.rank_slowdown of
+  // more than 1, and refuses a diverged (non-finite) loss naming the rank
+  // and step. In a node the local ranks share that verdict (a collective
+  // every step), so that the peers of a diverged local rank fail with it at
+  // once instead of waiting for it in the step's first average.
+  absl::Status EndCompute(absl::Time compute_start, float loss);
+  // The epochs' steps, progress lines and evaluations (Run).
+  absl::Status RunEpochs(absl::Time start);
+
+  const v1::JobConfig config_;
+  const TrainerLink link_;
+  const TrainerPlan plan_;
+  PsClient* const client_;
+  const Dataset* const test_;
+  const size_t num_params_;
+  // Declared before what queues work on it, so released after it.
+  const std::unique_ptr<DeviceBackend> backend_;
+  DeviceOps& ops_;  // backend_'s
+  EpochBatcher batcher_;
+  LrSchedule schedule_;
+  const float slowdown_;  // data.rank_slowdown of this partition, 1 = full speed
+  WorkerMetrics* metrics_ = nullptr;  // null: no metrics
+  std::unique_ptr<Algorithm> algorithm_;
+  DeviceVector x_;     // of ops_
+  DeviceVector grad_;  // of ops_
+  uint64_t step_ = 0;
+  std::vector<CurvePoint> curve_;
+  FinalReport final_;
+};
+
+}  // namespace cserps
+
+#endif  // CSERPS_WORKER_TRAINER_TRAINER_H_

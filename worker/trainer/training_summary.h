@@ -1,0 +1,71 @@
+// What a training run reports: its learning curve, the end of training's
+// measurements, and the summary files (<output_dir>/<base>.csv and .json)
+// that tools and tests read.
+#ifndef CSERPS_WORKER_TRAINER_TRAINING_SUMMARY_H_
+#define CSERPS_WORKER_TRAINER_TRAINING_SUMMARY_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "common/metrics.h"
+#include "cserps/v1/config.pb.h"
+#include "worker/model/model.h"
+#include "worker/ps/ps_client.h"
+
+namespace cserps {
+
+// One row of the learning curve, written at the end of every epoch.
+struct CurvePoint {
+  uint64_t epoch = 0;
+  uint64_t step = 0;
+  double train_loss = 0;  // mean over the epoch's steps
+  double test_loss = 0;
+  double test_accuracy = 0;
+  double wall_seconds = 0;
+  uint64_t bytes_pushed = 0;
+  uint64_t bytes_pulled = 0;
+};
+
+// What the end of training measured.
+struct FinalReport {
+  double local_accuracy = 0;   // this worker's model after the last step
+  double global_accuracy = 0;  // the servers' model after the final average
+  uint64_t training_floats_pushed = 0;  // PushPull values of the steps
+  double achieved_compression = 0;      // steps * d / training_floats_pushed
+};
+
+// correct / count of `sums` (0 for no examples).
+double Accuracy(const EvalSums& sums);
+// "worker_<rank>", or "worker_<rank>_<local_rank>" when local_size > 1.
+std::string SummaryBaseName(const v1::JobConfig& config, uint32_t rank,
+                            uint32_t local_rank);
+// PushPull, sparse and async floats `client` pushed so far, over every
+// stream.
+uint64_t TrainingFloatsPushed(const PsClient& client);
+// Sets `metrics`' per-stream byte counters from the client's totals (model
+// pushes and pulls count as "other").
+void ReportTraffic(const PsClient& client, WorkerMetrics& metrics);
+
+// What a run's summary reports; every pointer is valid during the call.
+struct TrainingSummary {
+  const v1::JobConfig* config = nullptr;
+  const PsClient* client = nullptr;
+  uint32_t rank = 0;
+  uint32_t local_rank = 0;
+  uint64_t num_params = 0;
+  uint64_t steps = 0;
+  uint32_t batch_size = 0;
+  const std::vector<CurvePoint>* curve = nullptr;
+  const FinalReport* final_report = nullptr;
+  double wall_seconds = 0;
+};
+// Writes <output_dir>/<SummaryBaseName>.csv (the curve) and .json.
+// PERMISSION_DENIED naming output_dir when it cannot be created; DATA_LOSS
+// naming the file when a write fails.
+absl::Status WriteTrainingSummary(const TrainingSummary& summary);
+
+}  // namespace cserps
+
+#endif  // CSERPS_WORKER_TRAINER_TRAINING_SUMMARY_H_
