@@ -167,6 +167,10 @@ main() {
   # --- build -------------------------------------------------------------
   local t0=$SECONDS build_result bin_dir
   CUDA_PATH=""
+  # The tests below are every gpu_*_test in the build's bin/: the binary of
+  # a test renamed or removed since the last build there would still run.
+  # The current ones are relinked.
+  if [ -z "$BUNDLE" ]; then rm -f "$BUILD_DIR"/bin/gpu_*_test; fi
   if [ -n "$BUNDLE" ]; then
     CUDA_PATH=$(cuda_library_path)
     build_result="bundle (CUDA libraries from ${CUDA_PATH:-nowhere found})"

@@ -190,17 +190,18 @@ void ExpectAgreement(Model& cpu, CudaModel& gpu, const std::vector<float>& param
                      const OwnedBatch& batch, const std::string& what) {
   const ModelSpec& spec = cpu.spec();
   std::vector<float> cpu_grad(spec.num_params), gpu_grad(spec.num_params, NAN);
-  const float cpu_loss = cpu.LossAndGradient(params, batch.View(),
-                                             absl::MakeSpan(cpu_grad));
+  CSERPS_ASSERT_OK_AND_ASSIGN(
+      const float cpu_loss,
+      cpu.LossAndGradient(params, batch.View(), absl::MakeSpan(cpu_grad)));
   CSERPS_ASSERT_OK_AND_ASSIGN(
       const float gpu_loss,
-      gpu.TryLossAndGradient(params, batch.View(), absl::MakeSpan(gpu_grad)));
+      gpu.LossAndGradient(params, batch.View(), absl::MakeSpan(gpu_grad)));
   ExpectRelNear(cpu_loss, gpu_loss, what + ": loss");
   ExpectGradientNear(spec, cpu_grad, gpu_grad, what);
 
-  const EvalSums cpu_eval = cpu.Evaluate(params, batch.View());
+  CSERPS_ASSERT_OK_AND_ASSIGN(const EvalSums cpu_eval, cpu.Evaluate(params, batch.View()));
   CSERPS_ASSERT_OK_AND_ASSIGN(const EvalSums gpu_eval,
-                              gpu.TryEvaluate(params, batch.View()));
+                              gpu.Evaluate(params, batch.View()));
   ExpectRelNear(cpu_eval.loss_sum, gpu_eval.loss_sum, what + ": loss_sum");
   EXPECT_EQ(cpu_eval.correct, gpu_eval.correct) << what;
   EXPECT_EQ(cpu_eval.count, gpu_eval.count) << what;
@@ -316,10 +317,10 @@ TEST(CudaModelTest, EmptyBatchGivesZeroGradientAndLoss) {
   std::vector<float> grad(gpu->spec().num_params, NAN);
   const Batch empty{{}, {}, 0, c.input_dim};
   CSERPS_ASSERT_OK_AND_ASSIGN(const float loss,
-                              gpu->TryLossAndGradient(params, empty, absl::MakeSpan(grad)));
+                              gpu->LossAndGradient(params, empty, absl::MakeSpan(grad)));
   EXPECT_EQ(loss, 0.0f);
   for (float g : grad) ASSERT_EQ(g, 0.0f);
-  CSERPS_ASSERT_OK_AND_ASSIGN(const EvalSums sums, gpu->TryEvaluate(params, empty));
+  CSERPS_ASSERT_OK_AND_ASSIGN(const EvalSums sums, gpu->Evaluate(params, empty));
   EXPECT_EQ(sums.count, 0u);
   EXPECT_EQ(sums.correct, 0u);
   EXPECT_EQ(sums.loss_sum, 0.0);
@@ -339,15 +340,17 @@ TEST(CudaModelTest, HugeLogitsStayFinite) {
   const OwnedBatch batch = RandomBatch(DeriveKey(c.seed, 7), 40, c.input_dim, c.classes);
   std::vector<float> grad(params.size());
   CSERPS_ASSERT_OK_AND_ASSIGN(
-      const float loss, gpu->TryLossAndGradient(params, batch.View(), absl::MakeSpan(grad)));
+      const float loss, gpu->LossAndGradient(params, batch.View(), absl::MakeSpan(grad)));
   EXPECT_TRUE(std::isfinite(loss));
   EXPECT_GT(loss, 10.0f);  // wrong labels cost thousands here
   for (float g : grad) ASSERT_TRUE(std::isfinite(g));
   // Only the loss is compared: softmax probabilities this saturated amplify
   // the logits' rounding beyond the gradient tolerance.
   std::vector<float> cpu_grad(params.size());
-  ExpectRelNear(cpu->LossAndGradient(params, batch.View(), absl::MakeSpan(cpu_grad)),
-                loss, "huge logits: loss");
+  CSERPS_ASSERT_OK_AND_ASSIGN(
+      const float cpu_loss,
+      cpu->LossAndGradient(params, batch.View(), absl::MakeSpan(cpu_grad)));
+  ExpectRelNear(cpu_loss, loss, "huge logits: loss");
 }
 
 // The device API on caller-owned buffers and a caller's stream gives the
@@ -387,8 +390,10 @@ void ExpectDeviceApiMatchesCpu(Model& cpu, CudaModel& gpu,
                               Download(d_correct.data(), 1));
 
   std::vector<float> cpu_grad(spec.num_params);
-  const float cpu_loss = cpu.LossAndGradient(params, batch.View(), absl::MakeSpan(cpu_grad));
-  const EvalSums cpu_eval = cpu.Evaluate(params, batch.View());
+  CSERPS_ASSERT_OK_AND_ASSIGN(
+      const float cpu_loss,
+      cpu.LossAndGradient(params, batch.View(), absl::MakeSpan(cpu_grad)));
+  CSERPS_ASSERT_OK_AND_ASSIGN(const EvalSums cpu_eval, cpu.Evaluate(params, batch.View()));
   ExpectRelNear(cpu_loss, loss[0], "device loss");
   ExpectGradientNear(spec, cpu_grad, grad, "device gradient");
   ExpectRelNear(cpu_eval.loss_sum, loss_sum[0], "device loss_sum");
@@ -718,17 +723,17 @@ TEST(CudaModelTest, CnnRepeatsBitForBit) {
       scratch(spec.num_params);
   CSERPS_ASSERT_OK_AND_ASSIGN(
       const float loss1,
-      gpu->TryLossAndGradient(f.params, f.batch.View(), absl::MakeSpan(first)));
+      gpu->LossAndGradient(f.params, f.batch.View(), absl::MakeSpan(first)));
   CSERPS_ASSERT_OK_AND_ASSIGN(const EvalSums eval1,
-                              gpu->TryEvaluate(f.params, f.batch.View()));
+                              gpu->Evaluate(f.params, f.batch.View()));
   CSERPS_ASSERT_OK(
-      gpu->TryLossAndGradient(f.params, other.View(), absl::MakeSpan(scratch))
+      gpu->LossAndGradient(f.params, other.View(), absl::MakeSpan(scratch))
           .status());
   CSERPS_ASSERT_OK_AND_ASSIGN(
       const float loss2,
-      gpu->TryLossAndGradient(f.params, f.batch.View(), absl::MakeSpan(second)));
+      gpu->LossAndGradient(f.params, f.batch.View(), absl::MakeSpan(second)));
   CSERPS_ASSERT_OK_AND_ASSIGN(const EvalSums eval2,
-                              gpu->TryEvaluate(f.params, f.batch.View()));
+                              gpu->Evaluate(f.params, f.batch.View()));
   EXPECT_EQ(std::memcmp(&loss1, &loss2, sizeof(float)), 0);
   EXPECT_EQ(std::memcmp(first.data(), second.data(), first.size() * sizeof(float)), 0);
   EXPECT_EQ(std::memcmp(&eval1.loss_sum, &eval2.loss_sum, sizeof(double)), 0);

@@ -1,8 +1,8 @@
 // CudaDeviceOps against HostDeviceOps: every operation of DeviceOps on the
 // same random inputs (mixed magnitudes, d not a multiple of the block size
 // or of the kernels' 256 threads), results compared bit for bit after
-// Download. HostDeviceOps runs the host algorithms' loops, so agreement
-// means the device algorithms keep the host algorithms' bits.
+// Download. HostDeviceOps is the CPU worker's, so agreement means that
+// every algorithm (worker/algorithms/) computes the same bits on either.
 #include "worker/cuda/cuda_device_ops.h"
 
 #include <algorithm>

@@ -1,10 +1,11 @@
 // NcclGroup on one GPU: a group of one, whose collectives are identities
 // through the whole path (agreement, staging, NCCL, copy back), host and
 // device ones, and the errors that come before NCCL. Then a node's staged
-// average (NodeStagedAverage) on the CUDA staging device with an NcclGroup
-// of one, against the host staging device with a ThreadGroup of one, on
-// in-process clusters. The id's hand-over between processes is tested
-// without a GPU in tests/worker/group/rendezvous_file_test.cc.
+// average (StagedAverage with spec.group set) on the CUDA staging device of
+// ops made with an NcclGroup of one as their node group, against the host
+// staging device with a ThreadGroup of one, on in-process clusters. The
+// id's hand-over between processes is tested without a GPU in
+// tests/worker/cuda/rendezvous_file_test.cc.
 #include "worker/cuda/nccl_group.h"
 
 #include <algorithm>
@@ -24,7 +25,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/gpu/gpu_test_util.h"
-#include "tests/testing/in_process_cluster.h"
+#include "tools/cluster/in_process_cluster.h"
 #include "worker/cuda/cuda_device_ops.h"
 #include "worker/cuda/kernels/vector_kernels.h"
 #include "worker/device/host_device_ops.h"
@@ -233,20 +234,27 @@ TEST(NcclGroupTest, ADeviceBroadcastFromABadRootIsRefusedBeforeJoining) {
   EXPECT_TRUE(SameBits(after, values));
 }
 
-// A node of GPUs needs its collectives on the device; a flat worker's
-// staging device has none.
-TEST(NcclGroupTest, MakeStagingTakesTheNcclGroupButNotAHostGroup) {
+// A node of GPUs needs its collectives on the device: ops made without a
+// node group refuse a node's staging device (whatever the group), ops made
+// with the NcclGroup make one; a flat worker's staging device has none.
+TEST(NcclGroupTest, MakeStagingForANodeNeedsTheOpsNodeGroup) {
   CSERPS_SKIP_WITHOUT_GPU();
   TestStream stream;
   ASSERT_NE(stream.get(), nullptr);
-  CSERPS_ASSERT_OK_AND_ASSIGN(std::unique_ptr<CudaDeviceOps> ops,
+  CSERPS_ASSERT_OK_AND_ASSIGN(std::unique_ptr<CudaDeviceOps> flat_ops,
                               CudaDeviceOps::Create(100, 16, stream.get()));
   std::vector<std::unique_ptr<ThreadGroup>> threads = ThreadGroup::Create(1);
-  const absl::Status refused = ops->MakeStaging(threads[0].get()).status();
+  const absl::Status refused = flat_ops->MakeStaging(threads[0].get()).status();
   EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(refused.message(), HasSubstr("NCCL"));
 
   CSERPS_ASSERT_OK_AND_ASSIGN(std::unique_ptr<NcclGroup> group, GroupOfOne("nccl_group_staging"));
+  // The group alone is not enough: the ops must have been made with it.
+  const absl::Status without = flat_ops->MakeStaging(group.get()).status();
+  EXPECT_EQ(without.code(), absl::StatusCode::kFailedPrecondition);
+
+  CSERPS_ASSERT_OK_AND_ASSIGN(std::unique_ptr<CudaDeviceOps> ops,
+                              CudaDeviceOps::Create(100, 16, stream.get(), group.get()));
   CSERPS_ASSERT_OK_AND_ASSIGN(std::unique_ptr<StagingDevice> node,
                               ops->MakeStaging(group.get()));
   CSERPS_ASSERT_OK(node->ScaleStaging(StagingDevice::Scale::kMultiply, 2.0f, 0, 100));
@@ -326,9 +334,10 @@ struct NodeResult {
   std::vector<float> server_model;
 };
 
-// One round on a fresh cluster: worker 0 through NodeStagedAverage on the
-// CUDA staging device with an NcclGroup of one (`on_device`) or on the host
-// staging device with a ThreadGroup of one; worker 1 through AverageBlocks.
+// One round on a fresh cluster: worker 0 as a node of one local rank
+// (StagedAverage with spec.group set), on the CUDA staging device of ops
+// made with an NcclGroup of one (`on_device`) or on the host staging device
+// with a ThreadGroup of one; worker 1 through AverageBlocks.
 // kAssign rounds average the target in place (CSER's model); kAxpy rounds
 // apply target -= lr * the mean of other values (S-SGD's gradient).
 absl::StatusOr<NodeResult> RunNodeRound(const NodeCase& c, bool on_device,
@@ -356,7 +365,7 @@ absl::StatusOr<NodeResult> RunNodeRound(const NodeCase& c, bool on_device,
   if (on_device) {
     ASSIGN_OR_RETURN(nccl, GroupOfOne(id_name));
     group = nccl.get();
-    ASSIGN_OR_RETURN(ops, CudaDeviceOps::Create(kD, kBlockSize, stream.get()));
+    ASSIGN_OR_RETURN(ops, CudaDeviceOps::Create(kD, kBlockSize, stream.get(), nccl.get()));
     ASSIGN_OR_RETURN(x_device, Upload(result.target));
     ASSIGN_OR_RETURN(p_device, Upload(p));
     ASSIGN_OR_RETURN(device, ops->MakeStaging(nccl.get()));
@@ -367,6 +376,14 @@ absl::StatusOr<NodeResult> RunNodeRound(const NodeCase& c, bool on_device,
   }
 
   const BlockLayout layout(kD, kBlockSize, kShards);
+  StagedAverageSpec spec;
+  spec.layout = &layout;
+  spec.job_seed = kSeed;
+  spec.stream = c.stream;
+  spec.step = c.step;
+  spec.ratio = c.ratio;
+  spec.weight = kNodeWeight;
+  spec.group = group;
   RETURN_IF_ERROR(cluster->OnEveryRank([&](int rank) -> absl::Status {
     if (rank == 1) {
       std::vector<float> mean(kD, 0.0f);
@@ -374,8 +391,8 @@ absl::StatusOr<NodeResult> RunNodeRound(const NodeCase& c, bool on_device,
                                               RankValues(1, assign ? 1 : 2), kPeerWeight,
                                               kLr, absl::MakeSpan(mean));
     }
-    return NodeStagedAverage(
-        layout, kSeed, c.stream, c.step, c.ratio, *group, kNodeWeight,
+    return StagedAverage(
+        spec,
         [&](float node_weight) {
           return cluster->client(0).BeginShardedAverage(c.stream, c.step, c.ratio,
                                                         node_weight, kLr);

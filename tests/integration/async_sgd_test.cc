@@ -9,8 +9,8 @@
 #include "common/status.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/testing/in_process_cluster.h"
-#include "worker/algorithms/algorithm.h"
+#include "tools/cluster/in_process_cluster.h"
+#include "tests/worker/algorithms/algorithm_harness.h"
 #include "worker/optim/direction.h"
 
 namespace cserps {
@@ -18,6 +18,7 @@ namespace {
 
 using ::testing::HasSubstr;
 using testing::InProcessCluster;
+using testing::RankAlgorithm;
 using testing::TestConfig;
 
 // SOFTMAX 3300 -> 10: d = 33010 floats over two shards; with 64 KiB messages
@@ -67,18 +68,12 @@ TEST(AsyncSgdTest, EveryWorkersPushesLandAndFinishGivesTheServersModel) {
 
   std::vector<std::vector<float>> final_x(kWorkers, std::vector<float>(kD));
   const absl::Status trained = cluster.OnEveryRank([&](int rank) -> absl::Status {
-    Direction direction(cluster.config().optimizer(), kD);
-    AlgorithmContext context;
-    context.config = &cluster.config();
-    context.comm = &cluster.client(rank);
-    context.direction = &direction;
-    context.layout = &cluster.client(rank).layout();
-    ASSIGN_OR_RETURN(std::unique_ptr<Algorithm> algorithm,
-                     DefaultAlgorithms().Create("async-sgd", context));
+    ASSIGN_OR_RETURN(std::unique_ptr<RankAlgorithm> algorithm,
+                     RankAlgorithm::Create(cluster.config(), &cluster.client(rank), 1.0f));
     std::vector<float>& x = final_x[rank];
     RETURN_IF_ERROR(cluster.client(rank).PullModel(absl::MakeSpan(x), true));
     for (uint64_t t = 0; t < kSteps; ++t) {
-      RETURN_IF_ERROR(algorithm->Step(t, kLr, g[rank], absl::MakeSpan(x)));
+      RETURN_IF_ERROR(algorithm->Step(t, kLr, g[rank], &x));
     }
     return absl::OkStatus();
   });
@@ -92,15 +87,10 @@ TEST(AsyncSgdTest, EveryWorkersPushesLandAndFinishGivesTheServersModel) {
   }
   // Finish after every worker is done: each ends with the servers' model.
   for (uint32_t r = 0; r < kWorkers; ++r) {
-    Direction direction(cluster.config().optimizer(), kD);
-    AlgorithmContext context{.config = &cluster.config(),
-                             .comm = &cluster.client(r),
-                             .direction = &direction,
-                             .layout = &cluster.client(r).layout()};
-    absl::StatusOr<std::unique_ptr<Algorithm>> algorithm =
-        DefaultAlgorithms().Create("async-sgd", context);
+    absl::StatusOr<std::unique_ptr<RankAlgorithm>> algorithm =
+        RankAlgorithm::Create(cluster.config(), &cluster.client(r), 1.0f);
     ASSERT_TRUE(algorithm.ok()) << algorithm.status();
-    ASSERT_TRUE((*algorithm)->Finish(kSteps, absl::MakeSpan(final_x[r])).ok());
+    ASSERT_TRUE((*algorithm)->Finish(kSteps, &final_x[r]).ok());
     EXPECT_TRUE(final_x[r] == expected) << "rank " << r;
   }
   // Pushes are async traffic (the servers' stream "async" too): d floats per
@@ -122,13 +112,8 @@ TEST(AsyncSgdTest, SingleWorkerStepIsPlainSgdWithServerMomentum) {
   std::vector<float> x = Dyadic(kD, rng);
   ASSERT_TRUE(cluster.client(0).PushModel(x).ok());
   Direction server_side(cluster.config().optimizer(), kD);
-  Direction unused(cluster.config().optimizer(), kD);
-  AlgorithmContext context{.config = &cluster.config(),
-                           .comm = &cluster.client(0),
-                           .direction = &unused,
-                           .layout = &cluster.client(0).layout()};
-  absl::StatusOr<std::unique_ptr<Algorithm>> algorithm =
-      DefaultAlgorithms().Create("async-sgd", context);
+  absl::StatusOr<std::unique_ptr<RankAlgorithm>> algorithm =
+      RankAlgorithm::Create(cluster.config(), &cluster.client(0), 1.0f);
   ASSERT_TRUE(algorithm.ok()) << algorithm.status();
   std::vector<float> expected = x;
   std::vector<float> p(kD);
@@ -136,7 +121,7 @@ TEST(AsyncSgdTest, SingleWorkerStepIsPlainSgdWithServerMomentum) {
     const std::vector<float> g = Dyadic(kD, rng);
     server_side.Compute(g, expected, absl::MakeSpan(p));
     for (size_t i = 0; i < kD; ++i) expected[i] -= 0.25f * p[i];
-    ASSERT_TRUE((*algorithm)->Step(t, 0.25f, g, absl::MakeSpan(x)).ok());
+    ASSERT_TRUE((*algorithm)->Step(t, 0.25f, g, &x).ok());
     EXPECT_TRUE(x == expected) << "step " << t;
   }
 }
@@ -154,30 +139,6 @@ TEST(AsyncSgdTest, CatalogKnowsAsyncSgdAndItsStaleness) {
   const absl::Status refused = ValidateAlgorithm(ssgd, config.optimizer());
   EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(refused.message(), HasSubstr("algorithm.staleness"));
-}
-
-// A communicator without AsyncPushPull cannot run async-sgd: a clear error,
-// not a crash.
-class NoAsyncCommunicator final : public Communicator {
- public:
-  std::unique_ptr<PendingAverage> StartAverage(v1::Stream, uint64_t, uint32_t,
-                                               absl::Span<const float>, float, float,
-                                               absl::Span<float>) override {
-    return nullptr;
-  }
-};
-
-TEST(AsyncSgdTest, NeedsThePsClient) {
-  const v1::JobConfig config = AsyncConfig(1, 0);
-  const BlockLayout layout(kD, 1024, 2);
-  Direction direction(config.optimizer(), kD);
-  NoAsyncCommunicator comm;
-  AlgorithmContext context{.config = &config, .comm = &comm, .direction = &direction,
-                           .layout = &layout};
-  absl::StatusOr<std::unique_ptr<Algorithm>> algorithm =
-      DefaultAlgorithms().Create("async-sgd", context);
-  EXPECT_EQ(algorithm.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(algorithm.status().message(), HasSubstr("PsClient"));
 }
 
 }  // namespace

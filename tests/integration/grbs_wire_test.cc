@@ -30,7 +30,7 @@
 #include "cserps/v1/parameter_server.grpc.pb.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/testing/in_process_cluster.h"
+#include "tools/cluster/in_process_cluster.h"
 
 namespace cserps {
 namespace {

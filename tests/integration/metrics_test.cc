@@ -36,7 +36,7 @@
 #include "cserps/v1/sparse.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "server/ps_server.h"
-#include "tests/testing/in_process_cluster.h"
+#include "tools/cluster/in_process_cluster.h"
 #include "worker/ps/ps_client.h"
 
 namespace cserps {

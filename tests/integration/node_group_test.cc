@@ -21,14 +21,14 @@
 #include "common/status.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/testing/in_process_cluster.h"
+#include "tools/cluster/in_process_cluster.h"
 #include "tests/testing/test_support.h"
 #include "worker/data/partition.h"
 #include "worker/group/thread_group.h"
 #include "worker/ps/node_client.h"
 #include "worker/model/model.h"
 #include "worker/ps/ps_client.h"
-#include "worker/trainer.h"
+#include "worker/trainer/trainer.h"
 
 namespace cserps {
 namespace {
@@ -93,7 +93,7 @@ std::vector<ProcessResult> RunFlat(const v1::JobConfig& config, const Dataset& t
     ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
                      Trainer::Create((*cluster)->config(), &(*cluster)->client(r), &train, &test));
     RETURN_IF_ERROR(trainer->Run());
-    results[r].params.assign(trainer->params().begin(), trainer->params().end());
+    ASSIGN_OR_RETURN(results[r].params, trainer->Params());
     results[r].rank = trainer->rank();
     results[r].partition = trainer->partition();
     return absl::OkStatus();
@@ -125,7 +125,7 @@ absl::Status RunLocalRank(const v1::JobConfig& config, uint64_t d, uint32_t node
   ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
                    Trainer::Create(config, {client.get(), &group}, &train, &test));
   RETURN_IF_ERROR(trainer->Run());
-  result->params.assign(trainer->params().begin(), trainer->params().end());
+  ASSIGN_OR_RETURN(result->params, trainer->Params());
   result->rank = rank;
   result->partition = trainer->partition();
   // After the run, each local rank asks its own shard (j) how many members

@@ -4,7 +4,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "tests/testing/in_process_cluster.h"
+#include "tools/cluster/in_process_cluster.h"
 
 namespace cserps {
 namespace {

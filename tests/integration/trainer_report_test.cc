@@ -16,10 +16,10 @@
 #include "common/prng.h"
 #include "common/status.h"
 #include "gtest/gtest.h"
-#include "tests/testing/in_process_cluster.h"
+#include "tools/cluster/in_process_cluster.h"
 #include "worker/data/dataset.h"
 #include "worker/model/model.h"
-#include "worker/trainer.h"
+#include "worker/trainer/trainer.h"
 
 namespace cserps {
 namespace {
@@ -142,14 +142,14 @@ TEST_P(TrainerReportTest, ReportMeasuresTheModelsItNames) {
     trainers.push_back(std::move(*trainer));
   }
 
-  // FinishTraining overwrites params() with the global model, so each rank
+  // FinishTraining overwrites the model with the global one, so each rank
   // keeps a copy of its local model from just before.
   std::vector<std::vector<float>> local(kWorkers);
   const absl::Status run = cluster.OnEveryRank([&](int r) -> absl::Status {
     Trainer& trainer = *trainers[r];
     RETURN_IF_ERROR(trainer.InitializeModel());
     for (int t = 0; t < kSteps; ++t) RETURN_IF_ERROR(trainer.Step().status());
-    local[r].assign(trainer.params().begin(), trainer.params().end());
+    ASSIGN_OR_RETURN(local[r], trainer.Params());
     return trainer.FinishTraining();
   });
   ASSERT_TRUE(run.ok()) << run;
@@ -161,7 +161,7 @@ TEST_P(TrainerReportTest, ReportMeasuresTheModelsItNames) {
   ASSERT_TRUE(model.ok()) << model.status();
   const Batch whole_test{test.features, test.labels, test.size, test.dim};
   auto accuracy = [&](const std::vector<float>& params) {
-    const EvalSums sums = (*model)->Evaluate(params, whole_test);
+    const EvalSums sums = (*model)->Evaluate(params, whole_test).value();
     EXPECT_EQ(sums.count, kTestExamples);
     return static_cast<double>(sums.correct) / static_cast<double>(sums.count);
   };
@@ -185,7 +185,9 @@ TEST_P(TrainerReportTest, ReportMeasuresTheModelsItNames) {
     EXPECT_EQ(report.global_accuracy, global_accuracy);
     EXPECT_EQ(report.local_accuracy, accuracy(local[r]));
     // After the final average every worker holds the servers' model.
-    EXPECT_EQ(0, std::memcmp(trainers[r]->params().data(), global.data(), kD * sizeof(float)));
+    const absl::StatusOr<std::vector<float>> params = trainers[r]->Params();
+    ASSERT_TRUE(params.ok()) << params.status();
+    EXPECT_EQ(0, std::memcmp(params->data(), global.data(), kD * sizeof(float)));
     EXPECT_EQ(report.training_floats_pushed, floats);
     EXPECT_DOUBLE_EQ(report.achieved_compression, achieved);
     EXPECT_NEAR(report.achieved_compression, overall, 0.1 * overall);

@@ -25,21 +25,6 @@ ServerSet::~ServerSet() {
   for (auto& server : shards_) server->Shutdown();
 }
 
-Dataset RandomDataset(size_t examples, size_t dim, uint32_t classes, uint64_t key) {
-  Dataset data;
-  data.size = examples;
-  data.dim = dim;
-  data.num_classes = classes;
-  CounterRng rng(key);
-  for (size_t i = 0; i < examples * dim; ++i) {
-    data.features.push_back(2.0f * rng.UniformFloat() - 1.0f);
-  }
-  for (size_t i = 0; i < examples; ++i) {
-    data.labels.push_back(static_cast<uint8_t>(rng.Below(classes)));
-  }
-  return data;
-}
-
 double RelativeL2(absl::Span<const float> a, absl::Span<const float> b) {
   double diff = 0, norm = 0;
   for (size_t i = 0; i < a.size(); ++i) {

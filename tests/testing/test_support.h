@@ -1,5 +1,6 @@
 // Small helpers shared by several test binaries: servers without clients,
-// synthetic data, comparing models and reading the trainer's summaries.
+// comparing models and reading the trainer's summaries (and, through
+// tools/cluster/random_dataset.h, synthetic data).
 #ifndef CSERPS_TESTS_TESTING_TEST_SUPPORT_H_
 #define CSERPS_TESTS_TESTING_TEST_SUPPORT_H_
 
@@ -14,7 +15,7 @@
 #include "absl/types/span.h"
 #include "cserps/v1/config.pb.h"
 #include "server/ps_server.h"
-#include "worker/data/dataset.h"
+#include "tools/cluster/random_dataset.h"
 
 namespace cserps::testing {
 
@@ -29,10 +30,6 @@ class ServerSet {
  private:
   std::vector<std::unique_ptr<PsServer>> shards_;
 };
-
-// `examples` random examples (features uniform in [-1, 1), labels uniform)
-// from the counter PRNG keyed by `key`, so tests need no data files.
-Dataset RandomDataset(size_t examples, size_t dim, uint32_t classes, uint64_t key);
 
 // ||a - b|| / ||b|| in double.
 double RelativeL2(absl::Span<const float> a, absl::Span<const float> b);

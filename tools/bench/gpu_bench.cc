@@ -7,9 +7,9 @@
 //   - top-k by magnitude on the device for d = 10M and 100M, next to the CPU
 //     SelectTopK;
 //   - whole training steps in samples/s (model, algorithm, averages with
-//     in-process servers on 127.0.0.1, one worker): the device trainer on
-//     the GPU next to the host trainer on the CPU, for S-SGD, CSER and
-//     gTop-k S-SGD.
+//     in-process servers on 127.0.0.1, one worker): the Trainer on
+//     CudaBackend next to the Trainer on HostBackend (the CPU model), for
+//     S-SGD, CSER and gTop-k S-SGD.
 // Prints one table. Exits 0 with a message when no CUDA device is present.
 #include <algorithm>
 #include <cstdio>
@@ -30,17 +30,16 @@
 #include "common/grbs.h"
 #include "common/prng.h"
 #include "common/status.h"
-#include "tests/testing/in_process_cluster.h"
-#include "tests/testing/test_support.h"
-#include "worker/cuda/kernels/block_gather.h"
+#include "tools/cluster/in_process_cluster.h"
+#include "tools/cluster/random_dataset.h"
 #include "worker/cuda/cuda_backend.h"
+#include "worker/cuda/kernels/block_gather.h"
 #include "worker/cuda/kernels/cuda_model.h"
 #include "worker/cuda/kernels/cuda_status.h"
 #include "worker/cuda/kernels/topk.h"
-#include "worker/device/device_trainer.h"
-#include "worker/model/model.h"
 #include "worker/device/topk_select.h"
-#include "worker/trainer.h"
+#include "worker/model/model.h"
+#include "worker/trainer/trainer.h"
 
 ABSL_FLAG(uint64_t, gather_d, 64ull << 20, "Model floats for the gather/scatter rows.");
 ABSL_FLAG(uint32_t, block_size, 256, "GRBS block size (floats).");
@@ -233,8 +232,7 @@ absl::Status ModelRows(cudaStream_t stream, Table* table) {
     if (cpu.ok()) {
       (*cpu)->Initialize(1, absl::MakeSpan(params));
       cpu_rate = SamplesPerSecond(batch, [&] {
-        (*cpu)->LossAndGradient(params, view, absl::MakeSpan(grad));
-        return absl::OkStatus();
+        return (*cpu)->LossAndGradient(params, view, absl::MakeSpan(grad)).status();
       });
     }
     const std::string cpu_text =
@@ -249,7 +247,7 @@ absl::Status ModelRows(cudaStream_t stream, Table* table) {
     CudaModel& model = **gpu;
     model.Initialize(1, absl::MakeSpan(params));
     const absl::StatusOr<double> host_rate = SamplesPerSecond(batch, [&] {
-      return model.TryLossAndGradient(params, view, absl::MakeSpan(grad)).status();
+      return model.LossAndGradient(params, view, absl::MakeSpan(grad)).status();
     });
     RETURN_IF_ERROR(host_rate.status());
     table->Add("model", c.name + " cuda, host spans", Rate(host_rate), cpu_text);
@@ -326,10 +324,8 @@ absl::Status TopKRows(cudaStream_t stream, Table* table) {
   return absl::OkStatus();
 }
 
-// Samples/s of whole steps of `trainer` (Trainer or DeviceTrainer), after
-// the initial model.
-template <typename AnyTrainer>
-absl::StatusOr<double> TrainerRate(AnyTrainer& trainer, size_t batch) {
+// Samples/s of whole steps of `trainer`, after the initial model.
+absl::StatusOr<double> TrainerRate(Trainer& trainer, size_t batch) {
   RETURN_IF_ERROR(trainer.InitializeModel());
   return SamplesPerSecond(batch, [&] { return trainer.Step().status(); });
 }
@@ -368,6 +364,7 @@ absl::Status TrainerRows(Table* table) {
     ASSIGN_OR_RETURN(const ModelSpec spec, MakeModelSpec(config.model()));
     ASSIGN_OR_RETURN(std::unique_ptr<testing::InProcessCluster> host_cluster,
                      testing::InProcessCluster::Start(config, spec.num_params));
+    // The default backend: HostBackend with the CPU model.
     ASSIGN_OR_RETURN(std::unique_ptr<Trainer> host,
                      Trainer::Create(host_cluster->config(), &host_cluster->client(0), &train,
                                      &test));
@@ -376,14 +373,14 @@ absl::Status TrainerRows(Table* table) {
     ASSIGN_OR_RETURN(std::unique_ptr<testing::InProcessCluster> device_cluster,
                      testing::InProcessCluster::Start(config, spec.num_params));
     ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> backend, CudaBackend::ForJob(config));
-    ASSIGN_OR_RETURN(std::unique_ptr<DeviceTrainer> device,
-                     DeviceTrainer::Create(device_cluster->config(),
-                                           {&device_cluster->client(0), nullptr}, &train,
-                                           &test, std::move(backend)));
+    ASSIGN_OR_RETURN(std::unique_ptr<Trainer> device,
+                     Trainer::Create(device_cluster->config(),
+                                     {&device_cluster->client(0), nullptr}, &train, &test,
+                                     /*metrics=*/nullptr, std::move(backend)));
     const absl::StatusOr<double> device_rate = TrainerRate(*device, batch);
     RETURN_IF_ERROR(device_rate.status());
-    table->Add("trainer", absl::StrCat(name, ", mlp 784-512-256-10, device trainer"),
-               Rate(device_rate), "host trainer (cpu) " + Rate(host_rate));
+    table->Add("trainer", absl::StrCat(name, ", mlp 784-512-256-10, cuda backend"),
+               Rate(device_rate), "host backend (cpu) " + Rate(host_rate));
   }
   return absl::OkStatus();
 }

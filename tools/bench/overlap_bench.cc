@@ -21,9 +21,11 @@
 #include "common/model_spec.h"
 #include "common/prng.h"
 #include "common/status.h"
-#include "tests/testing/in_process_cluster.h"
-#include "worker/algorithms/algorithm.h"
+#include "tools/cluster/in_process_cluster.h"
+#include "worker/algorithms/registry.h"
+#include "worker/device/host_device_ops.h"
 #include "worker/model/model.h"
+#include "worker/ps/communicator.h"
 
 ABSL_FLAG(int, workers, 2, "Workers (threads).");
 ABSL_FLAG(int, batch, 256, "Examples per worker per step (sets the compute time).");
@@ -40,29 +42,47 @@ class DelayedCommunicator final : public Communicator {
   DelayedCommunicator(Communicator* inner, absl::Duration delay)
       : inner_(inner), delay_(delay) {}
 
-  std::unique_ptr<PendingAverage> StartAverage(v1::Stream stream, uint64_t step,
-                                               uint32_t ratio,
-                                               absl::Span<const float> values,
-                                               float weight, float lr,
-                                               absl::Span<float> mean) override {
+  const BlockLayout& layout() const override { return inner_->layout(); }
+  std::unique_ptr<ShardedAverage> BeginShardedAverage(v1::Stream stream, uint64_t step,
+                                                      uint32_t ratio, float weight,
+                                                      float lr) override {
     return std::make_unique<Delayed>(
-        inner_->StartAverage(stream, step, ratio, values, weight, lr, mean),
-        absl::Now() + delay_);
+        inner_->BeginShardedAverage(stream, step, ratio, weight, lr), absl::Now() + delay_);
+  }
+  absl::Status ExchangeSparse(uint64_t step, const SparseVector& local,
+                              SparseVector* result) override {
+    return inner_->ExchangeSparse(step, local, result);
+  }
+  absl::Status AsyncPushPull(uint64_t step, float lr, absl::Span<const float> grad,
+                             absl::Span<float> model) override {
+    return inner_->AsyncPushPull(step, lr, grad, model);
+  }
+  absl::Status PullModel(absl::Span<float> model, bool wait_for_init) override {
+    return inner_->PullModel(model, wait_for_init);
   }
 
  private:
-  class Delayed final : public PendingAverage {
+  // A round whose replies are held back until `ready`.
+  class Delayed final : public ShardedAverage {
    public:
-    Delayed(std::unique_ptr<PendingAverage> inner, absl::Time ready)
+    Delayed(std::unique_ptr<ShardedAverage> inner, absl::Time ready)
         : inner_(std::move(inner)), ready_(ready) {}
-    absl::Status Wait() override {
-      const absl::Status status = inner_->Wait();
+    const std::vector<uint32_t>& shards() const override { return inner_->shards(); }
+    uint64_t payload_size(uint32_t shard) const override {
+      return inner_->payload_size(shard);
+    }
+    absl::Status StartShard(uint32_t shard, absl::Span<const float> payload,
+                            absl::Span<float> mean) override {
+      return inner_->StartShard(shard, payload, mean);
+    }
+    absl::Status WaitShard(uint32_t shard) override {
+      const absl::Status status = inner_->WaitShard(shard);
       absl::SleepFor(ready_ - absl::Now());
       return status;
     }
 
    private:
-    std::unique_ptr<PendingAverage> inner_;
+    std::unique_ptr<ShardedAverage> inner_;
     const absl::Time ready_;
   };
 
@@ -70,9 +90,13 @@ class DelayedCommunicator final : public Communicator {
   const absl::Duration delay_;
 };
 
+// One worker thread: the CPU model and the algorithm's buffers in host
+// memory, as in a CPU worker process.
 struct Worker {
   std::unique_ptr<Model> model;
-  std::vector<float> x, g, features;
+  std::unique_ptr<HostDeviceOps> ops;
+  DeviceVector x, g;
+  std::vector<float> features;
   std::vector<uint8_t> labels;
 };
 
@@ -96,38 +120,44 @@ absl::StatusOr<double> MeasureStepMs(const std::string& algorithm, int workers, 
   ASSIGN_OR_RETURN(ModelSpec spec, MakeModelSpec(config.model()));
   ASSIGN_OR_RETURN(std::unique_ptr<testing::InProcessCluster> cluster,
                    testing::InProcessCluster::Start(config, spec.num_params));
+  const size_t d = spec.num_params;
+  std::vector<float> x0(d);
   std::vector<Worker> w(workers);
   for (int r = 0; r < workers; ++r) {
     ASSIGN_OR_RETURN(w[r].model, MakeCpuModel(config.model()));
-    w[r].x.resize(spec.num_params);
-    w[r].g.resize(spec.num_params);
-    w[r].model->Initialize(1, absl::MakeSpan(w[r].x));
+    w[r].ops = std::make_unique<HostDeviceOps>(d, config.algorithm().block_size());
+    ASSIGN_OR_RETURN(w[r].x, w[r].ops->Allocate());
+    ASSIGN_OR_RETURN(w[r].g, w[r].ops->Allocate());
+    w[r].model->Initialize(1, absl::MakeSpan(x0));
+    RETURN_IF_ERROR(w[r].ops->Upload(x0, w[r].x.data()));
     CounterRng rng(DeriveKey(7, r));
     for (int i = 0; i < batch * 784; ++i) w[r].features.push_back(rng.UniformFloat() - 0.5f);
     for (int i = 0; i < batch; ++i) w[r].labels.push_back(static_cast<uint8_t>(rng.Below(10)));
   }
-  RETURN_IF_ERROR(cluster->client(0).PushModel(w[0].x));
+  RETURN_IF_ERROR(cluster->client(0).PushModel(x0));
   const int warmup = 3;
   std::vector<absl::Time> start(workers), end(workers);
   RETURN_IF_ERROR(cluster->OnEveryRank([&](int r) -> absl::Status {
-    Direction direction(config.optimizer(), spec.num_params);
     DelayedCommunicator comm(&cluster->client(r), delay);
     AlgorithmContext context;
     context.config = &cluster->config();
     context.comm = &comm;
-    context.direction = &direction;
-    context.layout = &cluster->client(r).layout();
+    context.ops = w[r].ops.get();
     context.weight = batch;
-    ASSIGN_OR_RETURN(std::unique_ptr<Algorithm> algo,
-                     DefaultAlgorithms().Create(config.algorithm().name(), context));
+    ASSIGN_OR_RETURN(std::unique_ptr<Algorithm> algo, MakeAlgorithm(context));
     const Batch b{w[r].features, w[r].labels, static_cast<size_t>(batch), 784};
     for (int t = 0; t < warmup + steps; ++t) {
       if (t == warmup) start[r] = absl::Now();
-      if (compute) w[r].model->LossAndGradient(w[r].x, b, absl::MakeSpan(w[r].g));
-      RETURN_IF_ERROR(algo->Step(t, 0.01f, w[r].g, absl::MakeSpan(w[r].x)));
+      if (compute) {
+        RETURN_IF_ERROR(w[r].model
+                            ->LossAndGradient(absl::MakeConstSpan(w[r].x.data(), d), b,
+                                              absl::MakeSpan(w[r].g.data(), d))
+                            .status());
+      }
+      RETURN_IF_ERROR(algo->Step(t, 0.01f, w[r].g.data(), w[r].x.data()));
     }
     end[r] = absl::Now();
-    return algo->Finish(warmup + steps, absl::MakeSpan(w[r].x));
+    return algo->Finish(warmup + steps, w[r].x.data());
   }));
   return absl::ToDoubleMilliseconds(end[0] - start[0]) / steps;
 }
@@ -145,9 +175,10 @@ double MeasureComputeMs(int workers, int batch, int steps) {
       std::vector<uint8_t> labels(batch, 3);
       model->Initialize(1, absl::MakeSpan(x));
       const Batch b{f, labels, static_cast<size_t>(batch), 784};
-      model->LossAndGradient(x, b, absl::MakeSpan(g));
+      // The CPU model's calls cannot fail.
+      model->LossAndGradient(x, b, absl::MakeSpan(g)).IgnoreError();
       const absl::Time t0 = absl::Now();
-      for (int t = 0; t < steps; ++t) model->LossAndGradient(x, b, absl::MakeSpan(g));
+      for (int t = 0; t < steps; ++t) model->LossAndGradient(x, b, absl::MakeSpan(g)).IgnoreError();
       ms[r] = absl::ToDoubleMilliseconds(absl::Now() - t0) / steps;
     });
   }

@@ -11,9 +11,8 @@
 #include "common/model_spec.h"
 #include "common/prng.h"
 #include "common/status.h"
-#include "tests/testing/in_process_cluster.h"
-#include "worker/algorithms/algorithm.h"
-#include "worker/optim/direction.h"
+#include "tools/cluster/in_process_cluster.h"
+#include "worker/algorithms/registry.h"
 
 namespace cserps::testing {
 
@@ -77,10 +76,40 @@ std::vector<float> InitialModel(uint64_t seed, size_t num_params) {
   return x;
 }
 
+absl::StatusOr<std::unique_ptr<RankAlgorithm>> RankAlgorithm::Create(
+    const v1::JobConfig& config, Communicator* comm, float weight, LocalGroup* group) {
+  std::unique_ptr<RankAlgorithm> rank(
+      new RankAlgorithm(comm->layout().num_params(), config.algorithm().block_size()));
+  ASSIGN_OR_RETURN(rank->x_, rank->ops_.Allocate());
+  ASSIGN_OR_RETURN(rank->g_, rank->ops_.Allocate());
+  AlgorithmContext context;
+  context.config = &config;
+  context.comm = comm;
+  context.ops = &rank->ops_;
+  context.group = group;
+  context.weight = weight;
+  ASSIGN_OR_RETURN(rank->algorithm_, MakeAlgorithm(context));
+  return rank;
+}
+
+absl::Status RankAlgorithm::Step(uint64_t t, float lr, absl::Span<const float> g,
+                                 std::vector<float>* x) {
+  RETURN_IF_ERROR(ops_.Upload(g, g_.data()));
+  RETURN_IF_ERROR(ops_.Upload(*x, x_.data()));
+  RETURN_IF_ERROR(algorithm_->Step(t, lr, g_.data(), x_.data()));
+  return ops_.Download(x_.data(), absl::MakeSpan(*x));
+}
+
+absl::Status RankAlgorithm::Finish(uint64_t steps, std::vector<float>* x) {
+  RETURN_IF_ERROR(ops_.Upload(*x, x_.data()));
+  RETURN_IF_ERROR(algorithm_->Finish(steps, x_.data()));
+  return ops_.Download(x_.data(), absl::MakeSpan(*x));
+}
+
 absl::StatusOr<ClusterRun> RunOnCluster(const v1::JobConfig& config,
                                         const SyntheticGradients& gradients,
                                         absl::Span<const float> x0, int steps,
-                                        bool finish, const AlgorithmMaker& make) {
+                                        bool finish, const CommWrapper& wrap) {
   const size_t d = NumParams(config);
   if (x0.size() != d) {
     return absl::InvalidArgumentError(
@@ -99,20 +128,12 @@ absl::StatusOr<ClusterRun> RunOnCluster(const v1::JobConfig& config,
   if (finish) run.finished.assign(n, {});
   // Each rank writes only its own slots of `run`, which are sized above.
   RETURN_IF_ERROR(cluster->OnEveryRank([&](int r) -> absl::Status {
-    Direction direction(job.optimizer(), d);
-    AlgorithmContext context;
-    context.config = &job;
-    context.comm = &cluster->client(r);
-    context.direction = &direction;
-    context.layout = &cluster->client(r).layout();
-    context.weight = static_cast<float>(weights[r]);
-    ASSIGN_OR_RETURN(std::unique_ptr<Algorithm> algorithm,
-                     make ? make(context, cluster->client(r))
-                          : DefaultAlgorithms().Create(job.algorithm().name(), context));
+    Communicator* comm = wrap ? wrap(r, cluster->client(r)) : &cluster->client(r);
+    ASSIGN_OR_RETURN(std::unique_ptr<RankAlgorithm> algorithm,
+                     RankAlgorithm::Create(job, comm, static_cast<float>(weights[r])));
     std::vector<float> x(x0.begin(), x0.end());
     for (int t = 0; t < steps; ++t) {
-      const std::vector<float> g = gradients.At(r, t, x);
-      const absl::Status status = algorithm->Step(t, lr, g, absl::MakeSpan(x));
+      const absl::Status status = algorithm->Step(t, lr, gradients.At(r, t, x), &x);
       if (!status.ok()) {
         return absl::Status(status.code(),
                             absl::StrCat("step ", t, ": ", status.message()));
@@ -120,7 +141,7 @@ absl::StatusOr<ClusterRun> RunOnCluster(const v1::JobConfig& config,
       run.models[t][r] = x;
     }
     if (finish) {
-      const absl::Status status = algorithm->Finish(steps, absl::MakeSpan(x));
+      const absl::Status status = algorithm->Finish(steps, &x);
       if (!status.ok()) {
         return absl::Status(status.code(), absl::StrCat("Finish: ", status.message()));
       }

@@ -25,6 +25,9 @@
 #include "cserps/v1/config.pb.h"
 #include "gtest/gtest.h"
 #include "worker/algorithms/algorithm.h"
+#include "worker/device/host_device_ops.h"
+#include "worker/group/local_group.h"
+#include "worker/ps/communicator.h"
 #include "worker/ps/ps_client.h"
 
 namespace cserps::testing {
@@ -77,22 +80,44 @@ struct ClusterRun {
   std::vector<float> server_model;
 };
 
-// Makes rank r's algorithm from its context and its registered client.
-using AlgorithmMaker = std::function<absl::StatusOr<std::unique_ptr<Algorithm>>(
-    const AlgorithmContext& context, PsClient& client)>;
+// One process's algorithm (MakeAlgorithm of config.algorithm().name()) on
+// host memory (HostDeviceOps), stepped with host vectors.
+class RankAlgorithm {
+ public:
+  // `comm` (and `group`, for a local rank of a node) outlive it.
+  static absl::StatusOr<std::unique_ptr<RankAlgorithm>> Create(const v1::JobConfig& config,
+                                                               Communicator* comm,
+                                                               float weight,
+                                                               LocalGroup* group = nullptr);
+  // Algorithm::Step(t, lr, g, x) with g and x copied to and from the ops.
+  absl::Status Step(uint64_t t, float lr, absl::Span<const float> g,
+                    std::vector<float>* x);
+  absl::Status Finish(uint64_t steps, std::vector<float>* x);
+
+ private:
+  explicit RankAlgorithm(size_t num_params, uint32_t block_size)
+      : ops_(num_params, block_size) {}
+
+  HostDeviceOps ops_;
+  DeviceVector x_, g_;
+  std::unique_ptr<Algorithm> algorithm_;
+};
+
+// The communicator rank r's algorithm is given in place of its client (a
+// recording wrapper, say); it outlives the run.
+using CommWrapper = std::function<Communicator*(int rank, PsClient& client)>;
 
 // Starts an in-process cluster for `config`, writes `x0` to the servers from
-// rank 0, then runs `steps` steps of the algorithm `make` returns (by
-// default DefaultAlgorithms().Create(config.algorithm().name(), ...)) on
-// every rank (one thread each, own Direction, weight = batch size, learning
-// rate config.optimizer().lr()), from x0 with gradients from `gradients`.
-// With `finish`, every rank then calls Finish(steps), as the trainer does
-// (its step count).
+// rank 0, then runs `steps` steps of the algorithm on every rank (one
+// thread each, a RankAlgorithm with weight = batch size, learning rate
+// config.optimizer().lr()), from x0 with gradients from `gradients`. With
+// `finish`, every rank then calls Finish(steps), as the trainer does (its
+// step count). `wrap` null: every rank talks to its own client.
 absl::StatusOr<ClusterRun> RunOnCluster(const v1::JobConfig& config,
                                         const SyntheticGradients& gradients,
                                         absl::Span<const float> x0, int steps,
                                         bool finish = false,
-                                        const AlgorithmMaker& make = nullptr);
+                                        const CommWrapper& wrap = nullptr);
 
 // Direction(g) of ALGORITHMS.md, with the float expressions of the rule:
 //   NONE:       p = g + λx

@@ -14,10 +14,8 @@
 #include "common/status.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/testing/in_process_cluster.h"
 #include "tests/worker/algorithms/algorithm_harness.h"
-#include "worker/algorithms/algorithm.h"
-#include "worker/optim/direction.h"
+#include "worker/ps/communicator.h"
 
 namespace cserps::testing {
 namespace {
@@ -30,11 +28,11 @@ constexpr uint64_t kSeed = 77;
 class RecordingComm final : public Communicator {
  public:
   explicit RecordingComm(Communicator* inner) : inner_(inner) {}
-  std::unique_ptr<PendingAverage> StartAverage(v1::Stream stream, uint64_t step,
-                                               uint32_t ratio, absl::Span<const float> values,
-                                               float weight, float lr,
-                                               absl::Span<float> mean) override {
-    return inner_->StartAverage(stream, step, ratio, values, weight, lr, mean);
+  const BlockLayout& layout() const override { return inner_->layout(); }
+  std::unique_ptr<ShardedAverage> BeginShardedAverage(v1::Stream stream, uint64_t step,
+                                                      uint32_t ratio, float weight,
+                                                      float lr) override {
+    return inner_->BeginShardedAverage(stream, step, ratio, weight, lr);
   }
   absl::Status ExchangeSparse(uint64_t step, const SparseVector& local,
                               SparseVector* result) override {
@@ -42,6 +40,13 @@ class RecordingComm final : public Communicator {
     pushes.push_back(local);
     results.push_back(*result);
     return absl::OkStatus();
+  }
+  absl::Status AsyncPushPull(uint64_t step, float lr, absl::Span<const float> grad,
+                             absl::Span<float> model) override {
+    return inner_->AsyncPushPull(step, lr, grad, model);
+  }
+  absl::Status PullModel(absl::Span<float> model, bool wait_for_init) override {
+    return inner_->PullModel(model, wait_for_init);
   }
   std::vector<SparseVector> pushes, results;
 
@@ -57,42 +62,19 @@ struct Recorded {
 absl::StatusOr<Recorded> RunRecorded(const v1::JobConfig& config,
                                      const SyntheticGradients& gradients,
                                      const std::vector<float>& x0, int steps, bool finish) {
-  const size_t d = NumParams(config);
-  ASSIGN_OR_RETURN(std::unique_ptr<InProcessCluster> cluster,
-                   InProcessCluster::Start(config, d));
-  const v1::JobConfig& job = cluster->config();
-  const int n = cluster->num_workers();
-  RETURN_IF_ERROR(cluster->client(0).PushModel(x0));
+  const int n = config.cluster().num_workers();
+  std::vector<std::unique_ptr<RecordingComm>> comms(n);
   Recorded out;
-  out.run.models.assign(steps, Models(n));
-  out.run.finished.assign(n, {});
-  out.pushes.resize(n);
-  out.results.resize(n);
-  RETURN_IF_ERROR(cluster->OnEveryRank([&](int r) -> absl::Status {
-    RecordingComm comm(&cluster->client(r));
-    Direction direction(job.optimizer(), d);
-    AlgorithmContext context;
-    context.config = &job;
-    context.comm = &comm;
-    context.direction = &direction;
-    context.layout = &cluster->client(r).layout();
-    context.weight = 1.0f;
-    ASSIGN_OR_RETURN(std::unique_ptr<Algorithm> algorithm,
-                     DefaultAlgorithms().Create(job.algorithm().name(), context));
-    std::vector<float> x = x0;
-    for (int t = 0; t < steps; ++t) {
-      RETURN_IF_ERROR(algorithm->Step(t, job.optimizer().lr(), gradients.At(r, t, x),
-                                      absl::MakeSpan(x)));
-      out.run.models[t][r] = x;
-    }
-    if (finish) RETURN_IF_ERROR(algorithm->Finish(steps, absl::MakeSpan(x)));
-    out.run.finished[r] = x;
-    out.pushes[r] = std::move(comm.pushes);
-    out.results[r] = std::move(comm.results);
-    return absl::OkStatus();
-  }));
-  out.run.server_model.resize(d);
-  RETURN_IF_ERROR(cluster->client(0).PullModel(absl::MakeSpan(out.run.server_model), false));
+  // Each rank makes only its own slot.
+  ASSIGN_OR_RETURN(out.run, RunOnCluster(config, gradients, x0, steps, finish,
+                                         [&](int r, PsClient& client) {
+                                           comms[r] = std::make_unique<RecordingComm>(&client);
+                                           return comms[r].get();
+                                         }));
+  for (int r = 0; r < n; ++r) {
+    out.pushes.push_back(std::move(comms[r]->pushes));
+    out.results.push_back(std::move(comms[r]->results));
+  }
   return out;
 }
 

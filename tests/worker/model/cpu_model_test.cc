@@ -203,7 +203,7 @@ void ExpectMatchesReference(Model& model, const std::vector<float>& params,
                             double min_margin = 1e-3) {
   const ModelSpec& spec = model.spec();
   std::vector<float> grad(spec.num_params, 1234.0f);
-  const float loss = model.LossAndGradient(params, batch, absl::MakeSpan(grad));
+  const float loss = model.LossAndGradient(params, batch, absl::MakeSpan(grad)).value();
 
   std::vector<double> p(params.begin(), params.end());
   const Reference base = RunReference(spec, p, batch);
@@ -275,11 +275,11 @@ TEST(CpuModelTest, EmptyBatchGivesZeroLossAndGradient) {
   const std::vector<float> params = TestParams(*model, 4);
   const OwnedBatch batch = RandomBatch(15, 0, 7, 3);
   std::vector<float> grad(params.size(), 1.0f);
-  EXPECT_EQ(model->LossAndGradient(params, batch.View(), absl::MakeSpan(grad)),
+  EXPECT_EQ(model->LossAndGradient(params, batch.View(), absl::MakeSpan(grad)).value(),
             0.0f);
   EXPECT_TRUE(std::all_of(grad.begin(), grad.end(),
                           [](float g) { return g == 0.0f; }));
-  const EvalSums sums = model->Evaluate(params, batch.View());
+  const EvalSums sums = model->Evaluate(params, batch.View()).value();
   EXPECT_EQ(sums.count, 0u);
   EXPECT_EQ(sums.correct, 0u);
   EXPECT_EQ(sums.loss_sum, 0.0);
@@ -302,7 +302,7 @@ TEST(CpuModelTest, EvaluateMatchesReference) {
   const Reference ref = RunReference(model->spec(), p, batch.View());
   ASSERT_EQ(ref.correct, 20u);
 
-  const EvalSums sums = model->Evaluate(params, batch.View());
+  const EvalSums sums = model->Evaluate(params, batch.View()).value();
   EXPECT_EQ(sums.count, 40u);
   EXPECT_EQ(sums.correct, 20u);
   EXPECT_NEAR(sums.loss_sum, ref.loss_sum, 1e-5 * ref.loss_sum);
@@ -310,7 +310,7 @@ TEST(CpuModelTest, EvaluateMatchesReference) {
   // The loss it reports is the one training minimises.
   std::vector<float> grad(params.size());
   const float mean =
-      model->LossAndGradient(params, batch.View(), absl::MakeSpan(grad));
+      model->LossAndGradient(params, batch.View(), absl::MakeSpan(grad)).value();
   EXPECT_NEAR(sums.loss_sum / 40, mean, 1e-6);
 }
 
@@ -322,10 +322,10 @@ TEST(CpuModelTest, GradientStepLowersLoss) {
   const OwnedBatch batch = RandomBatch(17, 6, 7, 3);
   std::vector<float> grad(params.size());
   const float before =
-      model->LossAndGradient(params, batch.View(), absl::MakeSpan(grad));
+      model->LossAndGradient(params, batch.View(), absl::MakeSpan(grad)).value();
   for (size_t i = 0; i < params.size(); ++i) params[i] -= 0.05f * grad[i];
   const float after =
-      model->LossAndGradient(params, batch.View(), absl::MakeSpan(grad));
+      model->LossAndGradient(params, batch.View(), absl::MakeSpan(grad)).value();
   EXPECT_LT(after, before);
 }
 
@@ -563,7 +563,7 @@ TEST(CpuModelTest, CnnEvaluateMatchesReference) {
   }
   const Reference ref = RunReference(model->spec(), p, batch.View());
   ASSERT_EQ(ref.correct, 10u);
-  const EvalSums sums = model->Evaluate(params, batch.View());
+  const EvalSums sums = model->Evaluate(params, batch.View()).value();
   EXPECT_EQ(sums.count, 40u);
   EXPECT_EQ(sums.correct, 10u);
   EXPECT_NEAR(sums.loss_sum, ref.loss_sum, 1e-5 * ref.loss_sum);
@@ -587,11 +587,11 @@ TEST(CpuModelTest, CnnSgdStepsReduceLoss) {
   const OwnedBatch batch = RandomBatch(31, 16, 144, 4);
   std::vector<float> grad(params.size());
   const float first =
-      model->LossAndGradient(params, batch.View(), absl::MakeSpan(grad));
+      model->LossAndGradient(params, batch.View(), absl::MakeSpan(grad)).value();
   float loss = first;
   for (int step = 0; step < 40; ++step) {
     for (size_t i = 0; i < params.size(); ++i) params[i] -= 0.1f * grad[i];
-    loss = model->LossAndGradient(params, batch.View(), absl::MakeSpan(grad));
+    loss = model->LossAndGradient(params, batch.View(), absl::MakeSpan(grad)).value();
   }
   EXPECT_LT(loss, 0.25f * first) << "first " << first;
 }

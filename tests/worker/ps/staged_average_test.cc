@@ -1,7 +1,8 @@
-// StagedAverage (worker/staged_average.h) with a host StagingDevice that
-// records the order of operations, on real in-process clusters: the result
-// equals the plain Communicator average bit for bit, and the pipeline
-// overlaps (shard s+1's copy is queued before shard s's reply is awaited).
+// The staged average (worker/ps/staged_average.h) with a host StagingDevice
+// that records the order of operations, on real in-process clusters: the
+// result equals the client's plain average bit for bit, the pipeline
+// overlaps (shard s+1's copy is queued before shard s's reply is awaited),
+// and a started average has every payload on the wire before it is landed.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -15,7 +16,7 @@
 #include "common/status.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/testing/in_process_cluster.h"
+#include "tools/cluster/in_process_cluster.h"
 #include "worker/device/host_device_ops.h"
 #include "worker/ps/staged_average.h"
 
@@ -169,7 +170,7 @@ TEST_P(StagedAverageTest, EqualsThePlainAverageAndOverlaps) {
   ASSERT_NE(staged, nullptr);
   const bool assign = c.kind == ScatterKind::kAssign;
   std::vector<std::vector<float>> want(kWorkers), got(kWorkers);
-  std::vector<std::vector<std::string>> logs(kWorkers);
+  std::vector<std::vector<std::string>> logs(kWorkers), started(kWorkers);
   absl::Status status = plain->OnEveryRank([&](int r) -> absl::Status {
     want[r] = RankValues(r, 1);
     if (assign) {
@@ -194,11 +195,25 @@ TEST_P(StagedAverageTest, EqualsThePlainAverageAndOverlaps) {
     got[r] = RankValues(r, 1);
     const std::vector<float> p = RankValues(r, 2);
     RecordingDevice device(&logs[r]);
-    RecordingRound round(
-        staged->client(r).BeginShardedAverage(c.stream, c.step, c.ratio, r + 1.0f, kLr),
-        &logs[r]);
-    return StagedAverage(layout, kSeed, c.stream, c.step, c.ratio, round, device,
-                         assign ? got[r].data() : p.data(), c.kind, -kLr, got[r].data());
+    StagedAverageSpec spec;
+    spec.layout = &layout;
+    spec.job_seed = kSeed;
+    spec.stream = c.stream;
+    spec.step = c.step;
+    spec.ratio = c.ratio;
+    spec.weight = r + 1.0f;
+    ASSIGN_OR_RETURN(std::unique_ptr<StagedRound> round,
+                     StartStagedAverage(
+                         spec,
+                         [&](float weight) {
+                           return std::make_unique<RecordingRound>(
+                               staged->client(r).BeginShardedAverage(c.stream, c.step,
+                                                                     c.ratio, weight, kLr),
+                               &logs[r]);
+                         },
+                         device, assign ? got[r].data() : p.data()));
+    started[r] = logs[r];
+    return round->Land(c.kind, -kLr, got[r].data());
   });
   ASSERT_TRUE(status.ok()) << status;
   for (uint32_t r = 0; r < kWorkers; ++r) {
@@ -223,6 +238,12 @@ TEST_P(StagedAverageTest, EqualsThePlainAverageAndOverlaps) {
     EXPECT_EQ(std::count_if(log.begin(), log.end(),
                             [](const std::string& e) { return e.rfind("to_staging", 0) == 0; }),
               kShards);
+    // Started: every shard pushed, none awaited, nothing scattered yet.
+    for (uint32_t s = 0; s < kShards; ++s) {
+      EXPECT_LT(IndexOf(started[r], absl::StrCat("start ", s)), started[r].size());
+    }
+    EXPECT_EQ(IndexOf(started[r], "await 0"), started[r].size());
+    EXPECT_EQ(IndexOf(started[r], "scatter"), started[r].size());
   }
   // The servers of both clusters hold the same model afterwards.
   std::vector<float> a(kD), b(kD);
@@ -245,12 +266,20 @@ TEST(StagedAverageRefusalTest, RefusesAMismatchedRound) {
   ASSERT_NE(cluster, nullptr);
   std::vector<std::string> log;
   RecordingDevice device(&log);
-  std::unique_ptr<ShardedAverage> round =
-      cluster->client(0).BeginShardedAverage(v1::MODEL, 3, 4, 1.0f, 0.0f);
   std::vector<float> x(kD);
-  const absl::Status status =
-      StagedAverage(BlockLayout(kD, kBlockSize, kShards), kSeed, v1::MODEL, 3, /*ratio=*/1,
-                    *round, device, x.data(), ScatterKind::kAssign, 0, x.data());
+  const BlockLayout layout(kD, kBlockSize, kShards);
+  StagedAverageSpec spec;
+  spec.layout = &layout;
+  spec.job_seed = kSeed;
+  spec.stream = v1::MODEL;
+  spec.step = 3;
+  spec.ratio = 1;
+  const absl::Status status = StagedAverage(
+      spec,
+      [&](float weight) {
+        return cluster->client(0).BeginShardedAverage(v1::MODEL, 3, 4, weight, 0.0f);
+      },
+      device, x.data(), ScatterKind::kAssign, 0, x.data());
   EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(status.message()), ::testing::HasSubstr("shard 0"));
   EXPECT_TRUE(log.empty());

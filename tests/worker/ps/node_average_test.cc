@@ -1,3 +1,8 @@
+// A node's average (worker/ps/staged_average.h with the node's group, on host
+// staging devices and ThreadGroups) against the same processes as separate
+// members of a flat job, and the node's client calls (worker/ps/
+// node_client.h): registration, the model's push and pull, each local
+// rank's shards.
 #include "worker/ps/node_client.h"
 
 #include <algorithm>
@@ -13,17 +18,20 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/algorithm_catalog.h"
+#include "common/block_layout.h"
 #include "common/prng.h"
 #include "common/status.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/ps_server.h"
-#include "tests/testing/in_process_cluster.h"
+#include "tools/cluster/in_process_cluster.h"
 #include "tests/testing/node_support.h"
 #include "tests/testing/test_support.h"
 #include "tests/worker/algorithms/algorithm_harness.h"
+#include "worker/device/host_device_ops.h"
 #include "worker/group/thread_group.h"
 #include "worker/ps/ps_client.h"
+#include "worker/ps/staged_average.h"
 
 namespace cserps {
 namespace {
@@ -129,13 +137,13 @@ struct Shape {
   uint32_t shards;
 };
 
-class HierarchicalShapes : public ::testing::TestWithParam<Shape> {};
+class NodeAverageShapes : public ::testing::TestWithParam<Shape> {};
 
 // Every process of two nodes averages three rounds (two GRAD at ratio 4 and
 // one MODEL at ratio 1, the three in flight together) through its node's
 // group; the same processes as separate members of a flat cluster are the
 // reference.
-TEST_P(HierarchicalShapes, MatchesTheFlatAverageOverEveryProcess) {
+TEST_P(NodeAverageShapes, MatchesTheFlatAverageOverEveryProcess) {
   // Not a structured binding: C++17 lambdas cannot capture those.
   const uint32_t local_size = GetParam().local_size;
   const uint32_t shards = GetParam().shards;
@@ -168,18 +176,38 @@ TEST_P(HierarchicalShapes, MatchesTheFlatAverageOverEveryProcess) {
     pulled[m].assign(d, -1.0f);
     RETURN_IF_ERROR(PullNodeModel(group, *client, absl::MakeSpan(pulled[m]), true));
 
-    HierarchicalCommunicator comm(config, d, &group, client.get());
+    HostDeviceOps ops(d, config.algorithm().block_size());
     means[m].resize(Rounds().size());
-    std::vector<std::unique_ptr<PendingAverage>> pending;
+    std::vector<std::unique_ptr<StagingDevice>> staging;
+    std::vector<std::unique_ptr<StagedRound>> pending;
     for (size_t k = 0; k < Rounds().size(); ++k) {
       const Round& r = Rounds()[k];
       means[m][k].resize(d);
       for (size_t i = 0; i < d; ++i) means[m][k][i] = Sentinel(i);
-      pending.push_back(comm.StartAverage(r.stream, r.step, r.ratio, values[k][m],
-                                          static_cast<float>(weights[m]), kLr,
-                                          absl::MakeSpan(means[m][k])));
+      ASSIGN_OR_RETURN(std::unique_ptr<StagingDevice> device, ops.MakeStaging(&group));
+      StagedAverageSpec spec;
+      spec.layout = &client->layout();
+      spec.job_seed = config.seed();
+      spec.stream = r.stream;
+      spec.step = r.step;
+      spec.ratio = r.ratio;
+      spec.weight = static_cast<float>(weights[m]);
+      spec.group = &group;
+      ASSIGN_OR_RETURN(
+          std::unique_ptr<StagedRound> round,
+          StartStagedAverage(
+              spec,
+              [&](float w) {
+                return client->BeginShardedAverage(r.stream, r.step, r.ratio, w, kLr);
+              },
+              *device, values[k][m].data()));
+      staging.push_back(std::move(device));
+      pending.push_back(std::move(round));
     }
-    for (auto& p : pending) RETURN_IF_ERROR(p->Wait());
+    // All three in flight together, landed in the order they started.
+    for (size_t k = 0; k < pending.size(); ++k) {
+      RETURN_IF_ERROR(pending[k]->Land(ScatterKind::kAssign, 0, means[m][k].data()));
+    }
     grad_traffic[m] = client->traffic(v1::GRAD);
     model_traffic[m] = client->traffic(v1::MODEL);
     return absl::OkStatus();
@@ -192,16 +220,14 @@ TEST_P(HierarchicalShapes, MatchesTheFlatAverageOverEveryProcess) {
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   std::vector<std::vector<std::vector<float>>> flat(members);
   ASSERT_TRUE((*cluster)->OnEveryRank([&](int m) -> absl::Status {
-    std::vector<std::unique_ptr<PendingAverage>> pending;
     flat[m].resize(Rounds().size());
     for (size_t k = 0; k < Rounds().size(); ++k) {
       const Round& r = Rounds()[k];
       flat[m][k].assign(d, 0.0f);
-      pending.push_back((*cluster)->client(m).StartAverage(
+      RETURN_IF_ERROR((*cluster)->client(m).AverageBlocks(
           r.stream, r.step, r.ratio, values[k][m], static_cast<float>(weights[m]), kLr,
           absl::MakeSpan(flat[m][k])));
     }
-    for (auto& p : pending) RETURN_IF_ERROR(p->Wait());
     return absl::OkStatus();
   }).ok());
 
@@ -251,7 +277,7 @@ TEST_P(HierarchicalShapes, MatchesTheFlatAverageOverEveryProcess) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Shapes, HierarchicalShapes,
+INSTANTIATE_TEST_SUITE_P(Shapes, NodeAverageShapes,
                          ::testing::Values(Shape{2, 2}, Shape{2, 3}, Shape{3, 2},
                                            Shape{3, 3}),
                          [](const ::testing::TestParamInfo<Shape>& info) {
@@ -266,57 +292,102 @@ TEST(GroupShardsTest, LocalRankJTakesTheShardsCongruentToJ) {
   EXPECT_EQ(GroupShards(3, 1, 0), (std::vector<uint32_t>{0, 1, 2}));
 }
 
-// One node of 3 processes and 2 shards (local rank 2 has none): a round the
-// servers refuse fails on every local rank, each naming the cause or the
-// local rank that met it, and the group goes on to the next round.
-TEST(HierarchicalCommunicatorTest, AServerErrorReachesEveryLocalRank) {
-  constexpr uint32_t kLocal = 3;
-  v1::JobConfig config = Config(2, 1, kLocal);
+// A host staging device whose Gather fails, standing for a device error on
+// one local rank before the group's sum.
+class FailingGather final : public StagingDevice {
+ public:
+  explicit FailingGather(std::unique_ptr<StagingDevice> device) : device_(std::move(device)) {}
+  uint64_t capacity() const override { return device_->capacity(); }
+  absl::Span<float> host() override { return device_->host(); }
+  absl::Status Gather(const float*, absl::Span<const uint64_t>) override {
+    return absl::DataLossError("injected device failure");
+  }
+  absl::Status CopyToHost(uint32_t slot, uint64_t offset, uint64_t count) override {
+    return device_->CopyToHost(slot, offset, count);
+  }
+  absl::Status WaitCopied(uint32_t slot) override { return device_->WaitCopied(slot); }
+  absl::Status CopyToStaging(uint64_t offset, uint64_t count) override {
+    return device_->CopyToStaging(offset, count);
+  }
+  absl::Status Scatter(ScatterKind kind, float alpha, float* model) override {
+    return device_->Scatter(kind, alpha, model);
+  }
+  absl::Status ScaleStaging(Scale op, float factor, uint64_t offset,
+                            uint64_t count) override {
+    return device_->ScaleStaging(op, factor, offset, count);
+  }
+  absl::Status AllReduceStaging(uint64_t count) override {
+    return device_->AllReduceStaging(count);
+  }
+  absl::Status BroadcastStaging(uint32_t root, uint64_t offset, uint64_t count) override {
+    return device_->BroadcastStaging(root, offset, count);
+  }
+
+ private:
+  std::unique_ptr<StagingDevice> device_;
+};
+
+// One node of 3 local ranks over 2 shards (local rank 2 owns none): a
+// server's refusal, and a device failure on one local rank, reach every
+// local rank with the failing one's code at once (not after the group's
+// timeout), and the group still averages afterwards.
+TEST(NodeAverageTest, FailuresReachEveryLocalRank) {
+  constexpr uint32_t kRanks = 3;
+  v1::JobConfig config = testing::TestConfig(
+      "name: \"node-errors\" seed: 5 epochs: 1\n"
+      "cluster { servers: \"127.0.0.1:0\" servers: \"127.0.0.1:0\" num_workers: 1 "
+      "local_size: 3 round_timeout_s: 20 }\n"
+      "model { kind: SOFTMAX input_dim: 99 num_classes: 10 }\n"
+      "data { batch_size: 4 }\n"
+      "optimizer { lr: 0.1 }\n"
+      "algorithm { name: \"ef-sgd\" ratio: 4 block_size: 16 }\n");
   const size_t d = testing::NumParams(config);
   testing::ServerSet servers;
   ASSERT_TRUE(servers.Start(&config).ok());
-  const std::vector<testing::Models> values = Values(kLocal, d);
-  const std::vector<uint32_t> weights = Weights(kLocal);
-  std::vector<absl::Status> refused(kLocal);
-  std::vector<std::vector<float>> means(kLocal, std::vector<float>(d, 0.0f));
-  const auto status = OnEveryProcess(1, kLocal, [&](uint32_t, uint32_t j,
-                                                    LocalGroup& group) -> absl::Status {
-    ASSIGN_OR_RETURN(std::unique_ptr<PsClient> client, ConnectLocalRank(config, d, kLocal, j));
-    RETURN_IF_ERROR(RegisterNode(group, *client, 0, "node").status());
-    HierarchicalCommunicator comm(config, d, &group, client.get());
-    // ef-sgd averages GRAD at ratio 4 only.
-    refused[j] = comm.AverageBlocks(v1::GRAD, 0, 2, values[0][j], static_cast<float>(weights[j]),
-                                    kLr, absl::MakeSpan(means[j]));
-    return comm.AverageBlocks(v1::GRAD, 1, 4, values[0][j], static_cast<float>(weights[j]), kLr,
-                              absl::MakeSpan(means[j]));
-  });
-  for (uint32_t j = 0; j < kLocal; ++j) {
+  const BlockLayout layout(d, 16, 2);
+  std::vector<absl::Status> refused(kRanks), injected(kRanks);
+  const auto status = testing::OnEveryProcess(
+      1, kRanks, [&](uint32_t, uint32_t j, LocalGroup& group) -> absl::Status {
+        ASSIGN_OR_RETURN(std::unique_ptr<PsClient> client,
+                         testing::ConnectLocalRank(config, d, kRanks, j));
+        RETURN_IF_ERROR(RegisterNode(group, *client, 0, "node").status());
+        HostDeviceOps ops(d, 16);
+        ASSIGN_OR_RETURN(std::unique_ptr<StagingDevice> device, ops.MakeStaging(&group));
+        std::vector<float> x(d, 1.0f + static_cast<float>(j));
+        auto average = [&](StagingDevice& staging, uint64_t step, uint32_t ratio) {
+          StagedAverageSpec spec;
+          spec.layout = &layout;
+          spec.job_seed = config.seed();
+          spec.stream = v1::GRAD;
+          spec.step = step;
+          spec.ratio = ratio;
+          spec.group = &group;
+          return StagedAverage(
+              spec,
+              [&](float w) {
+                return client->BeginShardedAverage(v1::GRAD, step, ratio, w, 0.1f);
+              },
+              staging, x.data(), ScatterKind::kAssign, 0, x.data());
+        };
+        // ef-sgd averages GRAD at ratio 4 only: the servers refuse ratio 2.
+        refused[j] = average(*device, 0, 2);
+        if (j == 1) {
+          ASSIGN_OR_RETURN(std::unique_ptr<StagingDevice> other, ops.MakeStaging(&group));
+          FailingGather failing(std::move(other));
+          injected[j] = average(failing, 1, 4);
+        } else {
+          injected[j] = average(*device, 1, 4);
+        }
+        return average(*device, 2, 4);
+      });
+  for (uint32_t j = 0; j < kRanks; ++j) {
     ASSERT_TRUE(status[j].ok()) << "local rank " << j << ": " << status[j];
     EXPECT_EQ(refused[j].code(), absl::StatusCode::kFailedPrecondition) << refused[j];
+    EXPECT_EQ(injected[j].code(), absl::StatusCode::kDataLoss) << injected[j];
   }
-  EXPECT_THAT(refused[0].message(), HasSubstr("local rank 0 (shards 0)"));
-  EXPECT_THAT(refused[0].message(), HasSubstr("is not the job's"));
-  EXPECT_THAT(refused[1].message(), HasSubstr("local rank 1 (shards 1)"));
-  EXPECT_THAT(refused[2].message(), HasSubstr("local rank 0 failed"));
-  const Ranges ranges = testing::SelectedRanges(config, v1::GRAD, 1, 4);
-  const std::vector<float> expected = Selected(testing::WeightedMean(values[0], weights, ranges), ranges);
-  for (uint32_t j = 0; j < kLocal; ++j) {
-    EXPECT_TRUE(testing::AllNear(Selected(means[j], ranges), expected, 1e-6)) << "local rank " << j;
-  }
-}
-
-TEST(HierarchicalCommunicatorTest, WrongSizedValuesAreRefused) {
-  v1::JobConfig config = Config(1, 1, 1);
-  const size_t d = testing::NumParams(config);
-  // Local rank 1 of 2 has no shard of 1, so no server communicator; the
-  // call fails before any collective, so its peer need not take part.
-  auto group = ThreadGroup::Create(2);
-  HierarchicalCommunicator comm(config, d, group[1].get(), nullptr);
-  std::vector<float> short_values(d - 1), mean(d);
-  const absl::Status s = comm.AverageBlocks(v1::MODEL, 0, 1, short_values, 1.0f, kLr,
-                                            absl::MakeSpan(mean));
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
-  EXPECT_THAT(s.message(), HasSubstr("999 floats"));
+  EXPECT_THAT(std::string(refused[2].message()), ::testing::HasSubstr("local rank 0 failed"));
+  EXPECT_THAT(std::string(injected[1].message()), ::testing::HasSubstr("injected"));
+  EXPECT_THAT(std::string(injected[0].message()), ::testing::HasSubstr("local rank 1 failed"));
 }
 
 // PsClient restricted to the shards of one local rank (PsClientOptions

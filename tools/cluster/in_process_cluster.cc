@@ -1,4 +1,4 @@
-#include "tests/testing/in_process_cluster.h"
+#include "tools/cluster/in_process_cluster.h"
 
 #include <cstdio>
 #include <cstdlib>

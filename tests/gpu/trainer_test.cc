@@ -1,18 +1,19 @@
-// The device trainer (worker/device/device_trainer.h) on the GPU
-// (CudaBackend) against the host Trainer with the CPU model, each on its
-// own in-process cluster with the same job and data: their loss curves (every step's loss, relative 1e-4)
-// and their models after the final average agree to float rounding (the
-// CUDA model sums in another order), for S-SGD with Nesterov momentum, CSER
-// (MODEL_BLOCKS) with heavy ball, EF-SGD and QSparse-local-SGD (error
-// buffers on the device), each with two workers so that the averages mix
-// real differences. (The top-k methods are not
-// here: a rounding difference in the gradients may flip a near tie in the
+// The Trainer (worker/trainer/trainer.h) on the GPU (CudaBackend) against
+// the Trainer on its default HostBackend with the CPU model, each on its own
+// in-process cluster with the same job and data: their loss curves (every
+// step's loss, relative 1e-4) and their models after the final average
+// agree to float rounding (the CUDA model sums in another order), for S-SGD
+// with Nesterov momentum, CSER (MODEL_BLOCKS) with heavy ball, EF-SGD and
+// QSparse-local-SGD (error buffers on the device), each with two workers so
+// that the averages mix real differences. (The top-k methods are not here:
+// a rounding difference in the gradients may flip a near tie in the
 // selection; tests/gpu/device_ops_test.cc holds their top-k to the CPU's.)
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -24,11 +25,10 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/gpu/gpu_test_util.h"
-#include "tests/testing/in_process_cluster.h"
-#include "worker/cuda/kernels/cuda_model.h"
+#include "tools/cluster/in_process_cluster.h"
 #include "worker/cuda/cuda_backend.h"
-#include "worker/device/device_trainer.h"
-#include "worker/trainer.h"
+#include "worker/cuda/kernels/cuda_model.h"
+#include "worker/trainer/trainer.h"
 
 namespace cserps {
 namespace {
@@ -70,7 +70,7 @@ Dataset MakeData(size_t size, uint64_t seed) {
 v1::JobConfig MakeConfig(const std::string& algorithm, const std::string& momentum,
                          const std::string& output_dir) {
   return TestConfig(absl::StrCat(R"pb(
-    name: "device-trainer-test"
+    name: "gpu-trainer-test"
     seed: 5
     output_dir: ")pb", output_dir, R"pb("
     cluster { servers: "127.0.0.1:0" servers: "127.0.0.1:0" num_workers: 2 round_timeout_s: 20 }
@@ -93,11 +93,11 @@ void ExpectClose(const std::vector<float>& got, absl::Span<const float> want,
   EXPECT_LE(std::sqrt(diff), 1e-4 * std::sqrt(norm)) << what;
 }
 
-class DeviceTrainerTest : public ::testing::TestWithParam<std::pair<const char*, const char*>> {};
+class GpuTrainerTest : public ::testing::TestWithParam<std::pair<const char*, const char*>> {};
 
-TEST_P(DeviceTrainerTest, MatchesTheHostTrainer) {
+TEST_P(GpuTrainerTest, CudaBackendMatchesHostBackend) {
   CSERPS_SKIP_WITHOUT_GPU();
-  const std::string dir = ::testing::TempDir() + "/device_trainer_test";
+  const std::string dir = ::testing::TempDir() + "/gpu_trainer_test";
   const v1::JobConfig config = MakeConfig(GetParam().first, GetParam().second, dir);
   const Dataset train = MakeData(512, 1);
   const Dataset test = MakeData(200, 2);
@@ -112,6 +112,7 @@ TEST_P(DeviceTrainerTest, MatchesTheHostTrainer) {
   // The loss curves: every rank's training loss at every step.
   std::vector<std::vector<float>> host_losses(kWorkers), device_losses(kWorkers);
   CSERPS_ASSERT_OK(host_cluster->OnEveryRank([&](int r) -> absl::Status {
+    // No backend: HostBackend with the CPU model.
     ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
                      Trainer::Create(host_cluster->config(), &host_cluster->client(r),
                                      &train, &test));
@@ -121,17 +122,17 @@ TEST_P(DeviceTrainerTest, MatchesTheHostTrainer) {
       host_losses[r].push_back(loss);
     }
     RETURN_IF_ERROR(trainer->FinishTraining());
-    host_models[r].assign(trainer->params().begin(), trainer->params().end());
+    ASSIGN_OR_RETURN(host_models[r], trainer->Params());
     return absl::OkStatus();
   }));
   CSERPS_ASSERT_OK(device_cluster->OnEveryRank([&](int r) -> absl::Status {
     CSERPS_CUDA_RETURN_IF_ERROR(cudaSetDevice(0));
     ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> backend,
                      CudaBackend::ForJob(device_cluster->config()));
-    ASSIGN_OR_RETURN(std::unique_ptr<DeviceTrainer> trainer,
-                     DeviceTrainer::Create(device_cluster->config(),
-                                           {&device_cluster->client(r), nullptr}, &train,
-                                           &test, std::move(backend)));
+    ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
+                     Trainer::Create(device_cluster->config(),
+                                     {&device_cluster->client(r), nullptr}, &train, &test,
+                                     /*metrics=*/nullptr, std::move(backend)));
     RETURN_IF_ERROR(trainer->InitializeModel());
     for (int t = 0; t < kSteps; ++t) {
       ASSIGN_OR_RETURN(const float loss, trainer->Step());
@@ -159,11 +160,11 @@ TEST_P(DeviceTrainerTest, MatchesTheHostTrainer) {
   EXPECT_GT(moved, 1e-3);
 }
 
-// Run() writes the host trainer's summary files and records the worker
+// Run() on CudaBackend writes the summary files and records the worker
 // metrics.
-TEST(DeviceTrainerRunTest, WritesTheSummaryAndMetrics) {
+TEST(GpuTrainerRunTest, WritesTheSummaryAndMetrics) {
   CSERPS_SKIP_WITHOUT_GPU();
-  const std::string dir = ::testing::TempDir() + "/device_trainer_run";
+  const std::string dir = ::testing::TempDir() + "/gpu_trainer_run";
   std::filesystem::remove_all(dir);
   const v1::JobConfig config = MakeConfig(R"pb(name: "ssgd")pb", "NESTEROV", dir);
   const Dataset train = MakeData(512, 1);
@@ -185,10 +186,9 @@ TEST(DeviceTrainerRunTest, WritesTheSummaryAndMetrics) {
     CSERPS_CUDA_RETURN_IF_ERROR(cudaSetDevice(0));
     ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> backend,
                      CudaBackend::ForJob(cluster->config()));
-    ASSIGN_OR_RETURN(std::unique_ptr<DeviceTrainer> trainer,
-                     DeviceTrainer::Create(cluster->config(), {&cluster->client(r), nullptr},
-                                           &train, &test, std::move(backend),
-                                           metrics[r].get()));
+    ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
+                     Trainer::Create(cluster->config(), {&cluster->client(r), nullptr}, &train,
+                                     &test, metrics[r].get(), std::move(backend)));
     RETURN_IF_ERROR(trainer->Run());
     steps[r] = trainer->step();
     return absl::OkStatus();
@@ -210,7 +210,7 @@ TEST(DeviceTrainerRunTest, WritesTheSummaryAndMetrics) {
 }
 
 INSTANTIATE_TEST_SUITE_P(
-    Algorithms, DeviceTrainerTest,
+    Algorithms, GpuTrainerTest,
     ::testing::Values(std::make_pair(R"pb(name: "ssgd")pb", "NESTEROV"),
                       std::make_pair(R"pb(name: "cser" period: 2 ratio_c1: 2 ratio_c2: 4)pb",
                                      "HEAVY_BALL"),

@@ -1,9 +1,10 @@
-// A real cluster inside one test process: S server shards on 127.0.0.1
-// (ephemeral ports) and one registered PsClient per rank. Workers are driven
-// by the test, one thread per rank (synchronous rounds block until every rank
-// has pushed). Every server is shut down by the destructor.
-#ifndef CSERPS_TESTS_TESTING_IN_PROCESS_CLUSTER_H_
-#define CSERPS_TESTS_TESTING_IN_PROCESS_CLUSTER_H_
+// A real cluster inside one process, for tests and benchmarks: S server
+// shards on 127.0.0.1 (ephemeral ports) and one registered PsClient per
+// rank. Workers are driven by the caller, one thread per rank (synchronous
+// rounds block until every rank has pushed). Every server is shut down by
+// the destructor.
+#ifndef CSERPS_TOOLS_CLUSTER_IN_PROCESS_CLUSTER_H_
+#define CSERPS_TOOLS_CLUSTER_IN_PROCESS_CLUSTER_H_
 
 #include <functional>
 #include <memory>
@@ -42,10 +43,10 @@ class InProcessCluster {
   std::vector<std::unique_ptr<PsClient>> clients_;
 };
 
-// A job config from text-format `text` with defaults applied; aborts the
-// test binary on a parse error (a bug in the test).
+// A job config from text-format `text` with defaults applied; aborts on a
+// parse error (a bug in the test or benchmark that wrote it).
 v1::JobConfig TestConfig(const std::string& text);
 
 }  // namespace cserps::testing
 
-#endif  // CSERPS_TESTS_TESTING_IN_PROCESS_CLUSTER_H_
+#endif  // CSERPS_TOOLS_CLUSTER_IN_PROCESS_CLUSTER_H_

@@ -1,4 +1,4 @@
-// PsClient::BeginShardedAverage against StartAverage on a real in-process
+// PsClient::BeginShardedAverage against AverageBlocks on a real in-process
 // cluster: two identical clusters run the same round, one through each
 // call, and must give bit-identical means. The payloads are gathered here
 // from the documented layout (common/block_layout.h: shard s owns blocks
@@ -15,7 +15,7 @@
 #include "common/prng.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/testing/in_process_cluster.h"
+#include "tools/cluster/in_process_cluster.h"
 
 namespace cserps {
 namespace {
@@ -85,7 +85,7 @@ std::unique_ptr<InProcessCluster> StartCluster() {
 
 // Each rank's result of the round (stream, step, ratio): weight rank + 1;
 // `mean` starts at -7 everywhere, so untouched floats show.
-TEST(ShardedAverageTest, GivesTheMeansOfStartAverageBitForBit) {
+TEST(ShardedAverageTest, GivesTheMeansOfAverageBlocksBitForBit) {
   std::unique_ptr<InProcessCluster> plain = StartCluster();
   std::unique_ptr<InProcessCluster> sharded = StartCluster();
   ASSERT_NE(plain, nullptr);
@@ -155,7 +155,7 @@ TEST(ShardedAverageTest, GivesTheMeansOfStartAverageBitForBit) {
   ASSERT_TRUE(plain->client(0).PullModel(absl::MakeSpan(a), false).ok());
   ASSERT_TRUE(sharded->client(0).PullModel(absl::MakeSpan(b), false).ok());
   EXPECT_EQ(std::memcmp(a.data(), b.data(), kD * sizeof(float)), 0);
-  // Traffic counts as StartAverage's does.
+  // Traffic counts as AverageBlocks' does.
   EXPECT_EQ(plain->client(1).traffic(v1::MODEL).floats_pushed,
             sharded->client(1).traffic(v1::MODEL).floats_pushed);
   EXPECT_EQ(plain->client(1).traffic(v1::GRAD).bytes_pushed,
