@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -115,6 +116,45 @@ TEST(RoundTableTest, OnCompleteCalledOnceBeforeWaiters) {
   EXPECT_THAT(std::vector<std::string>(events.begin() + 1, events.end()),
               ::testing::UnorderedElementsAre("answer 0", "answer 1"));
   EXPECT_THAT(applied, ElementsAreArray({4.0f, 2.0f}));
+}
+
+TEST(RoundTableTest, OnLatencyReportsFirstToCompletingPushOfCompletedRoundsOnly) {
+  std::vector<std::string> events;
+  std::vector<std::pair<RoundKey, absl::Duration>> latencies;
+  RoundTable::Options o = SmallOptions(2);
+  o.timeout = absl::Seconds(10);
+  o.on_complete = [&](const RoundKey&, float, const std::vector<float>&) {
+    events.push_back("complete");
+  };
+  o.on_latency = [&](const RoundKey& key, absl::Duration latency) {
+    events.push_back("latency");
+    latencies.emplace_back(key, latency);
+  };
+  RoundTable table(o);
+  const RoundKey key{1, 1, 0};
+  Answer a0, retry, a1;
+  table.Push(key, 0, 1.0f, kLr, std::vector<float>{1.0f}, kT0, a0.Callback());
+  // A retry later than the first push does not move the round's start.
+  table.Push(key, 0, 1.0f, kLr, std::vector<float>{1.0f}, kT0 + absl::Seconds(2),
+             retry.Callback());
+  EXPECT_TRUE(latencies.empty());
+  table.Push(key, 1, 1.0f, kLr, std::vector<float>{1.0f}, kT0 + absl::Seconds(3),
+             [&](absl::StatusOr<RoundMean> r) {
+               events.push_back("answer");
+               a1.Callback()(std::move(r));
+             });
+  ASSERT_TRUE(a1.ok()) << a1.status();
+  ASSERT_EQ(latencies.size(), 1u);
+  EXPECT_EQ(latencies[0].first, key);
+  EXPECT_EQ(latencies[0].second, absl::Seconds(3));
+  EXPECT_THAT(events, ElementsAreArray({"complete", "latency", "answer"}));
+
+  // A round that times out reports none.
+  Answer lone;
+  table.Push(RoundKey{2, 1, 0}, 0, 1.0f, kLr, std::vector<float>{1.0f}, kT0,
+             lone.Callback());
+  EXPECT_EQ(table.ExpireOverdue(kT0 + absl::Seconds(10)), 1);
+  EXPECT_EQ(latencies.size(), 1u);
 }
 
 TEST(RoundTableTest, RetryWhileOpenJoinsWaitersAndIsNotCountedTwice) {
