@@ -144,13 +144,9 @@ grpc::ServerUnaryReactor* AsyncService::AsyncPushPull(
     grpc::CallbackServerContext* context, const v1::AsyncPushPullRequest* request,
     v1::AsyncPushPullResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  absl::Status valid = shard_.CheckFingerprint(request->fingerprint());
-  if (valid.ok()) valid = shard_.CheckMember(request->rank());
   const absl::Time arrived = options_.now();
-  if (valid.ok()) {
-    shard_.activity().Heard(request->rank(), arrived);
-    valid = Validate(*request);
-  }
+  absl::Status valid = shard_.Admit(request->fingerprint(), request->rank(), arrived);
+  if (valid.ok()) valid = Validate(*request);
   if (!valid.ok()) {
     refused_.AddRequest(request->ByteSizeLong());
     reactor->Finish(ToGrpcStatus(Prefixed(Describe(*request), valid)));

@@ -42,13 +42,16 @@ ParameterServerService::ParameterServerService(ShardContext* shard, Options opti
       members_(shard->members()),
       store_(shard->store()),
       rounds_(RoundTable::Options{
-          .world_size = config_.cluster().num_workers(),
-          // Periodic algorithms push only every H steps: the window counts
-          // sync periods.
-          .max_step_lag = uint64_t{config_.cluster().max_step_lag()} *
-                          std::max<uint32_t>(1, config_.algorithm().period()),
-          .retained_rounds = config_.cluster().retained_rounds(),
-          .timeout = absl::Seconds(config_.cluster().round_timeout_s()),
+          .limits =
+              {
+                  .world_size = config_.cluster().num_workers(),
+                  // Periodic algorithms push only every H steps: the window
+                  // counts sync periods.
+                  .max_step_lag = uint64_t{config_.cluster().max_step_lag()} *
+                                  std::max<uint32_t>(1, config_.algorithm().period()),
+                  .retained_rounds = config_.cluster().retained_rounds(),
+                  .timeout = absl::Seconds(config_.cluster().round_timeout_s()),
+              },
           .on_complete =
               [this](const RoundKey& key, float lr,
                      const std::vector<float>& mean) {
@@ -128,11 +131,9 @@ grpc::ServerUnaryReactor* ParameterServerService::PushPull(
     other_traffic_.AddRequest(request->ByteSizeLong());
     return FinishWith(context, Prefixed(round, status));
   };
-  absl::Status ok = shard_.CheckFingerprint(request->fingerprint());
-  if (ok.ok()) ok = shard_.CheckMember(request->rank());
-  if (!ok.ok()) return refuse(ok);
   const absl::Time arrived = options_.now();
-  shard_.activity().Heard(request->rank(), arrived);
+  absl::Status ok = shard_.Admit(request->fingerprint(), request->rank(), arrived);
+  if (!ok.ok()) return refuse(ok);
   if (request->stream() != v1::GRAD && request->stream() != v1::MODEL) {
     return refuse(absl::InvalidArgumentError(
         absl::StrCat("unknown stream ", request->stream(), " (known: GRAD, MODEL)")));
@@ -224,12 +225,8 @@ grpc::ServerUnaryReactor* ParameterServerService::PushModel(
     v1::PushModelResponse* response) {
   traffic_.AddRequest(request->ByteSizeLong());
   other_traffic_.AddRequest(request->ByteSizeLong());
-  absl::Status ok = shard_.CheckFingerprint(request->fingerprint());
-  if (ok.ok()) ok = shard_.CheckMember(request->rank());
-  if (ok.ok()) {
-    shard_.activity().Heard(request->rank(), options_.now());
-    ok = CheckFloatBytes(request->values(), "PushModel values");
-  }
+  absl::Status ok = shard_.Admit(request->fingerprint(), request->rank(), options_.now());
+  if (ok.ok()) ok = CheckFloatBytes(request->values(), "PushModel values");
   if (!ok.ok()) return FinishWith(context, ok);
   std::vector<float> values(request->values().size() / sizeof(float));
   ok = BytesToFloats(request->values(), absl::MakeSpan(values), "values");

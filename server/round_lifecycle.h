@@ -69,6 +69,21 @@
 
 namespace cserps {
 
+// The bounds of a table's rounds.
+struct RoundLimits {
+  uint32_t world_size = 1;  // the members: ranks 0 .. world_size - 1
+  // A push that would open a round more than this many steps after the
+  // newest completed step (over all streams) is refused with OUT_OF_RANGE
+  // ("too far ahead").
+  uint64_t max_step_lag = 8;
+  // Completed steps kept per stream, newest first, to answer retries; older
+  // ones are retired, and a push that would open a round at a retired or
+  // older step is refused with OUT_OF_RANGE ("too far behind").
+  uint32_t retained_rounds = 4;
+  // A round still open this long after its first push fails.
+  absl::Duration timeout = absl::Seconds(60);
+};
+
 template <typename Aggregate>
 class RoundLifecycle {
  public:
@@ -78,12 +93,6 @@ class RoundLifecycle {
   using Result = typename Aggregate::Result;
   using Callback = std::function<void(absl::StatusOr<Result>)>;
 
-  struct Limits {
-    uint32_t world_size = 1;
-    uint64_t max_step_lag = 8;
-    uint32_t retained_rounds = 4;
-    absl::Duration timeout = absl::Seconds(60);
-  };
   // Called once per completed round, without the lock, before any waiter is
   // answered; `latency` is from the round's first push to the push that
   // completed it (the `now`s given to Contribute).
@@ -115,7 +124,7 @@ class RoundLifecycle {
 
  protected:
   // `finish` is required.
-  RoundLifecycle(Limits limits, Finish finish);
+  RoundLifecycle(RoundLimits limits, Finish finish);
   // Fails the rounds still open, so that no caller waits forever.
   ~RoundLifecycle();
 
@@ -175,7 +184,7 @@ class RoundLifecycle {
   // the lock.
   static void Answer(FailedRounds& failed);
 
-  const Limits limits_;
+  const RoundLimits limits_;
   const Finish finish_;
   mutable absl::Mutex mu_;
   std::map<Key, Round> open_ ABSL_GUARDED_BY(mu_);
@@ -191,7 +200,7 @@ class RoundLifecycle {
 };
 
 template <typename Aggregate>
-RoundLifecycle<Aggregate>::RoundLifecycle(Limits limits, Finish finish)
+RoundLifecycle<Aggregate>::RoundLifecycle(RoundLimits limits, Finish finish)
     : limits_(limits), finish_(std::move(finish)) {
   CSERPS_CHECK(limits_.world_size >= 1);
   CSERPS_CHECK(finish_ != nullptr);

@@ -60,8 +60,7 @@ absl::Status WeightedSum::CheckShape(const RoundKey& key, uint32_t rank, Shape g
 }
 
 RoundTable::RoundTable(Options options)
-    : RoundLifecycle({options.world_size, options.max_step_lag,
-                      options.retained_rounds, options.timeout},
+    : RoundLifecycle(options.limits,
                      [this](const RoundKey& key, WeightedSum sum, absl::Duration latency) {
                        return Finish(key, sum, latency);
                      }),

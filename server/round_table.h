@@ -100,16 +100,7 @@ extern template class RoundLifecycle<WeightedSum>;
 class RoundTable : public RoundLifecycle<WeightedSum> {
  public:
   struct Options {
-    uint32_t world_size = 1;
-    // A push whose step is more than this ahead of the newest completed step
-    // (over all streams) is refused with OUT_OF_RANGE.
-    uint64_t max_step_lag = 8;
-    // Completed rounds kept per stream, newest first, to answer retries;
-    // older ones are retired. Pushes for a retired or older step are refused
-    // with OUT_OF_RANGE ("too far behind").
-    uint32_t retained_rounds = 4;
-    // A round still open this long after its first push fails.
-    absl::Duration timeout = absl::Seconds(60);
+    RoundLimits limits;
     // Called exactly once per completed round, before any waiter is
     // answered, without the table's lock held. The rounds of one stream
     // complete in step order in the synchronous algorithms, but the table

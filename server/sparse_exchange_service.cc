@@ -60,10 +60,13 @@ SparseExchangeService::SparseExchangeService(ShardContext* shard, Options option
                      momentum_kind_ == v1::OptimizerConfig::NESTEROV),
       beta_(shard->config().optimizer().momentum()),
       rounds_(SparseRoundTable::Options{
-          .world_size = shard->config().cluster().num_workers(),
-          .max_step_lag = shard->config().cluster().max_step_lag(),
-          .retained_rounds = shard->config().cluster().retained_rounds(),
-          .timeout = absl::Seconds(shard->config().cluster().round_timeout_s()),
+          .limits =
+              {
+                  .world_size = shard->config().cluster().num_workers(),
+                  .max_step_lag = shard->config().cluster().max_step_lag(),
+                  .retained_rounds = shard->config().cluster().retained_rounds(),
+                  .timeout = absl::Seconds(shard->config().cluster().round_timeout_s()),
+              },
           .complete =
               [this](uint64_t, std::vector<SparseEntries> pushes) {
                 return CompleteRound(std::move(pushes));
@@ -130,11 +133,9 @@ grpc::ServerUnaryReactor* SparseExchangeService::SparsePushPull(
     refused_.AddRequest(request->ByteSizeLong());
     return FinishWith(context, Prefixed(name, status));
   };
-  absl::Status ok = shard_.CheckFingerprint(request->fingerprint());
-  if (ok.ok()) ok = shard_.CheckMember(request->rank());
-  if (!ok.ok()) return refuse(ok);
   const absl::Time arrived = options_.now();
-  shard_.activity().Heard(request->rank(), arrived);
+  absl::Status ok = shard_.Admit(request->fingerprint(), request->rank(), arrived);
+  if (!ok.ok()) return refuse(ok);
   if (!sparse_job_) {
     return refuse(absl::FailedPreconditionError(absl::StrCat(
         "algorithm ", shard_.config().algorithm().name(),

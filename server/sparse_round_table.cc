@@ -25,8 +25,7 @@ std::string SparsePushes::PushName(uint64_t step, uint32_t rank) {
 std::string SparsePushes::StepName(uint64_t step) { return absl::StrCat("step ", step); }
 
 SparseRoundTable::SparseRoundTable(Options options)
-    : RoundLifecycle({options.world_size, options.max_step_lag, options.retained_rounds,
-                      options.timeout},
+    : RoundLifecycle(options.limits,
                      [this](uint64_t step, SparsePushes pushes, absl::Duration latency) {
                        return Finish(step, std::move(pushes), latency);
                      }),

@@ -77,14 +77,7 @@ extern template class RoundLifecycle<SparsePushes>;
 class SparseRoundTable : public RoundLifecycle<SparsePushes> {
  public:
   struct Options {
-    uint32_t world_size = 1;
-    // A push that would open a round more than this many steps after the
-    // newest completed one is refused with OUT_OF_RANGE.
-    uint64_t max_step_lag = 8;
-    // Completed steps kept to answer retries; a push for an older step that
-    // would open a round is refused with OUT_OF_RANGE ("too far behind").
-    uint32_t retained_rounds = 4;
-    absl::Duration timeout = absl::Seconds(60);
+    RoundLimits limits;
     // Called once per completed round with the members' pushes by rank,
     // without the lock, before any waiter is answered. Required.
     std::function<SparseReply(uint64_t step, std::vector<SparseEntries> pushes)>

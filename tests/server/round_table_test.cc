@@ -40,10 +40,10 @@ struct Answer {
 
 RoundTable::Options SmallOptions(uint32_t world_size) {
   RoundTable::Options o;
-  o.world_size = world_size;
-  o.max_step_lag = 8;
-  o.retained_rounds = 4;
-  o.timeout = absl::Seconds(60);
+  o.limits.world_size = world_size;
+  o.limits.max_step_lag = 8;
+  o.limits.retained_rounds = 4;
+  o.limits.timeout = absl::Seconds(60);
   return o;
 }
 
@@ -122,7 +122,7 @@ TEST(RoundTableTest, OnLatencyReportsFirstToCompletingPushOfCompletedRoundsOnly)
   std::vector<std::string> events;
   std::vector<std::pair<RoundKey, absl::Duration>> latencies;
   RoundTable::Options o = SmallOptions(2);
-  o.timeout = absl::Seconds(10);
+  o.limits.timeout = absl::Seconds(10);
   o.on_complete = [&](const RoundKey&, float, const std::vector<float>&) {
     events.push_back("complete");
   };
@@ -323,7 +323,7 @@ TEST(RoundTableTest, RejectsLengthMismatch) {
 
 TEST(RoundTableTest, RejectsStepTooFarAhead) {
   RoundTable::Options o = SmallOptions(1);
-  o.max_step_lag = 2;
+  o.limits.max_step_lag = 2;
   RoundTable table(o);
   Answer ahead;
   table.Push(RoundKey{3, 0, 0}, 0, 1.0f, kLr, std::vector<float>{1.0f}, kT0,
@@ -352,8 +352,8 @@ TEST(RoundTableTest, RejectsStepTooFarAhead) {
 
 TEST(RoundTableTest, RetirementKeepsOnlyRetainedStepsPerStream) {
   RoundTable::Options o = SmallOptions(1);
-  o.retained_rounds = 3;
-  o.max_step_lag = 1;
+  o.limits.retained_rounds = 3;
+  o.limits.max_step_lag = 1;
   RoundTable table(o);
   constexpr uint64_t kSteps = 100;
   // Every step has two chunks; the mean of step s chunk c is s * 10 + c.
@@ -412,8 +412,8 @@ TEST(RoundTableTest, RetirementKeepsOnlyRetainedStepsPerStream) {
 
 TEST(RoundTableTest, ExpireOverdueNamesMissingRanks) {
   RoundTable::Options o = SmallOptions(3);
-  o.timeout = absl::Seconds(10);
-  o.max_step_lag = 16;
+  o.limits.timeout = absl::Seconds(10);
+  o.limits.max_step_lag = 16;
   int completions = 0;
   o.on_complete = [&](const RoundKey&, float, const std::vector<float>&) {
     ++completions;
@@ -460,7 +460,7 @@ TEST(RoundTableTest, ExpireOverdueNamesMissingRanks) {
 
 TEST(RoundTableTest, NextDeadlineIsTheEarliestOpenRound) {
   RoundTable::Options o = SmallOptions(2);
-  o.timeout = absl::Seconds(30);
+  o.limits.timeout = absl::Seconds(30);
   RoundTable table(o);
   EXPECT_EQ(table.NextDeadline(), absl::InfiniteFuture());
   Answer a, b, c, d;
@@ -553,10 +553,10 @@ TEST(RoundTableTest, ConcurrentPushesAnswerEveryCallbackOnceWithTheMean) {
   std::vector<std::atomic<int>> answers(kRounds * kWorld * 2);
   std::atomic<int> wrong{0};
   RoundTable::Options o;
-  o.world_size = kWorld;
-  o.max_step_lag = kSteps;
-  o.retained_rounds = kSteps;
-  o.timeout = absl::Hours(1);
+  o.limits.world_size = kWorld;
+  o.limits.max_step_lag = kSteps;
+  o.limits.retained_rounds = kSteps;
+  o.limits.timeout = absl::Hours(1);
   o.on_complete = [&](const RoundKey& key, float, const std::vector<float>& mean) {
     completions[index(key.step, key.chunk)].fetch_add(1);
     if (mean != expected[index(key.step, key.chunk)]) wrong.fetch_add(1);
