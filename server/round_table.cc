@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "server/round_lifecycle_impl.h"
 
 namespace cserps {
 

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "server/round_lifecycle_impl.h"
 
 namespace cserps {
 
