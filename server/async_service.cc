@@ -19,18 +19,7 @@ std::string Describe(const v1::AsyncPushPullRequest& request) {
                       request.offset(), ") from rank ", request.rank());
 }
 
-absl::Status Prefixed(const v1::AsyncPushPullRequest& request,
-                      const absl::Status& status) {
-  if (status.ok()) return status;
-  return absl::Status(status.code(),
-                      absl::StrCat(Describe(request), ": ", status.message()));
-}
-
 }  // namespace
-
-absl::StatusOr<std::unique_ptr<AsyncService>> AsyncService::Create(ShardContext* shard) {
-  return Create(shard, Options{});
-}
 
 absl::StatusOr<std::unique_ptr<AsyncService>> AsyncService::Create(ShardContext* shard,
                                                                    Options options) {
@@ -114,10 +103,8 @@ absl::Status AsyncService::Apply(const v1::AsyncPushPullRequest& request,
   if (applied == applied_.end() || request.step() > applied->second) {
     std::vector<float> g(count);
     RETURN_IF_ERROR(BytesToFloats(request.gradient(), absl::MakeSpan(g), "gradient"));
-    std::string x_bytes;
-    RETURN_IF_ERROR(store.Read(offset, count, &x_bytes));
     std::vector<float> x(count);
-    RETURN_IF_ERROR(BytesToFloats(x_bytes, absl::MakeSpan(x), "model"));
+    RETURN_IF_ERROR(store.Read(offset, absl::MakeSpan(x)));
     // p = Direction(g) at x, in place of g (worker/optim/direction.h).
     const v1::OptimizerConfig& opt = shard_.config().optimizer();
     const float lambda = opt.weight_decay();
@@ -157,30 +144,26 @@ grpc::ServerUnaryReactor* AsyncService::AsyncPushPull(
     grpc::CallbackServerContext* context, const v1::AsyncPushPullRequest* request,
     v1::AsyncPushPullResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  absl::Status valid = shard_.CheckFingerprint(request->fingerprint());
-  if (valid.ok()) valid = shard_.CheckMember(request->rank());
   const absl::Time arrived = options_.now();
-  if (valid.ok()) {
-    shard_.activity().Heard(request->rank(), arrived);
-    valid = Validate(*request);
-  }
+  absl::Status valid = shard_.Admit(request->fingerprint(), request->rank(), arrived);
+  if (valid.ok()) valid = Validate(*request);
   if (!valid.ok()) {
-    refused_bytes_in_.fetch_add(request->ByteSizeLong(), std::memory_order_relaxed);
-    reactor->Finish(ToGrpcStatus(Prefixed(*request, valid)));
+    refused_.AddRequest(request->ByteSizeLong());
+    reactor->Finish(ToGrpcStatus(Prefixed(Describe(*request), valid)));
     return reactor;
   }
-  bytes_in_.fetch_add(request->ByteSizeLong(), std::memory_order_relaxed);
+  traffic_.AddRequest(request->ByteSizeLong());
   shard_.activity().CallStarted(request->rank(), arrived);
   gate_.Arrive(request->rank(), request->step(), arrived,
                [this, reactor, request, response](absl::Status status) {
                  if (status.ok()) status = Apply(*request, response);
                  if (status.ok()) {
-                   bytes_out_.fetch_add(response->ByteSizeLong(), std::memory_order_relaxed);
+                   traffic_.AddReply(response->ByteSizeLong());
                  } else {
                    pushes_failed_.fetch_add(1, std::memory_order_relaxed);
                  }
                  shard_.activity().CallEnded(request->rank(), options_.now());
-                 reactor->Finish(ToGrpcStatus(Prefixed(*request, status)));
+                 reactor->Finish(ToGrpcStatus(Prefixed(Describe(*request), status)));
                });
   return reactor;
 }
@@ -190,9 +173,8 @@ AsyncService::Counters AsyncService::counters() const {
   c.pushes_applied = pushes_applied_.load(std::memory_order_relaxed);
   c.pushes_failed = pushes_failed_.load(std::memory_order_relaxed);
   c.newest_step = newest_step_.load(std::memory_order_relaxed);
-  c.bytes_in = bytes_in_.load(std::memory_order_relaxed);
-  c.refused_bytes_in = refused_bytes_in_.load(std::memory_order_relaxed);
-  c.bytes_out = bytes_out_.load(std::memory_order_relaxed);
+  c.traffic = traffic_.Snapshot();
+  c.refused = refused_.Snapshot();
   return c;
 }
 

@@ -25,28 +25,24 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/block_layout.h"
+#include "common/traffic_counter.h"
 #include "cserps/v1/async_sgd.grpc.pb.h"
 #include "server/async_staleness_gate.h"
 #include "server/expiry_thread.h"
+#include "server/service_options.h"
 #include "server/shard_context.h"
 
 namespace cserps {
 
 class AsyncService final : public v1::AsyncParameterServer::CallbackService {
  public:
-  struct Options {
-    // Injectable clock for the liveness rule and member activity (tests);
-    // absl::Now by default.
-    std::function<absl::Time()> now;
-    // Run the thread that declares silent ranks dead. Tests that drive
-    // liveness through ExpireSilentRanks turn it off.
-    bool expiry_thread = true;
-  };
+  // Its clock also drives the liveness rule; its expiry thread declares
+  // silent ranks dead.
+  using Options = ShardServiceOptions;
 
-  // `shard` outlives the service. The first form uses the default Options.
-  static absl::StatusOr<std::unique_ptr<AsyncService>> Create(ShardContext* shard);
+  // `shard` outlives the service.
   static absl::StatusOr<std::unique_ptr<AsyncService>> Create(ShardContext* shard,
-                                                              Options options);
+                                                              Options options = {});
   ~AsyncService() override;
 
   // Answers every parked call with UNAVAILABLE and refuses new ones; called
@@ -74,10 +70,10 @@ class AsyncService final : public v1::AsyncParameterServer::CallbackService {
     uint64_t pushes_failed = 0;
     uint64_t newest_step = 0;  // of any applied push; 0 before the first
     // AsyncPushPull requests that passed the checks and reached the
-    // staleness gate, and those refused before.
-    uint64_t bytes_in = 0;
-    uint64_t refused_bytes_in = 0;
-    uint64_t bytes_out = 0;  // replies carrying the updated chunk
+    // staleness gate, and the replies carrying the updated chunk.
+    TrafficCounts traffic;
+    // Requests refused before the gate (no reply bytes are counted).
+    TrafficCounts refused;
   };
   Counters counters() const;
 
@@ -112,9 +108,8 @@ class AsyncService final : public v1::AsyncParameterServer::CallbackService {
   std::atomic<uint64_t> pushes_failed_{0};
   // Written under update_mu_ only.
   std::atomic<uint64_t> newest_step_{0};
-  std::atomic<uint64_t> bytes_in_{0};
-  std::atomic<uint64_t> refused_bytes_in_{0};
-  std::atomic<uint64_t> bytes_out_{0};
+  TrafficCounter traffic_;
+  TrafficCounter refused_;
 
   std::atomic<bool> shut_down_{false};
   // Last: destroyed (joined) first, while what it calls still exists.

@@ -6,7 +6,9 @@
 #define CSERPS_SERVER_EXPIRY_THREAD_H_
 
 #include <functional>
+#include <memory>
 #include <thread>
+#include <utility>
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -36,6 +38,16 @@ class ExpiryThread {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;  // last: starts once everything above is built
 };
+
+// The expiry thread of a table of rounds (RoundTable, SparseRoundTable): it
+// fails the rounds as they become overdue. `rounds` outlives the thread.
+template <typename Rounds>
+std::unique_ptr<ExpiryThread> StartRoundExpiry(std::function<absl::Time()> now,
+                                               Rounds* rounds) {
+  return std::make_unique<ExpiryThread>(
+      std::move(now), [rounds] { return rounds->NextDeadline(); },
+      [rounds](absl::Time t) { rounds->ExpireOverdue(t); });
+}
 
 }  // namespace cserps
 

@@ -39,28 +39,30 @@ ParameterServerService::ParameterServerService(ShardContext* shard, Options opti
       all_blocks_(ShardPayload::AllBlocks(layout_, shard->shard())),
       chunk_floats_(shard->chunk_floats()),
       options_(std::move(options)),
-      rounds_timeout_(absl::Seconds(config_.cluster().round_timeout_s())),
       members_(shard->members()),
       store_(shard->store()),
       rounds_(RoundTable::Options{
-          .world_size = config_.cluster().num_workers(),
-          // Periodic algorithms push only every H steps: the window counts
-          // sync periods.
-          .max_step_lag = uint64_t{config_.cluster().max_step_lag()} *
-                          std::max<uint32_t>(1, config_.algorithm().period()),
-          .retained_rounds = config_.cluster().retained_rounds(),
-          .timeout = absl::Seconds(config_.cluster().round_timeout_s()),
+          .limits =
+              {
+                  .world_size = config_.cluster().num_workers(),
+                  // Periodic algorithms push only every H steps: the window
+                  // counts sync periods.
+                  .max_step_lag = uint64_t{config_.cluster().max_step_lag()} *
+                                  std::max<uint32_t>(1, config_.algorithm().period()),
+                  .retained_rounds = config_.cluster().retained_rounds(),
+                  .timeout = absl::Seconds(config_.cluster().round_timeout_s()),
+              },
           .on_complete =
               [this](const RoundKey& key, float lr,
                      const std::vector<float>& mean) {
                 OnRoundComplete(key, lr, mean);
               },
+          .on_latency =
+              [this](const RoundKey& key, absl::Duration latency) {
+                if (on_round_latency_) on_round_latency_(key, latency);
+              },
       }) {
-  if (options_.expiry_thread) {
-    expiry_ = std::make_unique<ExpiryThread>(
-        options_.now, [this] { return rounds_.NextDeadline(); },
-        [this](absl::Time now) { rounds_.ExpireOverdue(now); });
-  }
+  if (options_.expiry_thread) expiry_ = StartRoundExpiry(options_.now, &rounds_);
 }
 
 ParameterServerService::~ParameterServerService() { Shutdown(); }
@@ -113,25 +115,6 @@ ShardPayload ParameterServerService::PayloadOf(const RoundKey& key) const {
 
 void ParameterServerService::OnRoundComplete(const RoundKey& key, float lr,
                                              const std::vector<float>& mean) {
-  if (on_round_latency_) {
-    const absl::Time now = options_.now();
-    absl::Time first = now;
-    {
-      absl::MutexLock lock(&first_push_mu_);
-      auto it = first_push_.find(key);
-      if (it != first_push_.end()) {
-        first = it->second;
-        first_push_.erase(it);
-      }
-      // Rounds that failed or were refused leave entries behind; none of
-      // them can be younger than a timeout and still matter.
-      const absl::Time stale = now - rounds_timeout_;
-      for (auto i = first_push_.begin(); i != first_push_.end();) {
-        i = i->second < stale ? first_push_.erase(i) : std::next(i);
-      }
-    }
-    on_round_latency_(key, now - first);
-  }
   store_.ApplyMean(key.stream == v1::MODEL, PayloadOf(key),
                    key.chunk * chunk_floats_, mean, lr);
 }
@@ -139,21 +122,18 @@ void ParameterServerService::OnRoundComplete(const RoundKey& key, float lr,
 grpc::ServerUnaryReactor* ParameterServerService::PushPull(
     grpc::CallbackServerContext* context, const v1::PushPullRequest* request,
     v1::PushPullResponse* response) {
-  bytes_in_.fetch_add(request->ByteSizeLong(), std::memory_order_relaxed);
+  traffic_.AddRequest(request->ByteSizeLong());
   const std::string round = absl::StrCat(
       "PushPull (step ", request->step(), ", stream ",
       StreamName(request->stream()), ", chunk ", request->chunk(),
       ") from rank ", request->rank());
   auto refuse = [&](const absl::Status& status) {
-    other_bytes_in_.fetch_add(request->ByteSizeLong(), std::memory_order_relaxed);
-    return FinishWith(context, absl::Status(status.code(),
-                                            absl::StrCat(round, ": ", status.message())));
+    other_traffic_.AddRequest(request->ByteSizeLong());
+    return FinishWith(context, Prefixed(round, status));
   };
-  absl::Status ok = shard_.CheckFingerprint(request->fingerprint());
-  if (ok.ok()) ok = shard_.CheckMember(request->rank());
-  if (!ok.ok()) return refuse(ok);
   const absl::Time arrived = options_.now();
-  shard_.activity().Heard(request->rank(), arrived);
+  absl::Status ok = shard_.Admit(request->fingerprint(), request->rank(), arrived);
+  if (!ok.ok()) return refuse(ok);
   if (request->stream() != v1::GRAD && request->stream() != v1::MODEL) {
     return refuse(absl::InvalidArgumentError(
         absl::StrCat("unknown stream ", request->stream(), " (known: GRAD, MODEL)")));
@@ -182,14 +162,7 @@ grpc::ServerUnaryReactor* ParameterServerService::PushPull(
   if (!ok.ok()) return refuse(ok);
 
   const int stream = request->stream();
-  stream_bytes_in_[stream].fetch_add(request->ByteSizeLong(), std::memory_order_relaxed);
-  stream_floats_in_[stream].fetch_add(values.size(), std::memory_order_relaxed);
-  if (on_round_latency_) {
-    absl::MutexLock lock(&first_push_mu_);
-    auto [it, added] = first_push_.try_emplace(key, arrived);
-    // An entry older than a timeout belongs to a round that failed.
-    if (!added && it->second < arrived - rounds_timeout_) it->second = arrived;
-  }
+  stream_traffic_[stream].AddRequest(request->ByteSizeLong(), values.size());
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   response->set_step(key.step);
   response->set_stream(request->stream());
@@ -200,15 +173,13 @@ grpc::ServerUnaryReactor* ParameterServerService::PushPull(
                [this, reactor, response, round, stream, rank](absl::StatusOr<RoundMean> mean) {
                  shard_.activity().CallEnded(rank, options_.now());
                  if (!mean.ok()) {
-                   reactor->Finish(ToGrpcStatus(absl::Status(
-                       mean.status().code(),
-                       absl::StrCat(round, ": ", mean.status().message()))));
+                   reactor->Finish(ToGrpcStatus(Prefixed(round, mean.status())));
                    return;
                  }
                  response->set_mean(FloatsToBytes(**mean));
                  const uint64_t bytes = response->ByteSizeLong();
-                 bytes_out_.fetch_add(bytes, std::memory_order_relaxed);
-                 stream_bytes_out_[stream].fetch_add(bytes, std::memory_order_relaxed);
+                 traffic_.AddReply(bytes);
+                 stream_traffic_[stream].AddReply(bytes);
                  reactor->Finish(grpc::Status::OK);
                });
   return reactor;
@@ -233,8 +204,8 @@ grpc::ServerUnaryReactor* ParameterServerService::PullModel(
       status = store_.Read(offset, count, response->mutable_values());
     }
     if (status.ok()) {
-      bytes_out_.fetch_add(response->ByteSizeLong(), std::memory_order_relaxed);
-      other_bytes_out_.fetch_add(response->ByteSizeLong(), std::memory_order_relaxed);
+      traffic_.AddReply(response->ByteSizeLong());
+      other_traffic_.AddReply(response->ByteSizeLong());
     }
     reactor->Finish(ToGrpcStatus(status));
   };
@@ -252,14 +223,10 @@ grpc::ServerUnaryReactor* ParameterServerService::PullModel(
 grpc::ServerUnaryReactor* ParameterServerService::PushModel(
     grpc::CallbackServerContext* context, const v1::PushModelRequest* request,
     v1::PushModelResponse* response) {
-  bytes_in_.fetch_add(request->ByteSizeLong(), std::memory_order_relaxed);
-  other_bytes_in_.fetch_add(request->ByteSizeLong(), std::memory_order_relaxed);
-  absl::Status ok = shard_.CheckFingerprint(request->fingerprint());
-  if (ok.ok()) ok = shard_.CheckMember(request->rank());
-  if (ok.ok()) {
-    shard_.activity().Heard(request->rank(), options_.now());
-    ok = CheckFloatBytes(request->values(), "PushModel values");
-  }
+  traffic_.AddRequest(request->ByteSizeLong());
+  other_traffic_.AddRequest(request->ByteSizeLong());
+  absl::Status ok = shard_.Admit(request->fingerprint(), request->rank(), options_.now());
+  if (ok.ok()) ok = CheckFloatBytes(request->values(), "PushModel values");
   if (!ok.ok()) return FinishWith(context, ok);
   std::vector<float> values(request->values().size() / sizeof(float));
   ok = BytesToFloats(request->values(), absl::MakeSpan(values), "values");
@@ -287,14 +254,10 @@ ParameterServerService::Counters ParameterServerService::counters() const {
   c.newest_step = rounds_.newest_step();
   // Streams before totals: a request adds to its total before its stream,
   // so the totals read here normally cover the stream bytes read here.
-  c.grad_bytes_in = stream_bytes_in_[v1::GRAD].load(std::memory_order_relaxed);
-  c.grad_bytes_out = stream_bytes_out_[v1::GRAD].load(std::memory_order_relaxed);
-  c.model_bytes_in = stream_bytes_in_[v1::MODEL].load(std::memory_order_relaxed);
-  c.model_bytes_out = stream_bytes_out_[v1::MODEL].load(std::memory_order_relaxed);
-  c.bytes_in = bytes_in_.load(std::memory_order_relaxed);
-  c.bytes_out = bytes_out_.load(std::memory_order_relaxed);
-  c.other_bytes_in = other_bytes_in_.load(std::memory_order_relaxed);
-  c.other_bytes_out = other_bytes_out_.load(std::memory_order_relaxed);
+  c.grad = stream_traffic_[v1::GRAD].Snapshot();
+  c.model = stream_traffic_[v1::MODEL].Snapshot();
+  c.traffic = traffic_.Snapshot();
+  c.other = other_traffic_.Snapshot();
   return c;
 }
 
@@ -310,14 +273,16 @@ grpc::ServerUnaryReactor* ParameterServerService::GetStatus(
   response->set_rounds_failed(rounds_.rounds_failed());
   response->set_open_rounds(rounds_.open_rounds());
   response->set_newest_step(rounds_.newest_step());
-  response->set_bytes_in(bytes_in_.load(std::memory_order_relaxed));
-  response->set_bytes_out(bytes_out_.load(std::memory_order_relaxed));
+  const TrafficCounts total = traffic_.Snapshot();
+  response->set_bytes_in(total.request_bytes);
+  response->set_bytes_out(total.reply_bytes);
   for (int s : {v1::GRAD, v1::MODEL}) {
+    const TrafficCounts counts = stream_traffic_[s].Snapshot();
     v1::StreamTraffic* traffic = response->add_streams();
     traffic->set_stream(static_cast<v1::Stream>(s));
-    traffic->set_bytes_in(stream_bytes_in_[s].load(std::memory_order_relaxed));
-    traffic->set_bytes_out(stream_bytes_out_[s].load(std::memory_order_relaxed));
-    traffic->set_floats_in(stream_floats_in_[s].load(std::memory_order_relaxed));
+    traffic->set_bytes_in(counts.request_bytes);
+    traffic->set_bytes_out(counts.reply_bytes);
+    traffic->set_floats_in(counts.request_floats);
   }
   return FinishWith(context, absl::OkStatus());
 }

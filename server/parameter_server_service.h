@@ -8,18 +8,19 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
-#include <map>
 #include <memory>
 #include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/block_layout.h"
+#include "common/traffic_counter.h"
 #include "cserps/v1/parameter_server.grpc.pb.h"
 #include "server/expiry_thread.h"
 #include "server/member_registry.h"
 #include "server/round_table.h"
+#include "server/service_options.h"
 #include "server/shard_context.h"
 #include "server/shard_store.h"
 
@@ -27,14 +28,8 @@ namespace cserps {
 
 class ParameterServerService final : public v1::ParameterServer::CallbackService {
  public:
-  struct Options {
-    // Injectable clock for round timeouts and member activity (tests);
-    // absl::Now by default.
-    std::function<absl::Time()> now;
-    // Run the thread that fails overdue rounds. Tests that drive timeouts
-    // through ExpireOverdueRounds turn it off.
-    bool expiry_thread = true;
-  };
+  // Its expiry thread fails overdue rounds.
+  using Options = ShardServiceOptions;
 
   // The service's counters, as GetStatus reports them.
   struct Counters {
@@ -45,19 +40,21 @@ class ParameterServerService final : public v1::ParameterServer::CallbackService
     uint64_t model_rounds_completed = 0, model_rounds_failed = 0;
     uint64_t open_rounds = 0;
     uint64_t newest_step = 0;
-    uint64_t bytes_in = 0;   // every request, PushModel included
-    uint64_t bytes_out = 0;  // every reply, PullModel included
-    uint64_t grad_bytes_in = 0, grad_bytes_out = 0;    // PushPull, GRAD
-    uint64_t model_bytes_in = 0, model_bytes_out = 0;  // PushPull, MODEL
+    // Every request (PushModel included) and every reply (PullModel
+    // included).
+    TrafficCounts traffic;
+    // PushPull requests that reached their round, by stream, and the
+    // replies carrying a round's mean.
+    TrafficCounts grad, model;
     // The rest, counted where it happens (not as a difference, so that it
     // never goes down): PushModel requests and refused PushPull requests;
     // PullModel replies.
-    uint64_t other_bytes_in = 0, other_bytes_out = 0;
+    TrafficCounts other;
   };
 
   // Starts the expiry thread when asked. `shard` outlives the service.
   static absl::StatusOr<std::unique_ptr<ParameterServerService>> Create(
-      ShardContext* shard, Options options);
+      ShardContext* shard, Options options = {});
   ~ParameterServerService() override;
 
   // Fails every parked call with UNAVAILABLE and refuses new rounds; call
@@ -70,8 +67,8 @@ class ParameterServerService final : public v1::ParameterServer::CallbackService
   Counters counters() const;
 
   // `observer` is called once per completed round with the time from its
-  // first push (clock Options::now) to completion; for metrics. Without one
-  // no first-push times are kept. Call before the service receives calls.
+  // first push to the push that completed it (clock Options::now); for
+  // metrics. Call before the service receives calls.
   void SetRoundLatencyObserver(
       std::function<void(const RoundKey&, absl::Duration)> observer) {
     on_round_latency_ = std::move(observer);
@@ -112,26 +109,16 @@ class ParameterServerService final : public v1::ParameterServer::CallbackService
   const ShardPayload all_blocks_;
   const uint64_t chunk_floats_;
   const Options options_;
-  const absl::Duration rounds_timeout_;
   MemberRegistry& members_;
   ShardStore& store_;
+  std::function<void(const RoundKey&, absl::Duration)> on_round_latency_;
   RoundTable rounds_;
 
-  std::atomic<uint64_t> bytes_in_{0};
-  std::atomic<uint64_t> bytes_out_{0};
+  TrafficCounter traffic_;
   // PushPull traffic by stream, indexed by the v1::Stream value.
   static constexpr int kStreams = 3;
-  std::atomic<uint64_t> stream_bytes_in_[kStreams] = {};
-  std::atomic<uint64_t> stream_bytes_out_[kStreams] = {};
-  std::atomic<uint64_t> stream_floats_in_[kStreams] = {};
-  std::atomic<uint64_t> other_bytes_in_{0};
-  std::atomic<uint64_t> other_bytes_out_{0};
-
-  std::function<void(const RoundKey&, absl::Duration)> on_round_latency_;
-  // First push time of each round not yet completed; kept only with
-  // on_round_latency_.
-  absl::Mutex first_push_mu_;
-  std::map<RoundKey, absl::Time> first_push_ ABSL_GUARDED_BY(first_push_mu_);
+  TrafficCounter stream_traffic_[kStreams];
+  TrafficCounter other_traffic_;
 
   std::atomic<bool> shut_down_{false};
   // Last: destroyed (joined) first, while what it calls still exists.

@@ -9,7 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
-#include "server/unary_reply.h"
+#include "server/service_options.h"
 
 namespace cserps {
 
@@ -65,16 +65,17 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(
       s.members_alive = context->activity().Alive(now());
       s.open_rounds = c.open_rounds + sc.open_rounds;
       s.newest_step = std::max({c.newest_step, sc.newest_step, ac.newest_step});
-      s.bytes_in = {{"GRAD", c.grad_bytes_in},
-                    {"MODEL", c.model_bytes_in},
-                    {"sparse", sc.bytes_in},
-                    {"async", ac.bytes_in},
-                    {"other", c.other_bytes_in + sc.refused_bytes_in + ac.refused_bytes_in}};
-      s.bytes_out = {{"GRAD", c.grad_bytes_out},
-                     {"MODEL", c.model_bytes_out},
-                     {"sparse", sc.bytes_out},
-                     {"async", ac.bytes_out},
-                     {"other", c.other_bytes_out}};
+      s.bytes_in = {{"GRAD", c.grad.request_bytes},
+                    {"MODEL", c.model.request_bytes},
+                    {"sparse", sc.traffic.request_bytes},
+                    {"async", ac.traffic.request_bytes},
+                    {"other", c.other.request_bytes + sc.refused.request_bytes +
+                                  ac.refused.request_bytes}};
+      s.bytes_out = {{"GRAD", c.grad.reply_bytes},
+                     {"MODEL", c.model.reply_bytes},
+                     {"sparse", sc.traffic.reply_bytes},
+                     {"async", ac.traffic.reply_bytes},
+                     {"other", c.other.reply_bytes}};
       return s;
     });
   }

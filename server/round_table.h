@@ -7,18 +7,17 @@
 // model there), and then answers every waiting caller with the same mean.
 //
 // Thread safety: every method may be called from any thread. Callbacks
-// (`RoundCallback`, `on_complete`) are never called with the table's lock
-// held; a callback may run inline in Push (round already complete, or this
-// push completed it, or the push was refused) or later on the thread of the
-// push that completes the round, or of ExpireOverdue / FailAll.
+// (`RoundCallback`, `on_complete`, `on_latency`) are never called with the
+// table's lock held; a callback may run inline in Push (round already
+// complete, or this push completed it, or the push was refused) or later on
+// the thread of the push that completes the round, or of ExpireOverdue /
+// FailAll.
 #ifndef CSERPS_SERVER_ROUND_TABLE_H_
 #define CSERPS_SERVER_ROUND_TABLE_H_
 
 #include <cstddef>
 #include <cstdint>
 #include <functional>
-#include <map>
-#include <utility>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -26,9 +25,10 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "server/round_lifecycle.h"
 
 namespace cserps {
 
@@ -54,19 +54,53 @@ struct RoundKey {
 using RoundMean = std::shared_ptr<const std::vector<float>>;
 using RoundCallback = std::function<void(absl::StatusOr<RoundMean>)>;
 
-class RoundTable {
+// What a dense round collects: sum_i w_i v_i per element and sum_i w_i, in
+// double, and the learning rate of its first push. The Aggregate of
+// RoundLifecycle (round_lifecycle.h, which lists what each member is for).
+class WeightedSum {
+ public:
+  using Key = RoundKey;
+  struct Contribution {
+    float weight = 1.0f;
+    float lr = 0.0f;
+    absl::Span<const float> values;  // read during Add only
+  };
+  using Shape = size_t;  // values per push
+  using Result = RoundMean;
+  static constexpr absl::string_view kKind = "";
+
+  WeightedSum(const Contribution& first, uint32_t world_size);
+  void Add(uint32_t rank, const Contribution& push);
+  // sum_i w_i v_i / sum_i w_i, rounded to float once.
+  RoundMean Mean() const;
+  float lr() const { return lr_; }
+
+  static uint64_t Step(const RoundKey& key) { return key.step; }
+  static int Stream(const RoundKey& key) { return key.stream; }
+  // "round (step 12, stream 1, chunk 0)", with ", ratio r" when r > 1.
+  static std::string RoundName(const RoundKey& key);
+  static std::string PushName(const RoundKey& key, uint32_t rank);
+  static std::string StepName(const RoundKey& key);
+  static Shape ShapeOf(const Contribution& push) { return push.values.size(); }
+  // INVALID_ARGUMENT when the weight is not finite and > 0.
+  static absl::Status Check(const RoundKey& key, uint32_t rank, const Contribution& push);
+  static absl::Status CheckShape(const RoundKey& key, uint32_t rank, Shape got, Shape want);
+
+ private:
+  std::vector<double> sum_;
+  double weight_total_ = 0.0;
+  float lr_ = 0.0f;
+};
+
+extern template class RoundLifecycle<WeightedSum>;
+
+// Open, completing and retained rounds, the step window, timeouts and
+// shutdown are RoundLifecycle's (round_lifecycle.h): ExpireOverdue,
+// NextDeadline, FailAll and the counters come from there.
+class RoundTable : public RoundLifecycle<WeightedSum> {
  public:
   struct Options {
-    uint32_t world_size = 1;
-    // A push whose step is more than this ahead of the newest completed step
-    // (over all streams) is refused with OUT_OF_RANGE.
-    uint64_t max_step_lag = 8;
-    // Completed rounds kept per stream, newest first, to answer retries;
-    // older ones are retired. Pushes for a retired or older step are refused
-    // with OUT_OF_RANGE ("too far behind").
-    uint32_t retained_rounds = 4;
-    // A round still open this long after its first push fails.
-    absl::Duration timeout = absl::Seconds(60);
+    RoundLimits limits;
     // Called exactly once per completed round, before any waiter is
     // answered, without the table's lock held. The rounds of one stream
     // complete in step order in the synchronous algorithms, but the table
@@ -74,13 +108,13 @@ class RoundTable {
     // `lr` is the learning rate of the round's first push.
     std::function<void(const RoundKey&, float lr, const std::vector<float>& mean)>
         on_complete;
+    // Optional: called once per completed round, after on_complete and
+    // before any waiter is answered, with the time from the round's first
+    // push to the push that completed it (the `now`s given to Push).
+    std::function<void(const RoundKey&, absl::Duration)> on_latency;
   };
 
   explicit RoundTable(Options options);
-  RoundTable(const RoundTable&) = delete;
-  RoundTable& operator=(const RoundTable&) = delete;
-  // Fails the rounds still open, so that no caller waits forever.
-  ~RoundTable();
 
   // Adds `rank`'s `values` with `weight` to round `key` at time `now`.
   // `done` is called exactly once with the mean, or with:
@@ -89,7 +123,9 @@ class RoundTable {
   //                    length of the first push of the round);
   //  OUT_OF_RANGE      step too far ahead / behind (message says which and
   //                    gives the allowed window);
-  //  DEADLINE_EXCEEDED the round timed out (message names the missing ranks);
+  //  DEADLINE_EXCEEDED the round timed out (message names the missing ranks,
+  //                    e.g. "round (step 12, stream 1, chunk 0) timed out
+  //                    after 60s: missing ranks 2, 5 of world_size 6");
   //  UNAVAILABLE       FailAll was called (shutdown).
   // A retried push (same rank, same key) is never counted twice: while the
   // round is open the caller joins the waiters; once it is complete it is
@@ -101,80 +137,13 @@ class RoundTable {
             absl::Span<const float> values, absl::Time now,
             RoundCallback done);
 
-  // Fails every round whose first push is older than the timeout at `now`
-  // with DEADLINE_EXCEEDED naming the ranks that did not push, e.g.
-  // "round (step 12, stream 1, chunk 0) timed out after 60s: missing ranks 2, 5".
-  // Returns the number of rounds failed. A failed round is forgotten: later
-  // pushes for its key start a new round.
-  int ExpireOverdue(absl::Time now);
-
-  // Earliest time at which some open round will be overdue, or
-  // absl::InfiniteFuture() when none is open.
-  absl::Time NextDeadline() const;
-
-  // Fails every open round with UNAVAILABLE `reason` (server shutdown) and
-  // refuses later pushes the same way.
-  void FailAll(const std::string& reason);
-
-  size_t open_rounds() const;
-  uint64_t rounds_completed() const;
-  uint64_t rounds_failed() const;
-  // The same, of the rounds of one stream (RoundKey::stream).
-  uint64_t rounds_completed(int stream) const;
-  uint64_t rounds_failed(int stream) const;
-  // Newest step of any completed round; 0 before the first.
-  uint64_t newest_step() const;
-
  private:
-  // A round still collecting pushes.
-  struct Round {
-    std::vector<double> sum;     // sum of weight * value, per element
-    double weight_total = 0.0;
-    std::vector<bool> pushed;    // by rank, so a retry is not counted twice
-    uint32_t ranks_pushed = 0;
-    std::vector<RoundCallback> waiters;
-    absl::Time first_push;
-    float lr = 0.0f;
-  };
-  // A round whose last push has arrived but whose on_complete has not
-  // returned yet. Retries join `waiters` here rather than being answered
-  // early (before on_complete) or starting a new round.
-  struct CompletingRound {
-    size_t length = 0;
-    std::vector<RoundCallback> waiters;
-  };
-  // Completed rounds of one stream kept to answer retries.
-  struct StreamHistory {
-    // step -> (ratio, chunk) -> mean
-    std::map<uint64_t, std::map<std::pair<uint32_t, uint32_t>, RoundMean>> by_step;
-    bool retired_any = false;
-    uint64_t newest_retired = 0;  // meaningful only when retired_any
-  };
+  RoundMean Finish(const RoundKey& key, const WeightedSum& sum,
+                   absl::Duration latency) const;
 
-  // The mean of `key` if it is completed and retained, else null.
-  const RoundMean* FindRetainedLocked(const RoundKey& key) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // OK when a new round may be opened for `key` (the step window).
-  absl::Status CheckWindowLocked(const RoundKey& key, uint32_t rank) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Moves `key` from completing_ to the retained store, retires the
-  // stream's oldest steps beyond retained_rounds and returns the waiters.
-  std::vector<RoundCallback> FinishLocked(const RoundKey& key,
-                                          const RoundMean& mean)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-
-  const Options options_;
-  mutable absl::Mutex mu_;
-  std::map<RoundKey, Round> open_ ABSL_GUARDED_BY(mu_);
-  std::map<RoundKey, CompletingRound> completing_ ABSL_GUARDED_BY(mu_);
-  std::map<int, StreamHistory> streams_ ABSL_GUARDED_BY(mu_);
-  bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
-  std::string shutdown_reason_ ABSL_GUARDED_BY(mu_);
-  uint64_t rounds_completed_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t rounds_failed_ ABSL_GUARDED_BY(mu_) = 0;
-  std::map<int, uint64_t> completed_by_stream_ ABSL_GUARDED_BY(mu_);
-  std::map<int, uint64_t> failed_by_stream_ ABSL_GUARDED_BY(mu_);
-  uint64_t newest_step_ ABSL_GUARDED_BY(mu_) = 0;
+  const std::function<void(const RoundKey&, float, const std::vector<float>&)>
+      on_complete_;
+  const std::function<void(const RoundKey&, absl::Duration)> on_latency_;
 };
 
 }  // namespace cserps

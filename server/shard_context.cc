@@ -60,4 +60,11 @@ absl::Status ShardContext::CheckMember(uint32_t rank) const {
   return absl::OkStatus();
 }
 
+absl::Status ShardContext::Admit(uint64_t fingerprint, uint32_t rank, absl::Time now) {
+  RETURN_IF_ERROR(CheckFingerprint(fingerprint));
+  RETURN_IF_ERROR(CheckMember(rank));
+  activity_.Heard(rank, now);
+  return absl::OkStatus();
+}
+
 }  // namespace cserps

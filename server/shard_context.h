@@ -9,6 +9,7 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "common/block_layout.h"
 #include "cserps/v1/config.pb.h"
 #include "server/member_activity.h"
@@ -42,6 +43,9 @@ class ShardContext {
   // INVALID_ARGUMENT for a rank out of range, FAILED_PRECONDITION for one
   // that has not registered with this shard.
   absl::Status CheckMember(uint32_t rank) const;
+  // For a request from a member: CheckFingerprint, then CheckMember; when
+  // both pass, `rank` has been heard from at `now` (MemberActivity::Heard).
+  absl::Status Admit(uint64_t fingerprint, uint32_t rank, absl::Time now);
 
  private:
   ShardContext(const v1::JobConfig& config, uint32_t shard, uint64_t num_params);

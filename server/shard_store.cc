@@ -1,5 +1,6 @@
 #include "server/shard_store.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -56,6 +57,39 @@ absl::Status ShardStore::Read(uint64_t offset, uint64_t count,
   RETURN_IF_ERROR(CheckRange(first_, size_, offset, count));
   absl::MutexLock lock(&mu_);
   AppendFloats(absl::MakeConstSpan(values_).subspan(offset - first_, count), out);
+  return absl::OkStatus();
+}
+
+absl::Status ShardStore::Read(uint64_t offset, absl::Span<float> out) const {
+  RETURN_IF_ERROR(CheckRange(first_, size_, offset, out.size()));
+  absl::MutexLock lock(&mu_);
+  std::copy_n(values_.begin() + (offset - first_), out.size(), out.begin());
+  return absl::OkStatus();
+}
+
+absl::Status ShardStore::Subtract(uint64_t offset, absl::Span<const float> deltas) {
+  RETURN_IF_ERROR(CheckRange(first_, size_, offset, deltas.size()));
+  absl::MutexLock lock(&mu_);
+  float* const x = values_.data() + (offset - first_);
+  for (size_t i = 0; i < deltas.size(); ++i) x[i] -= deltas[i];
+  return absl::OkStatus();
+}
+
+absl::Status ShardStore::SubtractAt(absl::Span<const uint32_t> indices,
+                                    absl::Span<const float> deltas) {
+  if (indices.size() != deltas.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        indices.size(), " indices but ", deltas.size(), " deltas"));
+  }
+  for (size_t e = 0; e < indices.size(); ++e) {
+    if (indices[e] < first_ || indices[e] - first_ >= size_) {
+      return absl::OutOfRangeError(absl::StrCat(
+          "index ", indices[e], " at position ", e, " is not inside this shard's [",
+          first_, ", ", first_ + size_, ")"));
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  for (size_t e = 0; e < indices.size(); ++e) values_[indices[e] - first_] -= deltas[e];
   return absl::OkStatus();
 }
 

@@ -36,6 +36,23 @@ class ShardStore {
 
   // Appends floats [offset, offset + count) as little-endian bytes to `out`.
   absl::Status Read(uint64_t offset, uint64_t count, std::string* out) const;
+  // Copies floats [offset, offset + out.size()) into `out`.
+  absl::Status Read(uint64_t offset, absl::Span<float> out) const;
+
+  // The updates below change the model in place, under the store's lock, so
+  // that a concurrent Read sees all of one update or none of it. They do
+  // not count as writes for initialisation (that is PushModel's), and on an
+  // error nothing has changed.
+
+  // x[offset + i] -= deltas[i]. OUT_OF_RANGE when the range is not inside
+  // the shard.
+  absl::Status Subtract(uint64_t offset, absl::Span<const float> deltas);
+  // x[indices[e]] -= deltas[e], for global float indices in any order
+  // (a repeated index is subtracted from again). INVALID_ARGUMENT when the
+  // spans differ in length; OUT_OF_RANGE, naming the index and its
+  // position, when one is not inside the shard.
+  absl::Status SubtractAt(absl::Span<const uint32_t> indices,
+                          absl::Span<const float> deltas);
 
   // Applies a round's mean for payload floats [begin, begin + mean.size()):
   // MODEL streams set x = mean, GRAD streams x -= lr * mean.

@@ -1,7 +1,5 @@
 #include "server/sparse_exchange_service.h"
 
-#include <algorithm>
-#include <cstring>
 #include <string>
 #include <utility>
 #include <vector>
@@ -14,11 +12,6 @@
 #include "server/unary_reply.h"
 
 namespace cserps {
-absl::StatusOr<std::unique_ptr<SparseExchangeService>> SparseExchangeService::Create(
-    ShardContext* shard) {
-  return Create(shard, Options{});
-}
-
 absl::StatusOr<std::unique_ptr<SparseExchangeService>> SparseExchangeService::Create(
     ShardContext* shard, Options options) {
   if (!options.now) options.now = RealNow;
@@ -63,12 +56,17 @@ SparseExchangeService::SparseExchangeService(ShardContext* shard, Options option
                      : SparseSelection::kGlobalTopK),
       k_s_(k_s),
       momentum_kind_(shard->config().optimizer().momentum_kind()),
+      uses_momentum_(momentum_kind_ == v1::OptimizerConfig::HEAVY_BALL ||
+                     momentum_kind_ == v1::OptimizerConfig::NESTEROV),
       beta_(shard->config().optimizer().momentum()),
       rounds_(SparseRoundTable::Options{
-          .world_size = shard->config().cluster().num_workers(),
-          .max_step_lag = shard->config().cluster().max_step_lag(),
-          .retained_rounds = shard->config().cluster().retained_rounds(),
-          .timeout = absl::Seconds(shard->config().cluster().round_timeout_s()),
+          .limits =
+              {
+                  .world_size = shard->config().cluster().num_workers(),
+                  .max_step_lag = shard->config().cluster().max_step_lag(),
+                  .retained_rounds = shard->config().cluster().retained_rounds(),
+                  .timeout = absl::Seconds(shard->config().cluster().round_timeout_s()),
+              },
           .complete =
               [this](uint64_t, std::vector<SparseEntries> pushes) {
                 return CompleteRound(std::move(pushes));
@@ -78,15 +76,12 @@ SparseExchangeService::SparseExchangeService(ShardContext* shard, Options option
                 if (on_round_latency_) on_round_latency_(latency);
               },
       }) {
-  if (momentum_kind_ == v1::OptimizerConfig::HEAVY_BALL ||
-      momentum_kind_ == v1::OptimizerConfig::NESTEROV) {
+  if (uses_momentum_) {
     absl::MutexLock lock(&apply_mu_);
     momentum_.assign(shard->store().size(), 0.0f);
   }
   if (sparse_job_ && options_.expiry_thread) {
-    expiry_ = std::make_unique<ExpiryThread>(
-        options_.now, [this] { return rounds_.NextDeadline(); },
-        [this](absl::Time now) { rounds_.ExpireOverdue(now); });
+    expiry_ = StartRoundExpiry(options_.now, &rounds_);
   }
 }
 
@@ -103,44 +98,28 @@ SparseReply SparseExchangeService::CompleteRound(std::vector<SparseEntries> push
   // both hold the same bits.
   const float members = static_cast<float>(pushes.size());
   ShardStore& store = shard_.store();
-  // Indices were checked against the shard's range, so no Read or Write
-  // below fails.
-  absl::MutexLock lock(&apply_mu_);
-  std::vector<float> run;
-  std::string bytes;
-  if (!momentum_.empty()) {
-    // Momentum makes every float move: m = βm + u; heavy ball x -= m,
-    // Nesterov x -= u + βm, with u = sum / P on G and 0 elsewhere.
-    const uint64_t first = store.first_float();
-    std::vector<float> u(momentum_.size(), 0.0f);
-    for (size_t e = 0; e < selected.indices.size(); ++e) {
-      u[selected.indices[e] - first] = selected.values[e] / members;
-    }
-    CSERPS_CHECK(store.Read(first, store.size(), &bytes).ok());
-    run.resize(store.size());
-    if (!run.empty()) std::memcpy(run.data(), bytes.data(), bytes.size());
-    const bool nesterov = momentum_kind_ == v1::OptimizerConfig::NESTEROV;
-    for (size_t j = 0; j < run.size(); ++j) {
-      momentum_[j] = beta_ * momentum_[j] + u[j];
-      run[j] -= nesterov ? u[j] + beta_ * momentum_[j] : momentum_[j];
-    }
-    CSERPS_CHECK(store.Write(first, run).ok());
+  // Indices were checked against the shard's range, so the store's updates
+  // do not fail.
+  if (!uses_momentum_) {
+    std::vector<float> deltas(selected.values.size());
+    for (size_t e = 0; e < deltas.size(); ++e) deltas[e] = selected.values[e] / members;
+    CSERPS_CHECK(store.SubtractAt(selected.indices, deltas).ok());
     return EncodeSparse(selected);
   }
-  for (size_t i = 0; i < selected.indices.size();) {
-    size_t j = i + 1;
-    while (j < selected.indices.size() &&
-           selected.indices[j] == selected.indices[j - 1] + 1) {
-      ++j;
-    }
-    bytes.clear();
-    CSERPS_CHECK(store.Read(selected.indices[i], j - i, &bytes).ok());
-    run.resize(j - i);
-    std::memcpy(run.data(), bytes.data(), bytes.size());
-    for (size_t e = i; e < j; ++e) run[e - i] -= selected.values[e] / members;
-    CSERPS_CHECK(store.Write(selected.indices[i], run).ok());
-    i = j;
+  // Momentum makes every float move: m = βm + u; heavy ball x -= m,
+  // Nesterov x -= u + βm, with u = sum / P on G and 0 elsewhere.
+  const uint64_t first = store.first_float();
+  std::vector<float> step(store.size(), 0.0f);  // u, then what x moves by
+  for (size_t e = 0; e < selected.indices.size(); ++e) {
+    step[selected.indices[e] - first] = selected.values[e] / members;
   }
+  const bool nesterov = momentum_kind_ == v1::OptimizerConfig::NESTEROV;
+  absl::MutexLock lock(&apply_mu_);
+  for (size_t j = 0; j < step.size(); ++j) {
+    momentum_[j] = beta_ * momentum_[j] + step[j];
+    step[j] = nesterov ? step[j] + beta_ * momentum_[j] : momentum_[j];
+  }
+  CSERPS_CHECK(store.Subtract(first, step).ok());
   return EncodeSparse(selected);
 }
 
@@ -151,15 +130,12 @@ grpc::ServerUnaryReactor* SparseExchangeService::SparsePushPull(
       absl::StrCat("SparsePushPull (step ", request->step(), ") from rank ",
                    request->rank(), " to shard ", shard_.shard());
   auto refuse = [&](const absl::Status& status) {
-    refused_bytes_in_.fetch_add(request->ByteSizeLong(), std::memory_order_relaxed);
-    return FinishWith(context, absl::Status(status.code(),
-                                            absl::StrCat(name, ": ", status.message())));
+    refused_.AddRequest(request->ByteSizeLong());
+    return FinishWith(context, Prefixed(name, status));
   };
-  absl::Status ok = shard_.CheckFingerprint(request->fingerprint());
-  if (ok.ok()) ok = shard_.CheckMember(request->rank());
-  if (!ok.ok()) return refuse(ok);
   const absl::Time arrived = options_.now();
-  shard_.activity().Heard(request->rank(), arrived);
+  absl::Status ok = shard_.Admit(request->fingerprint(), request->rank(), arrived);
+  if (!ok.ok()) return refuse(ok);
   if (!sparse_job_) {
     return refuse(absl::FailedPreconditionError(absl::StrCat(
         "algorithm ", shard_.config().algorithm().name(),
@@ -180,7 +156,7 @@ grpc::ServerUnaryReactor* SparseExchangeService::SparsePushPull(
       layout.ShardFirstFloat(shard_.shard()), layout.ShardEndFloat(shard_.shard()));
   if (!entries.ok()) return refuse(entries.status());
 
-  bytes_in_.fetch_add(request->ByteSizeLong(), std::memory_order_relaxed);
+  traffic_.AddRequest(request->ByteSizeLong());
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   response->set_step(request->step());
   const uint32_t rank = request->rank();
@@ -189,14 +165,12 @@ grpc::ServerUnaryReactor* SparseExchangeService::SparsePushPull(
                [this, reactor, response, name, rank](absl::StatusOr<SparseRoundReply> reply) {
                  shard_.activity().CallEnded(rank, options_.now());
                  if (!reply.ok()) {
-                   reactor->Finish(ToGrpcStatus(absl::Status(
-                       reply.status().code(),
-                       absl::StrCat(name, ": ", reply.status().message()))));
+                   reactor->Finish(ToGrpcStatus(Prefixed(name, reply.status())));
                    return;
                  }
                  response->set_indices((*reply)->indices);
                  response->set_values((*reply)->values);
-                 bytes_out_.fetch_add(response->ByteSizeLong(), std::memory_order_relaxed);
+                 traffic_.AddReply(response->ByteSizeLong());
                  reactor->Finish(grpc::Status::OK);
                });
   return reactor;
@@ -208,9 +182,8 @@ SparseExchangeService::Counters SparseExchangeService::counters() const {
   c.rounds_failed = rounds_.rounds_failed();
   c.open_rounds = rounds_.open_rounds();
   c.newest_step = rounds_.newest_step();
-  c.bytes_in = bytes_in_.load(std::memory_order_relaxed);
-  c.refused_bytes_in = refused_bytes_in_.load(std::memory_order_relaxed);
-  c.bytes_out = bytes_out_.load(std::memory_order_relaxed);
+  c.traffic = traffic_.Snapshot();
+  c.refused = refused_.Snapshot();
   return c;
 }
 

@@ -20,8 +20,10 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/traffic_counter.h"
 #include "cserps/v1/sparse.grpc.pb.h"
 #include "server/expiry_thread.h"
+#include "server/service_options.h"
 #include "server/shard_context.h"
 #include "server/sparse_aggregate.h"
 #include "server/sparse_round_table.h"
@@ -30,22 +32,15 @@ namespace cserps {
 
 class SparseExchangeService final : public v1::SparseExchange::CallbackService {
  public:
-  struct Options {
-    // Injectable clock for round timeouts and member activity (tests);
-    // absl::Now by default.
-    std::function<absl::Time()> now;
-    // Run the thread that fails overdue rounds (only for sparse jobs).
-    // Tests that drive timeouts through ExpireOverdueRounds turn it off.
-    bool expiry_thread = true;
-  };
+  // Its expiry thread, only for sparse jobs, fails overdue rounds.
+  using Options = ShardServiceOptions;
 
   // `shard` outlives the service. For a gtopk-ssgd or topk-ssgd job,
   // INVALID_ARGUMENT when the model has more than 2^32 floats (indices are
   // uint32) or when a push or reply of k_s entries would not fit
   // cluster.max_message_bytes (docs/protocol.md 14.3).
-  static absl::StatusOr<std::unique_ptr<SparseExchangeService>> Create(ShardContext* shard);
   static absl::StatusOr<std::unique_ptr<SparseExchangeService>> Create(
-      ShardContext* shard, Options options);
+      ShardContext* shard, Options options = {});
   ~SparseExchangeService() override;
 
   // Answers every parked call with UNAVAILABLE and refuses new ones; called
@@ -65,10 +60,10 @@ class SparseExchangeService final : public v1::SparseExchange::CallbackService {
     uint64_t open_rounds = 0;
     uint64_t newest_step = 0;  // of any completed round; 0 before the first
     // SparsePushPull requests that passed the checks and were handed to
-    // their round, and those refused before.
-    uint64_t bytes_in = 0;
-    uint64_t refused_bytes_in = 0;
-    uint64_t bytes_out = 0;  // replies carrying a round's result
+    // their round, and the replies carrying a round's result.
+    TrafficCounts traffic;
+    // Requests refused before their round (no reply bytes are counted).
+    TrafficCounts refused;
   };
   Counters counters() const;
 
@@ -96,19 +91,19 @@ class SparseExchangeService final : public v1::SparseExchange::CallbackService {
   const SparseSelection selection_;
   const uint64_t k_s_;
   const v1::OptimizerConfig::Momentum momentum_kind_;
+  const bool uses_momentum_;  // HEAVY_BALL or NESTEROV
   const float beta_;
 
-  // Serialises the model updates of completing rounds (read-modify-write of
-  // the store) and guards the shard's momentum buffer.
+  // Guards the shard's momentum buffer, and keeps the order of its updates
+  // that of the model's.
   absl::Mutex apply_mu_;
   std::vector<float> momentum_ ABSL_GUARDED_BY(apply_mu_);
 
   std::function<void(absl::Duration)> on_round_latency_;
   SparseRoundTable rounds_;
 
-  std::atomic<uint64_t> bytes_in_{0};
-  std::atomic<uint64_t> refused_bytes_in_{0};
-  std::atomic<uint64_t> bytes_out_{0};
+  TrafficCounter traffic_;
+  TrafficCounter refused_;
 
   std::atomic<bool> shut_down_{false};
   // Last: destroyed (joined) first, while what it calls still exists.

@@ -5,7 +5,8 @@
 #include <grpcpp/support/server_callback.h>
 
 #include "absl/status/status.h"
-#include "absl/time/clock.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "common/grpc_status.h"
 
 namespace cserps {
@@ -18,8 +19,12 @@ inline grpc::ServerUnaryReactor* FinishWith(grpc::CallbackServerContext* context
   return reactor;
 }
 
-// The real clock, for services whose Options leave `now` unset.
-inline absl::Time RealNow() { return absl::Now(); }
+// `status` with its message prefixed by the call it answers ("<call>:
+// <message>"); OK stays OK.
+inline absl::Status Prefixed(absl::string_view call, const absl::Status& status) {
+  if (status.ok()) return status;
+  return absl::Status(status.code(), absl::StrCat(call, ": ", status.message()));
+}
 
 }  // namespace cserps
 

@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -39,10 +40,10 @@ struct Answer {
 
 RoundTable::Options SmallOptions(uint32_t world_size) {
   RoundTable::Options o;
-  o.world_size = world_size;
-  o.max_step_lag = 8;
-  o.retained_rounds = 4;
-  o.timeout = absl::Seconds(60);
+  o.limits.world_size = world_size;
+  o.limits.max_step_lag = 8;
+  o.limits.retained_rounds = 4;
+  o.limits.timeout = absl::Seconds(60);
   return o;
 }
 
@@ -115,6 +116,45 @@ TEST(RoundTableTest, OnCompleteCalledOnceBeforeWaiters) {
   EXPECT_THAT(std::vector<std::string>(events.begin() + 1, events.end()),
               ::testing::UnorderedElementsAre("answer 0", "answer 1"));
   EXPECT_THAT(applied, ElementsAreArray({4.0f, 2.0f}));
+}
+
+TEST(RoundTableTest, OnLatencyReportsFirstToCompletingPushOfCompletedRoundsOnly) {
+  std::vector<std::string> events;
+  std::vector<std::pair<RoundKey, absl::Duration>> latencies;
+  RoundTable::Options o = SmallOptions(2);
+  o.limits.timeout = absl::Seconds(10);
+  o.on_complete = [&](const RoundKey&, float, const std::vector<float>&) {
+    events.push_back("complete");
+  };
+  o.on_latency = [&](const RoundKey& key, absl::Duration latency) {
+    events.push_back("latency");
+    latencies.emplace_back(key, latency);
+  };
+  RoundTable table(o);
+  const RoundKey key{1, 1, 0};
+  Answer a0, retry, a1;
+  table.Push(key, 0, 1.0f, kLr, std::vector<float>{1.0f}, kT0, a0.Callback());
+  // A retry later than the first push does not move the round's start.
+  table.Push(key, 0, 1.0f, kLr, std::vector<float>{1.0f}, kT0 + absl::Seconds(2),
+             retry.Callback());
+  EXPECT_TRUE(latencies.empty());
+  table.Push(key, 1, 1.0f, kLr, std::vector<float>{1.0f}, kT0 + absl::Seconds(3),
+             [&](absl::StatusOr<RoundMean> r) {
+               events.push_back("answer");
+               a1.Callback()(std::move(r));
+             });
+  ASSERT_TRUE(a1.ok()) << a1.status();
+  ASSERT_EQ(latencies.size(), 1u);
+  EXPECT_EQ(latencies[0].first, key);
+  EXPECT_EQ(latencies[0].second, absl::Seconds(3));
+  EXPECT_THAT(events, ElementsAreArray({"complete", "latency", "answer"}));
+
+  // A round that times out reports none.
+  Answer lone;
+  table.Push(RoundKey{2, 1, 0}, 0, 1.0f, kLr, std::vector<float>{1.0f}, kT0,
+             lone.Callback());
+  EXPECT_EQ(table.ExpireOverdue(kT0 + absl::Seconds(10)), 1);
+  EXPECT_EQ(latencies.size(), 1u);
 }
 
 TEST(RoundTableTest, RetryWhileOpenJoinsWaitersAndIsNotCountedTwice) {
@@ -283,7 +323,7 @@ TEST(RoundTableTest, RejectsLengthMismatch) {
 
 TEST(RoundTableTest, RejectsStepTooFarAhead) {
   RoundTable::Options o = SmallOptions(1);
-  o.max_step_lag = 2;
+  o.limits.max_step_lag = 2;
   RoundTable table(o);
   Answer ahead;
   table.Push(RoundKey{3, 0, 0}, 0, 1.0f, kLr, std::vector<float>{1.0f}, kT0,
@@ -312,8 +352,8 @@ TEST(RoundTableTest, RejectsStepTooFarAhead) {
 
 TEST(RoundTableTest, RetirementKeepsOnlyRetainedStepsPerStream) {
   RoundTable::Options o = SmallOptions(1);
-  o.retained_rounds = 3;
-  o.max_step_lag = 1;
+  o.limits.retained_rounds = 3;
+  o.limits.max_step_lag = 1;
   RoundTable table(o);
   constexpr uint64_t kSteps = 100;
   // Every step has two chunks; the mean of step s chunk c is s * 10 + c.
@@ -372,8 +412,8 @@ TEST(RoundTableTest, RetirementKeepsOnlyRetainedStepsPerStream) {
 
 TEST(RoundTableTest, ExpireOverdueNamesMissingRanks) {
   RoundTable::Options o = SmallOptions(3);
-  o.timeout = absl::Seconds(10);
-  o.max_step_lag = 16;
+  o.limits.timeout = absl::Seconds(10);
+  o.limits.max_step_lag = 16;
   int completions = 0;
   o.on_complete = [&](const RoundKey&, float, const std::vector<float>&) {
     ++completions;
@@ -420,7 +460,7 @@ TEST(RoundTableTest, ExpireOverdueNamesMissingRanks) {
 
 TEST(RoundTableTest, NextDeadlineIsTheEarliestOpenRound) {
   RoundTable::Options o = SmallOptions(2);
-  o.timeout = absl::Seconds(30);
+  o.limits.timeout = absl::Seconds(30);
   RoundTable table(o);
   EXPECT_EQ(table.NextDeadline(), absl::InfiniteFuture());
   Answer a, b, c, d;
@@ -513,10 +553,10 @@ TEST(RoundTableTest, ConcurrentPushesAnswerEveryCallbackOnceWithTheMean) {
   std::vector<std::atomic<int>> answers(kRounds * kWorld * 2);
   std::atomic<int> wrong{0};
   RoundTable::Options o;
-  o.world_size = kWorld;
-  o.max_step_lag = kSteps;
-  o.retained_rounds = kSteps;
-  o.timeout = absl::Hours(1);
+  o.limits.world_size = kWorld;
+  o.limits.max_step_lag = kSteps;
+  o.limits.retained_rounds = kSteps;
+  o.limits.timeout = absl::Hours(1);
   o.on_complete = [&](const RoundKey& key, float, const std::vector<float>& mean) {
     completions[index(key.step, key.chunk)].fetch_add(1);
     if (mean != expected[index(key.step, key.chunk)]) wrong.fetch_add(1);

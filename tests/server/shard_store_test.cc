@@ -241,5 +241,65 @@ TEST(ShardStoreTest, ApplyMeanOnGradStreamSubtractsLrTimesMean) {
   EXPECT_THAT(ReadFloats(store, 20, 20), ElementsAreArray(expected));
 }
 
+TEST(ShardStoreTest, ReadIntoFloats) {
+  ShardStore store(100, 10);
+  ASSERT_TRUE(store.Write(100, Ramp(100, 10)).ok());
+  std::vector<float> out(3, -1.0f);
+  ASSERT_TRUE(store.Read(104, absl::MakeSpan(out)).ok());
+  EXPECT_THAT(out, ElementsAreArray(Ramp(104, 3)));
+  EXPECT_TRUE(store.Read(110, absl::Span<float>()).ok());
+
+  const absl::Status outside = store.Read(108, absl::MakeSpan(out));
+  EXPECT_EQ(outside.code(), absl::StatusCode::kOutOfRange);
+  EXPECT_THAT(outside.message(), HasSubstr("[108, 111)"));
+}
+
+TEST(ShardStoreTest, SubtractMovesARangeAndLeavesTheRest) {
+  ShardStore store(100, 6);
+  ASSERT_TRUE(store.Write(100, Ramp(100, 6)).ok());
+  ASSERT_TRUE(store.Subtract(102, std::vector<float>{0.5f, -1.0f, 2.0f}).ok());
+  EXPECT_THAT(ReadFloats(store, 100, 6),
+              ElementsAreArray({100.0f, 101.0f, 101.5f, 104.0f, 102.0f, 105.0f}));
+
+  const absl::Status outside = store.Subtract(105, std::vector<float>{1.0f, 1.0f});
+  EXPECT_EQ(outside.code(), absl::StatusCode::kOutOfRange);
+  EXPECT_THAT(ReadFloats(store, 105, 1), ElementsAreArray({105.0f}));
+}
+
+TEST(ShardStoreTest, SubtractAtMovesTheIndexedFloatsOnly) {
+  ShardStore store(100, 6);
+  ASSERT_TRUE(store.Write(100, Ramp(100, 6)).ok());
+  const std::vector<uint32_t> indices = {105, 100, 103, 100};
+  ASSERT_TRUE(store.SubtractAt(indices, std::vector<float>{1.0f, 2.0f, 0.25f, 3.0f}).ok());
+  // Index 100 appears twice: both deltas are subtracted.
+  EXPECT_THAT(ReadFloats(store, 100, 6),
+              ElementsAreArray({95.0f, 101.0f, 102.0f, 102.75f, 104.0f, 104.0f}));
+}
+
+TEST(ShardStoreTest, SubtractAtRefusesBadInputWithoutChangingTheModel) {
+  ShardStore store(100, 6);
+  ASSERT_TRUE(store.Write(100, Ramp(100, 6)).ok());
+  const absl::Status outside =
+      store.SubtractAt(std::vector<uint32_t>{101, 106}, std::vector<float>{1.0f, 1.0f});
+  EXPECT_EQ(outside.code(), absl::StatusCode::kOutOfRange);
+  EXPECT_THAT(outside.message(), HasSubstr("index 106 at position 1"));
+  const absl::Status below =
+      store.SubtractAt(std::vector<uint32_t>{99}, std::vector<float>{1.0f});
+  EXPECT_EQ(below.code(), absl::StatusCode::kOutOfRange);
+  const absl::Status lengths =
+      store.SubtractAt(std::vector<uint32_t>{101, 102}, std::vector<float>{1.0f});
+  EXPECT_EQ(lengths.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(ReadFloats(store, 100, 6), ElementsAreArray(Ramp(100, 6)));
+}
+
+TEST(ShardStoreTest, SubtractDoesNotInitialise) {
+  ShardStore store(0, 2);
+  ASSERT_TRUE(store.Write(0, std::vector<float>{1.0f}).ok());
+  ASSERT_TRUE(store.Subtract(0, std::vector<float>{1.0f, 1.0f}).ok());
+  ASSERT_TRUE(store.SubtractAt(std::vector<uint32_t>{1}, std::vector<float>{1.0f}).ok());
+  EXPECT_FALSE(store.initialised());
+  EXPECT_THAT(ReadFloats(store, 0, 2), ElementsAreArray({0.0f, -2.0f}));
+}
+
 }  // namespace
 }  // namespace cserps

@@ -153,10 +153,10 @@ class SparseRoundTableTest : public ::testing::Test {
  protected:
   SparseRoundTable::Options Opts() {
     return SparseRoundTable::Options{
-        .world_size = 3,
-        .max_step_lag = 2,
-        .retained_rounds = 2,
-        .timeout = absl::Seconds(10),
+        .limits = {.world_size = 3,
+                   .max_step_lag = 2,
+                   .retained_rounds = 2,
+                   .timeout = absl::Seconds(10)},
         .complete =
             [this](uint64_t step, std::vector<SparseEntries> pushes) {
               ++completions_[step];

@@ -1,0 +1,286 @@
+// The definitions of RoundLifecycle's members (round_lifecycle.h). Only
+// the files that instantiate it include this: round_table.cc and
+// sparse_round_table.cc; everyone else sees the `extern template`
+// declarations next to WeightedSum and SparsePushes.
+#ifndef CSERPS_SERVER_ROUND_LIFECYCLE_IMPL_H_
+#define CSERPS_SERVER_ROUND_LIFECYCLE_IMPL_H_
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/status.h"
+#include "server/round_lifecycle.h"
+
+namespace cserps {
+
+template <typename Aggregate>
+RoundLifecycle<Aggregate>::RoundLifecycle(RoundLimits limits, Finish finish)
+    : limits_(limits), finish_(std::move(finish)) {
+  CSERPS_CHECK(limits_.world_size >= 1);
+  CSERPS_CHECK(finish_ != nullptr);
+}
+
+template <typename Aggregate>
+RoundLifecycle<Aggregate>::~RoundLifecycle() {
+  FailAll(absl::StrCat(Aggregate::kKind, "round table destroyed"));
+}
+
+template <typename Aggregate>
+void RoundLifecycle<Aggregate>::Contribute(const Key& key, uint32_t rank,
+                                           Contribution contribution, absl::Time now,
+                                           Callback done) {
+  CSERPS_CHECK(done != nullptr);
+  absl::Status refused =
+      rank >= limits_.world_size
+          ? absl::InvalidArgumentError(absl::StrCat(
+                Aggregate::PushName(key, rank), ": rank ", rank,
+                " is out of range for world_size ", limits_.world_size))
+          : Aggregate::Check(key, rank, contribution);
+  if (!refused.ok()) {
+    done(std::move(refused));
+    return;
+  }
+  const Shape shape = Aggregate::ShapeOf(contribution);
+  std::optional<Result> retained;
+  typename std::map<Key, Round>::node_type completed;  // when this push completes it
+  {
+    absl::MutexLock lock(&mu_);
+    if (shut_down_) {
+      refused = absl::UnavailableError(
+          absl::StrCat(Aggregate::PushName(key, rank), " refused: ", shutdown_reason_));
+    } else if (const RetainedRound* r = FindRetainedLocked(key)) {
+      refused = Aggregate::CheckShape(key, rank, shape, r->shape);
+      if (refused.ok()) retained = r->result;
+    } else if (auto c = completing_.find(key); c != completing_.end()) {
+      refused = Aggregate::CheckShape(key, rank, shape, c->second.shape);
+      if (refused.ok()) {
+        c->second.waiters.push_back(std::move(done));
+        return;
+      }
+    } else {
+      auto it = open_.find(key);
+      if (it == open_.end()) {
+        refused = CheckWindowLocked(key, rank);
+        if (refused.ok()) {
+          it = open_.try_emplace(key, contribution, limits_.world_size, now).first;
+        }
+      }
+      if (refused.ok()) refused = Aggregate::CheckShape(key, rank, shape, it->second.shape);
+      if (refused.ok()) {
+        Round& round = it->second;
+        if (!round.pushed[rank]) {
+          round.aggregate.Add(rank, std::move(contribution));
+          round.pushed[rank] = true;
+          ++round.ranks_pushed;
+        }
+        round.waiters.push_back(std::move(done));
+        if (round.ranks_pushed < limits_.world_size) return;
+        completed = open_.extract(it);
+        completing_[key].shape = shape;
+      }
+    }
+  }
+  if (!refused.ok()) {
+    done(std::move(refused));
+    return;
+  }
+  if (retained.has_value()) {
+    done(*std::move(retained));
+    return;
+  }
+
+  // Nothing else touches the round once it left open_.
+  Round& round = completed.mapped();
+  const Result result =
+      finish_(key, std::move(round.aggregate), now - round.first_push);
+  std::vector<Callback> waiters = std::move(round.waiters);
+  {
+    absl::MutexLock lock(&mu_);
+    auto node = completing_.extract(key);
+    CSERPS_CHECK(!node.empty());
+    for (Callback& w : node.mapped().waiters) waiters.push_back(std::move(w));
+    RetainLocked(key, round.shape, result);
+  }
+  for (Callback& w : waiters) w(result);
+}
+
+template <typename Aggregate>
+auto RoundLifecycle<Aggregate>::FindRetainedLocked(const Key& key) const
+    -> const RetainedRound* {
+  auto stream = streams_.find(Aggregate::Stream(key));
+  if (stream == streams_.end()) return nullptr;
+  auto step = stream->second.by_step.find(Aggregate::Step(key));
+  if (step == stream->second.by_step.end()) return nullptr;
+  auto round = step->second.find(key);
+  return round == step->second.end() ? nullptr : &round->second;
+}
+
+template <typename Aggregate>
+absl::Status RoundLifecycle<Aggregate>::CheckWindowLocked(const Key& key,
+                                                          uint32_t rank) const {
+  const uint64_t step = Aggregate::Step(key);
+  auto stream = streams_.find(Aggregate::Stream(key));
+  if (stream != streams_.end() && stream->second.retired_any &&
+      step <= stream->second.newest_retired) {
+    return absl::OutOfRangeError(absl::StrCat(
+        Aggregate::PushName(key, rank), ": ", Aggregate::StepName(key),
+        " is too far behind: ", Aggregate::kKind, "rounds up to step ",
+        stream->second.newest_retired, " are retired"));
+  }
+  // Saturating, so that a max_step_lag of "unlimited" does not wrap around.
+  const uint64_t limit =
+      limits_.max_step_lag > std::numeric_limits<uint64_t>::max() - newest_step_
+          ? std::numeric_limits<uint64_t>::max()
+          : newest_step_ + limits_.max_step_lag;
+  if (step > limit) {
+    return absl::OutOfRangeError(absl::StrCat(
+        Aggregate::PushName(key, rank), ": step ", step,
+        " is too far ahead: newest completed ", Aggregate::kKind, "step is ",
+        newest_step_, ", max_step_lag ", limits_.max_step_lag));
+  }
+  return absl::OkStatus();
+}
+
+template <typename Aggregate>
+void RoundLifecycle<Aggregate>::RetainLocked(const Key& key, Shape shape,
+                                             const Result& result) {
+  const uint64_t step = Aggregate::Step(key);
+  StreamHistory& history = streams_[Aggregate::Stream(key)];
+  history.by_step[step].insert_or_assign(key, RetainedRound{std::move(shape), result});
+  while (history.by_step.size() > limits_.retained_rounds) {
+    auto oldest = history.by_step.begin();
+    history.newest_retired = history.retired_any
+                                 ? std::max(history.newest_retired, oldest->first)
+                                 : oldest->first;
+    history.retired_any = true;
+    history.by_step.erase(oldest);
+  }
+  ++rounds_completed_;
+  ++completed_by_stream_[Aggregate::Stream(key)];
+  newest_step_ = std::max(newest_step_, step);
+}
+
+template <typename Aggregate>
+void RoundLifecycle<Aggregate>::CountFailureLocked(const Key& key) {
+  ++rounds_failed_;
+  ++failed_by_stream_[Aggregate::Stream(key)];
+}
+
+template <typename Aggregate>
+void RoundLifecycle<Aggregate>::Answer(FailedRounds& failed) {
+  for (auto& [status, waiters] : failed) {
+    for (Callback& w : waiters) w(status);
+  }
+}
+
+template <typename Aggregate>
+int RoundLifecycle<Aggregate>::ExpireOverdue(absl::Time now) {
+  FailedRounds failed;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto it = open_.begin(); it != open_.end();) {
+      Round& round = it->second;
+      if (now < round.first_push + limits_.timeout) {
+        ++it;
+        continue;
+      }
+      std::vector<uint32_t> missing;
+      for (uint32_t r = 0; r < limits_.world_size; ++r) {
+        if (!round.pushed[r]) missing.push_back(r);
+      }
+      failed.emplace_back(
+          absl::DeadlineExceededError(absl::StrCat(
+              Aggregate::RoundName(it->first), " timed out after ",
+              absl::ToDoubleSeconds(limits_.timeout), "s: missing ranks ",
+              absl::StrJoin(missing, ", "), " of world_size ", limits_.world_size)),
+          std::move(round.waiters));
+      CountFailureLocked(it->first);
+      it = open_.erase(it);
+    }
+  }
+  Answer(failed);
+  return static_cast<int>(failed.size());
+}
+
+template <typename Aggregate>
+absl::Time RoundLifecycle<Aggregate>::NextDeadline() const {
+  absl::MutexLock lock(&mu_);
+  absl::Time earliest = absl::InfiniteFuture();
+  for (const auto& [key, round] : open_) {
+    earliest = std::min(earliest, round.first_push + limits_.timeout);
+  }
+  return earliest;
+}
+
+template <typename Aggregate>
+void RoundLifecycle<Aggregate>::FailAll(const std::string& reason) {
+  FailedRounds failed;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!shut_down_) {
+      shut_down_ = true;
+      shutdown_reason_ = reason;
+    }
+    for (auto& [key, round] : open_) {
+      failed.emplace_back(absl::UnavailableError(
+                              absl::StrCat(Aggregate::RoundName(key), " failed: ", reason)),
+                          std::move(round.waiters));
+      CountFailureLocked(key);
+    }
+    open_.clear();
+  }
+  Answer(failed);
+}
+
+template <typename Aggregate>
+size_t RoundLifecycle<Aggregate>::open_rounds() const {
+  absl::MutexLock lock(&mu_);
+  return open_.size();
+}
+
+template <typename Aggregate>
+uint64_t RoundLifecycle<Aggregate>::rounds_completed() const {
+  absl::MutexLock lock(&mu_);
+  return rounds_completed_;
+}
+
+template <typename Aggregate>
+uint64_t RoundLifecycle<Aggregate>::rounds_failed() const {
+  absl::MutexLock lock(&mu_);
+  return rounds_failed_;
+}
+
+template <typename Aggregate>
+uint64_t RoundLifecycle<Aggregate>::rounds_completed(int stream) const {
+  absl::MutexLock lock(&mu_);
+  auto it = completed_by_stream_.find(stream);
+  return it == completed_by_stream_.end() ? 0 : it->second;
+}
+
+template <typename Aggregate>
+uint64_t RoundLifecycle<Aggregate>::rounds_failed(int stream) const {
+  absl::MutexLock lock(&mu_);
+  auto it = failed_by_stream_.find(stream);
+  return it == failed_by_stream_.end() ? 0 : it->second;
+}
+
+template <typename Aggregate>
+uint64_t RoundLifecycle<Aggregate>::newest_step() const {
+  absl::MutexLock lock(&mu_);
+  return newest_step_;
+}
+
+}  // namespace cserps
+
+#endif  // CSERPS_SERVER_ROUND_LIFECYCLE_IMPL_H_
