@@ -95,9 +95,9 @@ TEST(AsyncSgdTest, EveryWorkersPushesLandAndFinishGivesTheServersModel) {
   }
   // Pushes are async traffic (the servers' stream "async" too): d floats per
   // step, none of them counted as PushPull's GRAD.
-  EXPECT_EQ(cluster.client(1).async_traffic().floats_pushed, kSteps * kD);
-  EXPECT_GT(cluster.client(1).async_traffic().bytes_pulled, kSteps * kD * sizeof(float));
-  EXPECT_EQ(cluster.client(1).traffic(v1::GRAD).bytes_pushed, 0u);
+  EXPECT_EQ(cluster.client(1).async_traffic().request_floats, kSteps * kD);
+  EXPECT_GT(cluster.client(1).async_traffic().reply_bytes, kSteps * kD * sizeof(float));
+  EXPECT_EQ(cluster.client(1).traffic(v1::GRAD).request_bytes, 0u);
 }
 
 TEST(AsyncSgdTest, SingleWorkerStepIsPlainSgdWithServerMomentum) {

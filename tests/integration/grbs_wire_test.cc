@@ -290,7 +290,7 @@ constexpr uint64_t kMaxReplyHeader = 25;
 
 struct Traffic {
   std::vector<v1::StreamTraffic> shards[3];  // by stream, then shard
-  std::vector<PsClient::StreamTraffic> ranks[3];
+  std::vector<TrafficCounts> ranks[3];
 };
 
 Traffic Measure(InProcessCluster& cluster) {
@@ -351,11 +351,11 @@ void ExpectRoundTraffic(const Traffic& before, const Traffic& after,
   EXPECT_NEAR(static_cast<double>(server_in), payload_bytes, 0.01 * payload_bytes);
   for (uint32_t r = 0; r < n; ++r) {
     SCOPED_TRACE(absl::StrCat("rank ", r));
-    const PsClient::StreamTraffic& b = before.ranks[stream][r];
-    const PsClient::StreamTraffic& a = after.ranks[stream][r];
-    EXPECT_EQ(a.floats_pushed - b.floats_pushed, selection.floats);
-    client_pushed += a.bytes_pushed - b.bytes_pushed;
-    client_pulled += a.bytes_pulled - b.bytes_pulled;
+    const TrafficCounts& b = before.ranks[stream][r];
+    const TrafficCounts& a = after.ranks[stream][r];
+    EXPECT_EQ(a.request_floats - b.request_floats, selection.floats);
+    client_pushed += a.request_bytes - b.request_bytes;
+    client_pulled += a.reply_bytes - b.reply_bytes;
   }
   // Both sides count the serialized messages, so they agree to the byte.
   EXPECT_EQ(client_pushed, server_in);

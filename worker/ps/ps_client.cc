@@ -20,6 +20,7 @@
 #include "common/grbs.h"
 #include "common/grpc_status.h"
 #include "common/status.h"
+#include "common/traffic_counter.h"
 #include "cserps/v1/async_sgd.grpc.pb.h"
 #include "cserps/v1/parameter_server.grpc.pb.h"
 #include "cserps/v1/sparse.grpc.pb.h"
@@ -40,11 +41,8 @@ struct RoundSetup {
   float lr = 0;
   uint64_t chunk_floats = 0;
   absl::Duration deadline;
-  std::atomic<uint64_t>* bytes_pushed = nullptr;
-  std::atomic<uint64_t>* bytes_pulled = nullptr;
-  std::atomic<uint64_t>* stream_bytes_pushed = nullptr;
-  std::atomic<uint64_t>* stream_bytes_pulled = nullptr;
-  std::atomic<uint64_t>* stream_floats_pushed = nullptr;
+  TrafficCounter* total = nullptr;   // every call's bytes
+  TrafficCounter* traffic = nullptr;  // the stream's
   std::atomic<int64_t>* waited_nanos = nullptr;
 };
 
@@ -225,9 +223,8 @@ class PushPullRound final : public ShardedAverage {
       std::string* bytes = request.mutable_values();
       bytes->resize(call->count * sizeof(float));
       fill(call->begin, call->count, bytes->data());
-      setup_.bytes_pushed->fetch_add(request.ByteSizeLong());
-      setup_.stream_bytes_pushed->fetch_add(request.ByteSizeLong());
-      setup_.stream_floats_pushed->fetch_add(call->count);
+      setup_.total->AddRequest(request.ByteSizeLong());
+      setup_.traffic->AddRequest(request.ByteSizeLong(), call->count);
       SetDeadline(&call->context, setup_.deadline);
       state.calls.push_back(std::move(call));
     }
@@ -263,8 +260,8 @@ class PushPullRound final : public ShardedAverage {
             " chunk ", call->request.chunk(), " with ", bytes.size(),
             " bytes; expected ", call->count * sizeof(float)));
       }
-      setup_.bytes_pulled->fetch_add(call->response.ByteSizeLong());
-      setup_.stream_bytes_pulled->fetch_add(call->response.ByteSizeLong());
+      setup_.total->AddReply(call->response.ByteSizeLong());
+      setup_.traffic->AddReply(call->response.ByteSizeLong());
       state.deliver(call->begin, call->count, bytes.data());
     }
     return absl::OkStatus();
@@ -387,19 +384,10 @@ struct PsClient::Impl {
   std::vector<std::unique_ptr<v1::SparseExchange::Stub>> sparse_stubs_;
   uint32_t rank_ = 0;
   std::atomic<int64_t> wait_nanos_{0};
-  std::atomic<uint64_t> bytes_pushed_{0};
-  std::atomic<uint64_t> bytes_pulled_{0};
-  struct StreamCounters {
-    std::atomic<uint64_t> bytes_pushed{0};
-    std::atomic<uint64_t> bytes_pulled{0};
-    std::atomic<uint64_t> floats_pushed{0};
-    StreamTraffic Read() const {
-      return {bytes_pushed.load(), bytes_pulled.load(), floats_pushed.load()};
-    }
-  };
-  StreamCounters streams_[3];  // by v1::Stream value
-  StreamCounters sparse_;
-  StreamCounters async_;
+  TrafficCounter total_;       // every call
+  TrafficCounter streams_[3];  // PushPull, by v1::Stream value
+  TrafficCounter sparse_;
+  TrafficCounter async_;
 };
 
 PsClient::PsClient(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -488,16 +476,16 @@ std::vector<PsClient::Impl::ModelChunk> PsClient::Impl::ModelChunks() const {
 
 uint32_t PsClient::rank() const { return impl_->rank_; }
 const BlockLayout& PsClient::layout() const { return impl_->layout_; }
-uint64_t PsClient::bytes_pushed() const { return impl_->bytes_pushed_.load(); }
-uint64_t PsClient::bytes_pulled() const { return impl_->bytes_pulled_.load(); }
+uint64_t PsClient::bytes_pushed() const { return impl_->total_.Snapshot().request_bytes; }
+uint64_t PsClient::bytes_pulled() const { return impl_->total_.Snapshot().reply_bytes; }
 absl::Duration PsClient::wait_time() const {
   return absl::Nanoseconds(impl_->wait_nanos_.load());
 }
-PsClient::StreamTraffic PsClient::traffic(v1::Stream stream) const {
-  return impl_->streams_[stream].Read();
+TrafficCounts PsClient::traffic(v1::Stream stream) const {
+  return impl_->streams_[stream].Snapshot();
 }
-PsClient::StreamTraffic PsClient::sparse_traffic() const { return impl_->sparse_.Read(); }
-PsClient::StreamTraffic PsClient::async_traffic() const { return impl_->async_.Read(); }
+TrafficCounts PsClient::sparse_traffic() const { return impl_->sparse_.Snapshot(); }
+TrafficCounts PsClient::async_traffic() const { return impl_->async_.Snapshot(); }
 
 std::vector<ShardPayload> PsClient::Impl::RoundPayloads(v1::Stream stream, uint64_t step,
                                                  uint32_t ratio) const {
@@ -520,7 +508,6 @@ std::vector<ShardPayload> PsClient::Impl::RoundPayloads(v1::Stream stream, uint6
 
 RoundSetup PsClient::Impl::MakeRoundSetup(v1::Stream stream, uint64_t step, uint32_t ratio,
                                     float weight, float lr) {
-  StreamCounters& counters = streams_[stream];
   RoundSetup setup;
   setup.stubs = &stubs_;
   setup.addresses = &addresses_;
@@ -533,11 +520,8 @@ RoundSetup PsClient::Impl::MakeRoundSetup(v1::Stream stream, uint64_t step, uint
   setup.lr = lr;
   setup.chunk_floats = chunk_floats_;
   setup.deadline = absl::Seconds(config_.cluster().round_timeout_s()) + options_.rpc_slack;
-  setup.bytes_pushed = &bytes_pushed_;
-  setup.bytes_pulled = &bytes_pulled_;
-  setup.stream_bytes_pushed = &counters.bytes_pushed;
-  setup.stream_bytes_pulled = &counters.bytes_pulled;
-  setup.stream_floats_pushed = &counters.floats_pushed;
+  setup.total = &total_;
+  setup.traffic = &streams_[stream];
   setup.waited_nanos = &wait_nanos_;
   return setup;
 }
@@ -575,7 +559,7 @@ absl::Status PsClient::PushModel(absl::Span<const float> model) {
     call->request.set_rank(impl_->rank_);
     call->request.set_offset(chunk.offset);
     AppendFloats(model.subspan(chunk.offset, chunk.count), call->request.mutable_values());
-    impl_->bytes_pushed_.fetch_add(call->request.ByteSizeLong());
+    impl_->total_.AddRequest(call->request.ByteSizeLong());
     SetDeadline(&call->context, impl_->options_.setup_timeout);
     calls.push_back(std::move(call));
   }
@@ -602,7 +586,7 @@ absl::Status PsClient::PullModel(absl::Span<float> model, bool wait_for_init) {
     impl_->stubs_[c.shard]->async()->PullModel(&c.context, &c.request, &c.response, std::move(done));
   }));
   for (const auto& call : calls) {
-    impl_->bytes_pulled_.fetch_add(call->response.ByteSizeLong());
+    impl_->total_.AddReply(call->response.ByteSizeLong());
     RETURN_IF_ERROR(BytesToFloats(
         call->response.values(),
         model.subspan(call->request.offset(), call->request.count()),
@@ -617,7 +601,6 @@ absl::Status PsClient::AsyncPushPull(uint64_t step, float lr,
   RETURN_IF_ERROR(CheckModelSize("AsyncPushPull: gradient", grad.size(), impl_->layout_.num_params()));
   RETURN_IF_ERROR(CheckModelSize("AsyncPushPull: model", model.size(), impl_->layout_.num_params()));
   using Call = ShardCall<v1::AsyncPushPullRequest, v1::AsyncPushPullResponse>;
-  Impl::StreamCounters& counters = impl_->async_;
   std::vector<std::unique_ptr<Call>> calls;
   for (const Impl::ModelChunk& chunk : impl_->ModelChunks()) {
     auto call = std::make_unique<Call>();
@@ -629,9 +612,8 @@ absl::Status PsClient::AsyncPushPull(uint64_t step, float lr,
     call->request.set_lr(lr);
     call->request.set_offset(chunk.offset);
     AppendFloats(grad.subspan(chunk.offset, chunk.count), call->request.mutable_gradient());
-    impl_->bytes_pushed_.fetch_add(call->request.ByteSizeLong());
-    counters.bytes_pushed.fetch_add(call->request.ByteSizeLong());
-    counters.floats_pushed.fetch_add(call->count);
+    impl_->total_.AddRequest(call->request.ByteSizeLong());
+    impl_->async_.AddRequest(call->request.ByteSizeLong(), call->count);
     // A held-back push waits at most until the slowest rank is declared
     // dead, round_timeout_s after it went silent.
     SetDeadline(&call->context,
@@ -643,8 +625,8 @@ absl::Status PsClient::AsyncPushPull(uint64_t step, float lr,
                                                   std::move(done));
   }));
   for (const auto& call : calls) {
-    impl_->bytes_pulled_.fetch_add(call->response.ByteSizeLong());
-    counters.bytes_pulled.fetch_add(call->response.ByteSizeLong());
+    impl_->total_.AddReply(call->response.ByteSizeLong());
+    impl_->async_.AddReply(call->response.ByteSizeLong());
     RETURN_IF_ERROR(BytesToFloats(
         call->response.model(), model.subspan(call->request.offset(), call->count),
         absl::StrCat("AsyncPushPull reply from shard ", call->shard)));
@@ -683,9 +665,8 @@ absl::Status PsClient::ExchangeSparse(uint64_t step, const SparseVector& local,
     request.mutable_values()->assign(
         reinterpret_cast<const char*>(local.values.data() + begin),
         (pos - begin) * sizeof(float));
-    impl_->bytes_pushed_.fetch_add(request.ByteSizeLong());
-    impl_->sparse_.bytes_pushed.fetch_add(request.ByteSizeLong());
-    impl_->sparse_.floats_pushed.fetch_add(pos - begin);
+    impl_->total_.AddRequest(request.ByteSizeLong());
+    impl_->sparse_.AddRequest(request.ByteSizeLong(), pos - begin);
     SetDeadline(&call->context,
                 absl::Seconds(impl_->config_.cluster().round_timeout_s()) + impl_->options_.rpc_slack);
     calls.push_back(std::move(call));
@@ -704,8 +685,8 @@ absl::Status PsClient::ExchangeSparse(uint64_t step, const SparseVector& local,
   for (const auto& call : calls) {
     const std::string& indices = call->response.indices();
     const std::string& values = call->response.values();
-    impl_->bytes_pulled_.fetch_add(call->response.ByteSizeLong());
-    impl_->sparse_.bytes_pulled.fetch_add(call->response.ByteSizeLong());
+    impl_->total_.AddReply(call->response.ByteSizeLong());
+    impl_->sparse_.AddReply(call->response.ByteSizeLong());
     if (indices.size() % 4 != 0 || indices.size() != values.size()) {
       return absl::DataLossError(absl::StrCat(
           "shard ", call->shard, " answered sparse step ", step, " with ",

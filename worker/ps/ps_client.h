@@ -18,6 +18,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/block_layout.h"
+#include "common/traffic_counter.h"
 #include "cserps/v1/config.pb.h"
 #include "cserps/v1/parameter_server.pb.h"
 #include "worker/ps/communicator.h"
@@ -94,23 +95,19 @@ class PsClient final : public Communicator {
   uint32_t rank() const;
   const BlockLayout& layout() const override;
 
-  // Traffic, counted as the calls go.
-  struct StreamTraffic {
-    uint64_t bytes_pushed = 0;  // serialized requests
-    uint64_t bytes_pulled = 0;  // serialized replies
-    uint64_t floats_pushed = 0;  // payload values only
-  };
-  // Serialized request / reply bytes of every call (PushPull, PushModel,
-  // PullModel, SparsePushPull, AsyncPushPull).
+  // Traffic, counted as the calls go: the serialized requests (pushed) and
+  // replies (pulled), and the payload floats pushed.
+  // Request and reply bytes of every call (PushPull, PushModel, PullModel,
+  // SparsePushPull, AsyncPushPull).
   uint64_t bytes_pushed() const;
   uint64_t bytes_pulled() const;
   // PushPull traffic of one stream.
-  StreamTraffic traffic(v1::Stream stream) const;
-  // SparsePushPull traffic; floats_pushed counts the values (each also
+  TrafficCounts traffic(v1::Stream stream) const;
+  // SparsePushPull traffic; request_floats counts the values (each also
   // carries a 4-byte index).
-  StreamTraffic sparse_traffic() const;
+  TrafficCounts sparse_traffic() const;
   // AsyncPushPull traffic (the gradients pushed, the models pulled).
-  StreamTraffic async_traffic() const;
+  TrafficCounts async_traffic() const;
   // Total time callers have spent blocked waiting for the servers' replies.
   absl::Duration wait_time() const;
 

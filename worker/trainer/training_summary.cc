@@ -23,22 +23,22 @@ std::string SummaryBaseName(const v1::JobConfig& config, uint32_t rank,
 
 uint64_t TrainingFloatsPushed(const PsClient& client) {
   uint64_t floats =
-      client.sparse_traffic().floats_pushed + client.async_traffic().floats_pushed;
-  for (v1::Stream s : {v1::GRAD, v1::MODEL}) floats += client.traffic(s).floats_pushed;
+      client.sparse_traffic().request_floats + client.async_traffic().request_floats;
+  for (v1::Stream s : {v1::GRAD, v1::MODEL}) floats += client.traffic(s).request_floats;
   return floats;
 }
 
 void ReportTraffic(const PsClient& client, WorkerMetrics& metrics) {
-  const std::pair<const char*, PsClient::StreamTraffic> streams[] = {
+  const std::pair<const char*, TrafficCounts> streams[] = {
       {"GRAD", client.traffic(v1::GRAD)},
       {"MODEL", client.traffic(v1::MODEL)},
       {"sparse", client.sparse_traffic()},
       {"async", client.async_traffic()}};
   uint64_t pushed = 0, pulled = 0;
   for (const auto& [name, traffic] : streams) {
-    metrics.SetTraffic(name, traffic.bytes_pushed, traffic.bytes_pulled);
-    pushed += traffic.bytes_pushed;
-    pulled += traffic.bytes_pulled;
+    metrics.SetTraffic(name, traffic.request_bytes, traffic.reply_bytes);
+    pushed += traffic.request_bytes;
+    pulled += traffic.reply_bytes;
   }
   // Model pushes and pulls count only towards the totals.
   metrics.SetTraffic("other", client.bytes_pushed() > pushed ? client.bytes_pushed() - pushed : 0,
@@ -70,8 +70,8 @@ absl::Status WriteTrainingSummary(const TrainingSummary& summary) {
   }
   const CurvePoint last = summary.curve->empty() ? CurvePoint() : summary.curve->back();
   std::ofstream json(dir / (base + ".json"));
-  const PsClient::StreamTraffic grad = client.traffic(v1::GRAD);
-  const PsClient::StreamTraffic model = client.traffic(v1::MODEL);
+  const TrafficCounts grad = client.traffic(v1::GRAD);
+  const TrafficCounts model = client.traffic(v1::MODEL);
   json << absl::StrFormat(
       "{\n  \"job\": \"%s\",\n  \"rank\": %d,\n  \"local_rank\": %d,\n"
       "  \"local_size\": %d,\n  \"algorithm\": \"%s\",\n"
@@ -90,8 +90,8 @@ absl::Status WriteTrainingSummary(const TrainingSummary& summary) {
       config.epochs(), summary.steps, summary.batch_size, last.train_loss, last.test_loss,
       last.test_accuracy, wall_seconds,
       wall_seconds > 0 ? summary.steps * summary.batch_size / wall_seconds : 0.0,
-      client.bytes_pushed(), client.bytes_pulled(), grad.bytes_pushed,
-      grad.bytes_pulled, model.bytes_pushed, model.bytes_pulled,
+      client.bytes_pushed(), client.bytes_pulled(), grad.request_bytes,
+      grad.reply_bytes, model.request_bytes, model.reply_bytes,
       final_report.training_floats_pushed, OverallRatio(config.algorithm()),
       final_report.achieved_compression, final_report.local_accuracy,
       final_report.global_accuracy);

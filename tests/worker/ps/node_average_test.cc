@@ -161,7 +161,7 @@ TEST_P(NodeAverageShapes, MatchesTheFlatAverageOverEveryProcess) {
   std::vector<uint32_t> ranks(members);
   std::vector<std::vector<float>> pulled(members);
   std::vector<std::vector<std::vector<float>>> means(members);
-  std::vector<PsClient::StreamTraffic> grad_traffic(members), model_traffic(members);
+  std::vector<TrafficCounts> grad_traffic(members), model_traffic(members);
   const auto status = OnEveryProcess(kNodes, local_size, [&](uint32_t n, uint32_t j,
                                                              LocalGroup& group) -> absl::Status {
     const uint32_t m = n * local_size + j;
@@ -272,8 +272,8 @@ TEST_P(NodeAverageShapes, MatchesTheFlatAverageOverEveryProcess) {
         (r.stream == v1::GRAD ? grad : model) += n;
       }
     }
-    EXPECT_EQ(grad_traffic[m].floats_pushed, grad) << "member " << m;
-    EXPECT_EQ(model_traffic[m].floats_pushed, model) << "member " << m;
+    EXPECT_EQ(grad_traffic[m].request_floats, grad) << "member " << m;
+    EXPECT_EQ(model_traffic[m].request_floats, model) << "member " << m;
   }
 }
 
@@ -455,7 +455,7 @@ TEST(RestrictedPsClientTest, SparseExchangeCoversOnlyItsShards) {
     ASSERT_TRUE(exchanged.ok()) << "local rank " << j << ": " << exchanged;
     EXPECT_EQ(result.indices, own[j].indices) << "local rank " << j;
     EXPECT_EQ(result.values, own[j].values) << "local rank " << j;
-    EXPECT_EQ((*client)->sparse_traffic().floats_pushed, own[j].values.size());
+    EXPECT_EQ((*client)->sparse_traffic().request_floats, own[j].values.size());
   }
 }
 

@@ -156,10 +156,10 @@ TEST(ShardedAverageTest, GivesTheMeansOfAverageBlocksBitForBit) {
   ASSERT_TRUE(sharded->client(0).PullModel(absl::MakeSpan(b), false).ok());
   EXPECT_EQ(std::memcmp(a.data(), b.data(), kD * sizeof(float)), 0);
   // Traffic counts as AverageBlocks' does.
-  EXPECT_EQ(plain->client(1).traffic(v1::MODEL).floats_pushed,
-            sharded->client(1).traffic(v1::MODEL).floats_pushed);
-  EXPECT_EQ(plain->client(1).traffic(v1::GRAD).bytes_pushed,
-            sharded->client(1).traffic(v1::GRAD).bytes_pushed);
+  EXPECT_EQ(plain->client(1).traffic(v1::MODEL).request_floats,
+            sharded->client(1).traffic(v1::MODEL).request_floats);
+  EXPECT_EQ(plain->client(1).traffic(v1::GRAD).request_bytes,
+            sharded->client(1).traffic(v1::GRAD).request_bytes);
 }
 
 TEST(ShardedAverageTest, RefusesBadPayloadsAndOrder) {
