@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/direction.h"
 #include "common/float_bytes.h"
 #include "common/grpc_status.h"
 #include "common/status.h"
@@ -105,29 +106,10 @@ absl::Status AsyncService::Apply(const v1::AsyncPushPullRequest& request,
     RETURN_IF_ERROR(BytesToFloats(request.gradient(), absl::MakeSpan(g), "gradient"));
     std::vector<float> x(count);
     RETURN_IF_ERROR(store.Read(offset, absl::MakeSpan(x)));
-    // p = Direction(g) at x, in place of g (worker/optim/direction.h).
-    const v1::OptimizerConfig& opt = shard_.config().optimizer();
-    const float lambda = opt.weight_decay();
-    const float beta = opt.momentum();
+    // p = Direction(g) at x, in place of g, with the servers' momentum.
     float* m = momentum_.empty() ? nullptr : momentum_.data() + (offset - store.first_float());
-    switch (opt.momentum_kind()) {
-      case v1::OptimizerConfig::HEAVY_BALL:
-        for (uint64_t i = 0; i < count; ++i) {
-          m[i] = beta * m[i] + (g[i] + lambda * x[i]);
-          g[i] = m[i];
-        }
-        break;
-      case v1::OptimizerConfig::NESTEROV:
-        for (uint64_t i = 0; i < count; ++i) {
-          const float d = g[i] + lambda * x[i];
-          m[i] = beta * m[i] + d;
-          g[i] = d + beta * m[i];
-        }
-        break;
-      default:
-        for (uint64_t i = 0; i < count; ++i) g[i] += lambda * x[i];
-        break;
-    }
+    ComputeDirection(MakeDirectionRule(shard_.config().optimizer()), count, g.data(),
+                     x.data(), m, g.data());
     // GRAD rule of the store: x -= lr * p.
     store.ApplyMean(/*is_model_stream=*/false, all_blocks_,
                     offset - store.first_float(), g, request.lr());

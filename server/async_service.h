@@ -2,7 +2,7 @@
 // "Asynchronous SGD"): AsyncPushPull applies x <- x - lr * Direction(g) to a
 // chunk of the shard at once, with one server-side momentum buffer per shard
 // (optimizer.momentum_kind, momentum, weight_decay; the rule of
-// worker/optim/direction.h, evaluated at x as it is when the push is
+// common/direction.h, evaluated at x as it is when the push is
 // applied), and answers with the updated chunk. algorithm.staleness bounds
 // how far a rank may run ahead of the slowest live one
 // (server/async_staleness_gate.h): such a push parks its reactor, no thread.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Brings docker-compose.yml up for real and checks it (issue 5): a private
+# Brings docker-compose.yml up for real and checks it: a private
 # Docker engine (own socket, data and exec directories; no bridge, no
 # iptables, no forwarding, so every container uses the host's network and
 # only 127.0.0.1), a debian:bookworm base made with debootstrap (no registry

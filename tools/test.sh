@@ -14,6 +14,6 @@ cmake --build "$BUILD_DIR" -j"$jobs"
 
 cmake -S . -B "$BUILD_DIR-clang" -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang \
   -DCSERPS_CUDA=OFF -DCMAKE_BUILD_TYPE=Debug
-cmake --build "$BUILD_DIR-clang" -j"$jobs" --target cserps_server cserps_worker cserps-launch
+cmake --build "$BUILD_DIR-clang" -j"$jobs" --target cserps_server cserps_trainer cserps-worker cserps-launch
 
 ctest --test-dir "$BUILD_DIR" --output-on-failure -j"$jobs"

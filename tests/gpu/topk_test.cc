@@ -1,4 +1,4 @@
-// Device top-k against SelectTopK (worker/topk_select.h) on random data full
+// Device top-k against SelectTopK (worker/device/topk_select.h) on random data full
 // of ties, signed zeros, infinities and NaNs: the same positions, and the
 // values at them bit for bit.
 #include "worker/cuda/kernels/topk.h"

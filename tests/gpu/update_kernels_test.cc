@@ -1,6 +1,6 @@
-// The device optimizer step against worker/optim's Direction and the CPU
-// x -= lr * p: bit for bit, over several steps so that the momentum buffer
-// carries state.
+// The device optimizer step against ComputeDirection (common/direction.h)
+// and the CPU's x -= lr * p: bit for bit, over several steps so that the
+// momentum buffer carries state.
 #include "worker/cuda/kernels/update_kernels.h"
 
 #include <cstring>
@@ -10,7 +10,7 @@
 #include "common/prng.h"
 #include "gtest/gtest.h"
 #include "tests/gpu/gpu_test_util.h"
-#include "worker/optim/direction.h"
+#include "common/direction.h"
 
 namespace cserps {
 namespace {
@@ -67,7 +67,7 @@ TEST(UpdateKernelsTest, MatchesCpuDirectionAndDescentBitForBit) {
     const std::string name = v1::OptimizerConfig::Momentum_Name(kind);
     const v1::OptimizerConfig config = Config(kind);
     const DirectionRule rule = MakeDirectionRule(config);
-    Direction cpu_direction(config, kN);
+    std::vector<float> cpu_m(kN, 0.0f);  // the CPU's momentum
     std::vector<float> x = RandomVector(DeriveKey(1, kind), kN, 1.0f);
     std::vector<float> p(kN);
 
@@ -87,7 +87,7 @@ TEST(UpdateKernelsTest, MatchesCpuDirectionAndDescentBitForBit) {
       CSERPS_ASSERT_OK(cuda::LaunchSgdStep(rule, kN, lr, d_g.data(), d_m_fused.data(),
                                            d_x_fused.data(), nullptr));
 
-      cpu_direction.Compute(g, x, absl::MakeSpan(p));
+      ComputeDirection(rule, kN, g.data(), x.data(), cpu_m.data(), p.data());
       for (size_t j = 0; j < kN; ++j) x[j] -= lr * p[j];
 
       const std::string what = name + " step " + std::to_string(step);
@@ -98,9 +98,8 @@ TEST(UpdateKernelsTest, MatchesCpuDirectionAndDescentBitForBit) {
       CSERPS_ASSERT_OK_AND_ASSIGN(std::vector<float> fused_x,
                                   Download(d_x_fused.data(), kN));
       ExpectSameBits(x, fused_x, what + ": params (fused)");
-      if (!cpu_direction.momentum().empty()) {
-        const std::vector<float> m(cpu_direction.momentum().begin(),
-                                   cpu_direction.momentum().end());
+      if (rule.kind != v1::OptimizerConfig::NONE) {
+        const std::vector<float>& m = cpu_m;
         CSERPS_ASSERT_OK_AND_ASSIGN(std::vector<float> gpu_m, Download(d_m.data(), kN));
         ExpectSameBits(m, gpu_m, what + ": momentum");
         CSERPS_ASSERT_OK_AND_ASSIGN(std::vector<float> fused_m,
@@ -111,11 +110,11 @@ TEST(UpdateKernelsTest, MatchesCpuDirectionAndDescentBitForBit) {
   }
 }
 
-// direction may alias grad, as Direction::Compute allows.
+// direction may alias grad, as ComputeDirection allows.
 TEST(UpdateKernelsTest, DirectionInPlaceOverGradient) {
   CSERPS_SKIP_WITHOUT_GPU();
   const v1::OptimizerConfig config = Config(v1::OptimizerConfig::NESTEROV);
-  Direction cpu_direction(config, kN);
+  std::vector<float> cpu_m(kN, 0.0f);
   const std::vector<float> x = RandomVector(3, kN, 1.0f);
   std::vector<float> g = RandomVector(4, kN, 0.3f);
   CSERPS_ASSERT_OK_AND_ASSIGN(DeviceBuffer<float> d_x, Upload(x));
@@ -123,7 +122,7 @@ TEST(UpdateKernelsTest, DirectionInPlaceOverGradient) {
   CSERPS_ASSERT_OK_AND_ASSIGN(DeviceBuffer<float> d_m, Upload(std::vector<float>(kN, 0.0f)));
   CSERPS_ASSERT_OK(cuda::LaunchDirection(MakeDirectionRule(config), kN, d_g.data(),
                                          d_x.data(), d_m.data(), d_g.data(), nullptr));
-  cpu_direction.Compute(g, x, absl::MakeSpan(g));
+  ComputeDirection(MakeDirectionRule(config), kN, g.data(), x.data(), cpu_m.data(), g.data());
   CSERPS_ASSERT_OK_AND_ASSIGN(std::vector<float> gpu_p, Download(d_g.data(), kN));
   ExpectSameBits(g, gpu_p, "in-place direction");
 }

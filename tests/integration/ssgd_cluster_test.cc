@@ -16,7 +16,6 @@
 #include "worker/data/batcher.h"
 #include "worker/data/partition.h"
 #include "worker/model/model.h"
-#include "worker/optim/direction.h"
 #include "worker/optim/lr_schedule.h"
 #include "worker/ps/ps_client.h"
 #include "worker/trainer/trainer.h"
@@ -130,7 +129,7 @@ TEST(SsgdClusterTest, WorkersStayIdenticalAndMatchLargeBatchSgd) {
     batchers.push_back(std::make_unique<EpochBatcher>(
         data, RankRange(kExamples, sizes, r), sizes[r], config.seed(), r));
   }
-  Direction direction(config.optimizer(), d);
+  testing::ReferenceDirection direction(config.optimizer(), d);
   const LrSchedule schedule(config.optimizer(), steps_per_epoch, config.epochs());
   std::vector<float> grad(d), p(d), pulled(d);
 
@@ -164,7 +163,7 @@ TEST(SsgdClusterTest, WorkersStayIdenticalAndMatchLargeBatchSgd) {
     }
     const Batch large{features, labels, labels.size(), kDim};
     (*reference_model)->LossAndGradient(x, large, absl::MakeSpan(grad)).value();
-    direction.Compute(grad, x, absl::MakeSpan(p));
+    p = direction.Compute(grad, x);
     const float lr = schedule.At(t);
     for (size_t j = 0; j < d; ++j) x[j] -= lr * p[j];
 

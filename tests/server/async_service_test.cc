@@ -31,7 +31,7 @@
 #include "gtest/gtest.h"
 #include "server/parameter_server_service.h"
 #include "server/shard_context.h"
-#include "worker/optim/direction.h"
+#include "tests/testing/test_support.h"
 
 namespace cserps {
 namespace {
@@ -312,8 +312,8 @@ class AsyncMomentumTest
       public ::testing::WithParamInterface<v1::OptimizerConfig::Momentum> {};
 
 // One momentum buffer per shard, fed by both ranks' pushes in the order they
-// are applied, at x as it is when each push lands: against worker/optim's
-// Direction run over the shard.
+// are applied, at x as it is when each push lands: against the rule written
+// out by the tests (ReferenceDirection) run over the shard.
 TEST_P(AsyncMomentumTest, ServerMomentumMatchesADirectLoop) {
   const v1::OptimizerConfig::Momentum kind = GetParam();
   const std::string optimizer = absl::StrCat(
@@ -321,7 +321,7 @@ TEST_P(AsyncMomentumTest, ServerMomentumMatchesADirectLoop) {
       kind == v1::OptimizerConfig::NONE ? "" : " momentum: 0.9",
       " weight_decay: 0.01");
   Start(2, /*staleness=*/0, optimizer);
-  Direction direction(config_.optimizer(), kShardEnd);
+  testing::ReferenceDirection direction(config_.optimizer(), kShardEnd);
   std::vector<float> x = x0_;
   std::vector<float> p(kShardEnd);
   std::normal_distribution<float> normal;
@@ -331,7 +331,7 @@ TEST_P(AsyncMomentumTest, ServerMomentumMatchesADirectLoop) {
     const float lr = 0.1f / static_cast<float>(1 + push);
     std::vector<float> g(kShardEnd);
     for (float& v : g) v = normal(rng_);
-    direction.Compute(g, x, absl::MakeSpan(p));
+    p = direction.Compute(g, x);
     for (size_t i = 0; i < x.size(); ++i) x[i] -= lr * p[i];
     for (const Chunk& c : ShardChunks()) {
       v1::AsyncPushPullResponse response;

@@ -25,6 +25,35 @@ ServerSet::~ServerSet() {
   for (auto& server : shards_) server->Shutdown();
 }
 
+ReferenceDirection::ReferenceDirection(const v1::OptimizerConfig& optimizer,
+                                       size_t num_params)
+    : kind_(optimizer.momentum_kind()),
+      beta_(optimizer.momentum()),
+      lambda_(optimizer.weight_decay()),
+      m_(num_params, 0.0f) {}
+
+std::vector<float> ReferenceDirection::Compute(absl::Span<const float> g,
+                                               absl::Span<const float> x) {
+  std::vector<float> p(g.size());
+  for (size_t j = 0; j < g.size(); ++j) {
+    const float d = g[j] + lambda_ * x[j];
+    switch (kind_) {
+      case v1::OptimizerConfig::HEAVY_BALL:
+        m_[j] = beta_ * m_[j] + d;
+        p[j] = m_[j];
+        break;
+      case v1::OptimizerConfig::NESTEROV:
+        m_[j] = beta_ * m_[j] + d;
+        p[j] = d + beta_ * m_[j];
+        break;
+      default:
+        p[j] = d;
+        break;
+    }
+  }
+  return p;
+}
+
 double RelativeL2(absl::Span<const float> a, absl::Span<const float> b) {
   double diff = 0, norm = 0;
   for (size_t i = 0; i < a.size(); ++i) {

@@ -31,6 +31,23 @@ class ServerSet {
   std::vector<std::unique_ptr<PsServer>> shards_;
 };
 
+// Direction(g) of ALGORITHMS.md, with the float expressions of the rule:
+//   NONE:       p = g + λx
+//   HEAVY_BALL: m ← βm + (g + λx); p = m
+//   NESTEROV:   d = g + λx; m ← βm + d; p = d + βm
+// written here from the rule, independently of common/direction.h.
+class ReferenceDirection {
+ public:
+  ReferenceDirection(const v1::OptimizerConfig& optimizer, size_t num_params);
+  std::vector<float> Compute(absl::Span<const float> g, absl::Span<const float> x);
+
+ private:
+  v1::OptimizerConfig::Momentum kind_;
+  float beta_;
+  float lambda_;
+  std::vector<float> m_;
+};
+
 // ||a - b|| / ||b|| in double.
 double RelativeL2(absl::Span<const float> a, absl::Span<const float> b);
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The CSER paper's convergence study on a local cluster (issue 3).
+"""The CSER paper's convergence study on a local cluster.
 
 Runs the algorithms x overall compression ratio R_C in {32, 256, 1024} with 8
 workers training the MLP of configs/convergence.textproto on Fashion-MNIST,
@@ -281,7 +281,7 @@ def write_report(args, mode, epochs, seeds, lrs, reference, results, wall):
     print(f"wrote {path} ({wall / 60:.1f} min)")
 
 
-# --- The CoCoD-SGD and gTop-k studies (issue 4) ---------------------------
+# --- The CoCoD-SGD and gTop-k studies -------------------------------------
 
 def study_runs(study, epochs, workers):
     """(label, method, setting, lr, extra overrides) of a study."""

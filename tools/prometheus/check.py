@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Checks the metrics for real (issue 5): a local cluster with --metrics on
+"""Checks the metrics for real: a local cluster with --metrics on
 127.0.0.1 is scraped by Debian's Prometheus (also on 127.0.0.1, its own port
 and data directory); afterwards Prometheus' HTTP API must show every worker's
 step and GRAD byte counters rising and agreeing with the worker's own JSON

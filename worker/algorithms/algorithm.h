@@ -22,7 +22,7 @@
 #include "cserps/v1/config.pb.h"
 #include "worker/device/device_ops.h"
 #include "worker/group/local_group.h"
-#include "worker/optim/direction.h"
+#include "common/direction.h"
 #include "worker/ps/communicator.h"
 #include "worker/ps/staged_average.h"
 

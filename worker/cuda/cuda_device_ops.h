@@ -24,7 +24,7 @@
 // The device that was current at Create must be current on the calling
 // thread. Errors: INVALID_ARGUMENT for host spans of the wrong size, block
 // ids, indices or ranges outside the model; the CUDA error of a failed
-// launch, copy or allocation, naming the call (worker/cuda/cuda_status.h).
+// launch, copy or allocation, naming the call (worker/cuda/kernels/cuda_status.h).
 // Not thread-safe.
 #ifndef CSERPS_WORKER_CUDA_CUDA_DEVICE_OPS_H_
 #define CSERPS_WORKER_CUDA_CUDA_DEVICE_OPS_H_

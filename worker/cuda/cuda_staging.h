@@ -1,4 +1,4 @@
-// The CUDA StagingDevice (worker/staged_average.h): a device staging buffer
+// The CUDA StagingDevice (worker/ps/staged_average.h): a device staging buffer
 // and a pinned host buffer of model size, the block list on the device, one
 // copy stream, and one event per shard; for a node of GPUs, the local
 // group's device collectives (worker/cuda/device_group.h).
@@ -20,7 +20,7 @@
 // division by the node weight and each broadcast follows the copy-backs.
 // Nothing here blocks the host except WaitCopied (cudaEventSynchronize on
 // the shard's event) and the group's collectives. Every CUDA error is a
-// Status naming the call (worker/cuda/cuda_status.h).
+// Status naming the call (worker/cuda/kernels/cuda_status.h).
 //
 // Rounds may follow one another without synchronising: the next round's
 // copies are queued after the previous round's on the copy stream, and its
@@ -49,7 +49,7 @@ class CudaStagingDevice final : public StagingDevice {
   // Buffers for a model of `num_params` floats in blocks of `block_size`;
   // `compute` (not owned, outlives this) is the stream of the model and the
   // algorithm. `group` (not owned, outlives this; null for a flat worker)
-  // is the node's group on this device, for NodeStagedAverage.
+  // is the node's group on this device, for a node's staged average.
   // INVALID_ARGUMENT for block_size 0; the CUDA error of an allocation or of
   // creating the stream or events.
   static absl::StatusOr<std::unique_ptr<CudaStagingDevice>> Create(

@@ -1,16 +1,17 @@
 // A local group (worker/group/local_group.h) whose collectives can also run
 // in place on this member's device memory, ordered after a CUDA stream.
 //
-// Why: a node of GPUs averages through NodeStagedAverage
-// (worker/staged_average.h), whose staging buffer lives on the device. Its
+// Why: a node of GPUs averages through the staged average
+// (worker/ps/staged_average.h), whose staging buffer lives on the device. Its
 // two collectives (the node's sum of the gathered values, and each shard's
 // mean shared from its owner) would otherwise copy the staging buffer to
 // the host and back around a collective that itself runs on the GPUs. With
 // this interface the CUDA staging device (worker/cuda/cuda_staging.h) hands
 // the group the staging buffer and its compute stream, and nothing crosses
-// PCIe but the shards' own runs. NcclGroup (worker/group/nccl_group.h) is
-// the implementation; CudaDeviceOps::MakeStaging finds it by dynamic_cast
-// from the LocalGroup it is given.
+// PCIe but the shards' own runs. NcclGroup (worker/cuda/nccl_group.h) is
+// the implementation; the worker gives it to the CUDA device ops
+// (worker/cuda/cuda_device_ops.h) as their node group, beside the
+// LocalGroup it gives the trainer.
 //
 // Header only, so that the CUDA worker library does not link NCCL to name
 // it.

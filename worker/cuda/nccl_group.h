@@ -2,14 +2,14 @@
 // GPU, and their collectives run on the GPUs (built only with CUDA).
 //
 // Set-up: local rank 0 creates the ncclUniqueId and publishes it in a file
-// of a node-local directory (worker/group/rendezvous_file.h); the others
+// of a node-local directory (worker/cuda/rendezvous_file.h); the others
 // wait for that file, and all then join one NCCL communicator. Once it is
 // up, every rank has read the id and local rank 0 removes the file.
 //
 // It is also a DeviceGroup (worker/cuda/device_group.h): the same
 // collectives in place on device memory, for a node's staged average.
-#ifndef CSERPS_WORKER_GROUP_NCCL_GROUP_H_
-#define CSERPS_WORKER_GROUP_NCCL_GROUP_H_
+#ifndef CSERPS_WORKER_CUDA_NCCL_GROUP_H_
+#define CSERPS_WORKER_CUDA_NCCL_GROUP_H_
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>

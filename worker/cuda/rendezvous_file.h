@@ -1,7 +1,7 @@
 // A few bytes handed from one process of a node to the others through a
 // file in a node-local directory: how the local ranks of an NCCL group
-// (worker/group/nccl_group.h) share local rank 0's ncclUniqueId. Kept apart
-// from NCCL so that it builds and is tested without CUDA.
+// (worker/cuda/nccl_group.h) share local rank 0's ncclUniqueId. Kept apart
+// from NCCL so that it is tested without NCCL or a device.
 //
 // The writer publishes atomically (a temporary file in the same directory,
 // then rename), so a reader sees either no file or all of it. A file left by
@@ -10,8 +10,8 @@
 // (RemoveRendezvousFile), and a reader that starts before the writer can
 // still pick up a crashed run's leftover; NcclGroup then fails naming the
 // path.
-#ifndef CSERPS_WORKER_GROUP_RENDEZVOUS_FILE_H_
-#define CSERPS_WORKER_GROUP_RENDEZVOUS_FILE_H_
+#ifndef CSERPS_WORKER_CUDA_RENDEZVOUS_FILE_H_
+#define CSERPS_WORKER_CUDA_RENDEZVOUS_FILE_H_
 
 #include <cstddef>
 #include <string>
@@ -50,4 +50,4 @@ absl::Status RemoveRendezvousFile(const std::string& path);
 
 }  // namespace cserps
 
-#endif  // CSERPS_WORKER_GROUP_RENDEZVOUS_FILE_H_
+#endif  // CSERPS_WORKER_CUDA_RENDEZVOUS_FILE_H_

@@ -1,9 +1,8 @@
-// A device as the device trainer (device_trainer.h) uses it: the vector
+// A device as the trainer (worker/trainer/trainer.h) uses it: the vector
 // operations of its algorithms (DeviceOps) and the model's loss, gradient
 // and evaluation on batches handed over from the host. Two
 // implementations: HostBackend (host_backend.h) runs a host Model on host
-// memory, so that the device trainer runs, and is tested against the host
-// Trainer, without a GPU; CudaBackend (worker/cuda/cuda_backend.h) runs
+// memory (the CPU worker); CudaBackend (worker/cuda/cuda_backend.h) runs
 // CudaModel on one CUDA stream.
 #ifndef CSERPS_WORKER_DEVICE_DEVICE_BACKEND_H_
 #define CSERPS_WORKER_DEVICE_DEVICE_BACKEND_H_

@@ -25,7 +25,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "worker/group/local_group.h"
-#include "worker/optim/direction.h"
+#include "common/direction.h"
 #include "worker/ps/communicator.h"
 #include "worker/ps/staged_average.h"
 
@@ -88,7 +88,7 @@ class DeviceOps {
 
   // A new buffer, zeroed.
   virtual absl::StatusOr<DeviceVector> Allocate() = 0;
-  // A StagingDevice (worker/staged_average.h) for averages of this ops'
+  // A StagingDevice (worker/ps/staged_average.h) for averages of this ops'
   // buffers, ordered with the ops' own stream, whose collectives run on
   // `group` (null for a flat worker; it outlives the device). A group this
   // device cannot run collectives on is FAILED_PRECONDITION.
@@ -100,7 +100,7 @@ class DeviceOps {
 
   // dst = src.
   virtual absl::Status Copy(const float* src, float* dst) = 0;
-  // p = Direction(g) at x (worker/optim/direction.h), advancing m (null for
+  // p = Direction(g) at x (common/direction.h), advancing m (null for
   // NONE). p may alias g.
   virtual absl::Status Direction(const DirectionRule& rule, const float* g,
                                  const float* x, float* m, float* p) = 0;
@@ -123,7 +123,7 @@ class DeviceOps {
   virtual absl::Status Accumulate(float lr, float lambda, const float* g, const float* x,
                                   float* r) = 0;
   // For every range in order, the positions of its k entries with the
-  // largest |value| as SelectTopK (worker/topk_select.h) chooses them,
+  // largest |value| as SelectTopK (worker/device/topk_select.h) chooses them,
   // appended to out->indices as global positions (offset + position,
   // ascending within the range) with their values in out->values. `out` is
   // cleared first. Waits. Every position must be below 2^32.

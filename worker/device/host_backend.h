@@ -1,7 +1,5 @@
 // DeviceBackend on host memory: a host Model (the CPU model, or any other)
-// with HostDeviceOps. The device trainer on it computes what the host
-// Trainer computes, bit for bit: the same model, batches and averages, and
-// device algorithms that equal the host ones (device_algorithms.h).
+// with HostDeviceOps. The CPU worker's backend.
 #ifndef CSERPS_WORKER_DEVICE_HOST_BACKEND_H_
 #define CSERPS_WORKER_DEVICE_HOST_BACKEND_H_
 

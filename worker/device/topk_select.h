@@ -1,7 +1,7 @@
 // Top-k selection by magnitude for the sparse methods (gtopk-ssgd,
 // topk-ssgd): which entries a worker pushes.
-#ifndef CSERPS_WORKER_TOPK_SELECT_H_
-#define CSERPS_WORKER_TOPK_SELECT_H_
+#ifndef CSERPS_WORKER_DEVICE_TOPK_SELECT_H_
+#define CSERPS_WORKER_DEVICE_TOPK_SELECT_H_
 
 #include <cstdint>
 #include <vector>
@@ -21,4 +21,4 @@ void SelectTopK(absl::Span<const float> values, uint64_t k,
 
 }  // namespace cserps
 
-#endif  // CSERPS_WORKER_TOPK_SELECT_H_
+#endif  // CSERPS_WORKER_DEVICE_TOPK_SELECT_H_

@@ -1,9 +1,9 @@
 // The processes (one per GPU) of one node as a group with collective
 // operations: the intra-node half of hierarchical averaging
-// (worker/hierarchical_communicator.h, docs/protocol.md "Intra-node groups").
+// (worker/ps/staged_average.h, docs/protocol.md "Intra-node groups").
 // ThreadGroup (worker/group/thread_group.h) implements it for ranks that are
-// threads of one process; an NCCL implementation for one process per GPU
-// goes beside it.
+// threads of one process; NcclGroup (worker/cuda/nccl_group.h) for one
+// process per GPU.
 #ifndef CSERPS_WORKER_GROUP_LOCAL_GROUP_H_
 #define CSERPS_WORKER_GROUP_LOCAL_GROUP_H_
 

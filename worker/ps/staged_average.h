@@ -47,7 +47,7 @@ class StagingDevice {
   // The host buffer: what CopyToHost fills and CopyToStaging reads.
   virtual absl::Span<float> host() = 0;
   // Queues staging = model[blocks]: the blocks (`blocks`: ascending global
-  // ids, read before this returns) concatenated (worker/cuda/block_gather.h).
+  // ids, read before this returns) concatenated (worker/cuda/kernels/block_gather.h).
   // The block list is kept for Scatter.
   virtual absl::Status Gather(const float* model, absl::Span<const uint64_t> blocks) = 0;
   // Queues host[offset, offset + count) = staging[offset, offset + count),
@@ -62,8 +62,8 @@ class StagingDevice {
   // (alpha is ignored for kAssign).
   virtual absl::Status Scatter(ScatterKind kind, float alpha, float* model) = 0;
 
-  // For the average of a node (NodeStagedAverage), on a device made with
-  // its local group; FAILED_PRECONDITION on one made without.
+  // For the average of a node (StartStagedAverage with a group), on a device
+  // made with its local group; FAILED_PRECONDITION on one made without.
   // Queues staging[offset, offset + count) *= factor (kMultiply) or
   // /= factor (kDivide), each float rounded once.
   enum class Scale { kMultiply, kDivide };

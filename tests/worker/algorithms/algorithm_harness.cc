@@ -155,35 +155,6 @@ absl::StatusOr<ClusterRun> RunOnCluster(const v1::JobConfig& config,
   return run;
 }
 
-ReferenceDirection::ReferenceDirection(const v1::OptimizerConfig& optimizer,
-                                       size_t num_params)
-    : kind_(optimizer.momentum_kind()),
-      beta_(optimizer.momentum()),
-      lambda_(optimizer.weight_decay()),
-      m_(num_params, 0.0f) {}
-
-std::vector<float> ReferenceDirection::Compute(absl::Span<const float> g,
-                                               absl::Span<const float> x) {
-  std::vector<float> p(g.size());
-  for (size_t j = 0; j < g.size(); ++j) {
-    const float d = g[j] + lambda_ * x[j];
-    switch (kind_) {
-      case v1::OptimizerConfig::HEAVY_BALL:
-        m_[j] = beta_ * m_[j] + d;
-        p[j] = m_[j];
-        break;
-      case v1::OptimizerConfig::NESTEROV:
-        m_[j] = beta_ * m_[j] + d;
-        p[j] = d + beta_ * m_[j];
-        break;
-      default:
-        p[j] = d;
-        break;
-    }
-  }
-  return p;
-}
-
 std::vector<std::pair<size_t, size_t>> SelectedRanges(const v1::JobConfig& config,
                                                       int stream, uint64_t step,
                                                       uint32_t ratio) {

@@ -24,6 +24,7 @@
 #include "absl/types/span.h"
 #include "cserps/v1/config.pb.h"
 #include "gtest/gtest.h"
+#include "tests/testing/test_support.h"
 #include "worker/algorithms/algorithm.h"
 #include "worker/device/host_device_ops.h"
 #include "worker/group/local_group.h"
@@ -118,22 +119,6 @@ absl::StatusOr<ClusterRun> RunOnCluster(const v1::JobConfig& config,
                                         absl::Span<const float> x0, int steps,
                                         bool finish = false,
                                         const CommWrapper& wrap = nullptr);
-
-// Direction(g) of ALGORITHMS.md, with the float expressions of the rule:
-//   NONE:       p = g + λx
-//   HEAVY_BALL: m ← βm + (g + λx); p = m
-//   NESTEROV:   d = g + λx; m ← βm + d; p = d + βm
-class ReferenceDirection {
- public:
-  ReferenceDirection(const v1::OptimizerConfig& optimizer, size_t num_params);
-  std::vector<float> Compute(absl::Span<const float> g, absl::Span<const float> x);
-
- private:
-  v1::OptimizerConfig::Momentum kind_;
-  float beta_;
-  float lambda_;
-  std::vector<float> m_;
-};
 
 // The float ranges [begin, end) of the blocks GRBS(stream, step, ratio)
 // selects in `config`'s job (SelectBlocks with the job seed; block b is

@@ -19,8 +19,8 @@
 // Launchers queue on `stream` and return at once; buffers must stay valid
 // until the queued work has run, and staging must not overlap the model.
 // InvalidArgument for block_size == 0.
-#ifndef CSERPS_WORKER_CUDA_BLOCK_GATHER_H_
-#define CSERPS_WORKER_CUDA_BLOCK_GATHER_H_
+#ifndef CSERPS_WORKER_CUDA_KERNELS_BLOCK_GATHER_H_
+#define CSERPS_WORKER_CUDA_KERNELS_BLOCK_GATHER_H_
 
 #include <cuda_runtime_api.h>
 
@@ -67,4 +67,4 @@ absl::Status LaunchFillBlocks(float value, uint64_t num_params,
 }  // namespace cuda
 }  // namespace cserps
 
-#endif  // CSERPS_WORKER_CUDA_BLOCK_GATHER_H_
+#endif  // CSERPS_WORKER_CUDA_KERNELS_BLOCK_GATHER_H_

@@ -17,8 +17,8 @@
 //
 // Every kernel writes each output element from one thread, summing in a
 // fixed order: no atomics, so runs repeat bit for bit.
-#ifndef CSERPS_WORKER_CUDA_CONV_KERNELS_H_
-#define CSERPS_WORKER_CUDA_CONV_KERNELS_H_
+#ifndef CSERPS_WORKER_CUDA_KERNELS_CONV_KERNELS_H_
+#define CSERPS_WORKER_CUDA_KERNELS_CONV_KERNELS_H_
 
 #include <cuda_runtime_api.h>
 
@@ -71,4 +71,4 @@ absl::Status LaunchChannelSums(size_t out_channels, size_t columns,
 }  // namespace cuda
 }  // namespace cserps
 
-#endif  // CSERPS_WORKER_CUDA_CONV_KERNELS_H_
+#endif  // CSERPS_WORKER_CUDA_KERNELS_CONV_KERNELS_H_

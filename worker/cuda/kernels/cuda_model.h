@@ -26,8 +26,8 @@
 // grows to the largest batch seen (Reserve() grows it ahead of time, so that
 // the steps that follow allocate nothing); growing waits for the device to go
 // idle. Not thread-safe: one CudaModel per thread, as for every Model.
-#ifndef CSERPS_WORKER_CUDA_CUDA_MODEL_H_
-#define CSERPS_WORKER_CUDA_CUDA_MODEL_H_
+#ifndef CSERPS_WORKER_CUDA_KERNELS_CUDA_MODEL_H_
+#define CSERPS_WORKER_CUDA_KERNELS_CUDA_MODEL_H_
 
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
@@ -181,4 +181,4 @@ absl::StatusOr<std::unique_ptr<Model>> MakeCudaModel(
 
 }  // namespace cserps
 
-#endif  // CSERPS_WORKER_CUDA_CUDA_MODEL_H_
+#endif  // CSERPS_WORKER_CUDA_KERNELS_CUDA_MODEL_H_

@@ -10,8 +10,8 @@
 // Codes: an allocation failure is RESOURCE_EXHAUSTED; no device, no usable
 // driver or an uninitialised cuBLAS is FAILED_PRECONDITION; everything else
 // (a faulting kernel, a bad launch configuration) is INTERNAL.
-#ifndef CSERPS_WORKER_CUDA_CUDA_STATUS_H_
-#define CSERPS_WORKER_CUDA_CUDA_STATUS_H_
+#ifndef CSERPS_WORKER_CUDA_KERNELS_CUDA_STATUS_H_
+#define CSERPS_WORKER_CUDA_KERNELS_CUDA_STATUS_H_
 
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
@@ -172,4 +172,4 @@ using PinnedBuffer = internal::CudaBuffer<T, internal::PinnedMemory>;
 
 }  // namespace cserps
 
-#endif  // CSERPS_WORKER_CUDA_CUDA_STATUS_H_
+#endif  // CSERPS_WORKER_CUDA_KERNELS_CUDA_STATUS_H_

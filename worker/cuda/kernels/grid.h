@@ -1,8 +1,8 @@
 // The launch shape of the grid-stride kernels of worker/cuda/: blocks of
 // kThreads threads, and no more blocks than it takes to fill an H200 (more
 // only adds scheduling work; the kernels stride over the rest).
-#ifndef CSERPS_WORKER_CUDA_GRID_H_
-#define CSERPS_WORKER_CUDA_GRID_H_
+#ifndef CSERPS_WORKER_CUDA_KERNELS_GRID_H_
+#define CSERPS_WORKER_CUDA_KERNELS_GRID_H_
 
 #include <algorithm>
 #include <cstdint>
@@ -20,4 +20,4 @@ inline unsigned GridBlocks(uint64_t n) {
 }  // namespace cuda
 }  // namespace cserps
 
-#endif  // CSERPS_WORKER_CUDA_GRID_H_
+#endif  // CSERPS_WORKER_CUDA_KERNELS_GRID_H_

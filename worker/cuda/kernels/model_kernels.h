@@ -6,8 +6,8 @@
 // a fault inside the kernel surfaces at the next synchronising call. All
 // matrices are row-major; pointers are device pointers. Each kernel mirrors
 // one CPU helper of worker/model and says which.
-#ifndef CSERPS_WORKER_CUDA_MODEL_KERNELS_H_
-#define CSERPS_WORKER_CUDA_MODEL_KERNELS_H_
+#ifndef CSERPS_WORKER_CUDA_KERNELS_MODEL_KERNELS_H_
+#define CSERPS_WORKER_CUDA_KERNELS_MODEL_KERNELS_H_
 
 #include <cuda_runtime_api.h>
 
@@ -58,4 +58,4 @@ absl::Status LaunchSumRows(size_t rows, const double* row_loss,
 }  // namespace cuda
 }  // namespace cserps
 
-#endif  // CSERPS_WORKER_CUDA_MODEL_KERNELS_H_
+#endif  // CSERPS_WORKER_CUDA_KERNELS_MODEL_KERNELS_H_

@@ -3,8 +3,8 @@
 // a device slot the model's kernels write (CudaModel::LossAndGradientDevice,
 // EvaluateDevice) and a pinned host copy. The host-span CudaModel and the
 // device trainer both read through one.
-#ifndef CSERPS_WORKER_CUDA_READ_BACK_H_
-#define CSERPS_WORKER_CUDA_READ_BACK_H_
+#ifndef CSERPS_WORKER_CUDA_KERNELS_READ_BACK_H_
+#define CSERPS_WORKER_CUDA_KERNELS_READ_BACK_H_
 
 #include <cuda_runtime_api.h>
 
@@ -42,4 +42,4 @@ class ScalarReadBack {
 
 }  // namespace cserps
 
-#endif  // CSERPS_WORKER_CUDA_READ_BACK_H_
+#endif  // CSERPS_WORKER_CUDA_KERNELS_READ_BACK_H_

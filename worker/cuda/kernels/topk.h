@@ -1,5 +1,5 @@
 // Top-k selection by magnitude on the device, for the sparse methods: the
-// twin of SelectTopK (worker/topk_select.h), with the same answer. The k
+// twin of SelectTopK (worker/device/topk_select.h), with the same answer. The k
 // entries with the largest |value| (a NaN counts as infinite), ties broken
 // by the lower position, returned as ascending positions with their values.
 //
@@ -7,8 +7,8 @@
 // ~position, which are distinct, so the order is total and needs no stable
 // sort; the first k keys give the positions, which a second, k-item radix
 // sort puts in ascending order.
-#ifndef CSERPS_WORKER_CUDA_TOPK_H_
-#define CSERPS_WORKER_CUDA_TOPK_H_
+#ifndef CSERPS_WORKER_CUDA_KERNELS_TOPK_H_
+#define CSERPS_WORKER_CUDA_KERNELS_TOPK_H_
 
 #include <cuda_runtime_api.h>
 
@@ -40,4 +40,4 @@ absl::Status LaunchTopK(const float* values, uint64_t n, uint64_t k,
 }  // namespace cuda
 }  // namespace cserps
 
-#endif  // CSERPS_WORKER_CUDA_TOPK_H_
+#endif  // CSERPS_WORKER_CUDA_KERNELS_TOPK_H_

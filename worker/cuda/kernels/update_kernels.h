@@ -1,5 +1,5 @@
 // The local optimizer step on flat device buffers: the device twin of
-// worker/optim/direction.h (Direction::Compute) and of the algorithms'
+// common/direction.h (ComputeDirection) and of the algorithms'
 // x -= lr * p. With λ = weight_decay and β = momentum:
 //   NONE (or MOMENTUM_UNSPECIFIED): p = g + λx
 //   HEAVY_BALL:                     m ← βm + (g + λx);  p = m
@@ -13,8 +13,8 @@
 // Launchers queue on `stream` and return at once; all pointers are device
 // pointers of n floats that stay valid until the queued work has run. The
 // Status reports a failed launch or an unknown momentum kind.
-#ifndef CSERPS_WORKER_CUDA_UPDATE_KERNELS_H_
-#define CSERPS_WORKER_CUDA_UPDATE_KERNELS_H_
+#ifndef CSERPS_WORKER_CUDA_KERNELS_UPDATE_KERNELS_H_
+#define CSERPS_WORKER_CUDA_KERNELS_UPDATE_KERNELS_H_
 
 #include <cuda_runtime_api.h>
 
@@ -22,7 +22,7 @@
 
 #include "absl/status/status.h"
 #include "cserps/v1/config.pb.h"
-#include "worker/optim/direction.h"
+#include "common/direction.h"
 
 namespace cserps {
 namespace cuda {
@@ -47,4 +47,4 @@ absl::Status LaunchSgdStep(const DirectionRule& rule, size_t n, float lr,
 }  // namespace cuda
 }  // namespace cserps
 
-#endif  // CSERPS_WORKER_CUDA_UPDATE_KERNELS_H_
+#endif  // CSERPS_WORKER_CUDA_KERNELS_UPDATE_KERNELS_H_

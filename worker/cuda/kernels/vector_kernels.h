@@ -9,8 +9,8 @@
 // memory that stays valid until the queued work has run. n == 0 (or
 // count == 0) queues nothing. The Status reports a failed launch, or
 // InvalidArgument for an op or momentum kind the launcher does not know.
-#ifndef CSERPS_WORKER_CUDA_VECTOR_KERNELS_H_
-#define CSERPS_WORKER_CUDA_VECTOR_KERNELS_H_
+#ifndef CSERPS_WORKER_CUDA_KERNELS_VECTOR_KERNELS_H_
+#define CSERPS_WORKER_CUDA_KERNELS_VECTOR_KERNELS_H_
 
 #include <cuda_runtime_api.h>
 
@@ -18,7 +18,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
-#include "worker/optim/direction.h"
+#include "common/direction.h"
 
 namespace cserps {
 namespace cuda {
@@ -72,4 +72,4 @@ absl::Status LaunchApplyMomentum(const DirectionRule& rule, size_t n,
 }  // namespace cuda
 }  // namespace cserps
 
-#endif  // CSERPS_WORKER_CUDA_VECTOR_KERNELS_H_
+#endif  // CSERPS_WORKER_CUDA_KERNELS_VECTOR_KERNELS_H_

@@ -1,4 +1,4 @@
-#include "worker/optim/direction.h"
+#include "common/direction.h"
 
 #include <vector>
 
@@ -29,18 +29,19 @@ std::vector<float> Random(CounterRng& rng) {
   return v;
 }
 
-// Runs kSteps of Direction and of the ALGORITHMS.md rule written out in
-// double, on the same random gradients and parameters; returns the final
-// momentum of the hand-written loop.
-std::vector<double> RunAndCompare(Opt::Momentum kind, double beta,
-                                  double lambda, Direction& direction) {
+// Runs kSteps of ComputeDirection (advancing `momentum`) and of the
+// ALGORITHMS.md rule written out in double, on the same random gradients
+// and parameters; returns the final momentum of the hand-written loop.
+std::vector<double> RunAndCompare(Opt::Momentum kind, double beta, double lambda,
+                                  std::vector<float>& momentum) {
+  const DirectionRule rule = MakeDirectionRule(Config(kind, beta, lambda));
   CounterRng rng(static_cast<uint64_t>(kind) * 1000 + 1);
   std::vector<double> m(kParams, 0.0);
   for (int step = 0; step < kSteps; ++step) {
     const std::vector<float> g = Random(rng);
     const std::vector<float> x = Random(rng);
     std::vector<float> p(kParams);
-    direction.Compute(g, x, absl::MakeSpan(p));
+    ComputeDirection(rule, kParams, g.data(), x.data(), momentum.data(), p.data());
     for (size_t i = 0; i < kParams; ++i) {
       const double d = g[i] + lambda * x[i];
       double expected;
@@ -63,16 +64,11 @@ class DirectionTest : public ::testing::TestWithParam<Opt::Momentum> {};
 
 TEST_P(DirectionTest, MatchesHandWrittenLoop) {
   for (double lambda : {0.0, kLambda}) {
-    Direction direction(Config(GetParam(), kBeta, lambda), kParams);
-    const std::vector<double> m =
-        RunAndCompare(GetParam(), kBeta, lambda, direction);
-    if (GetParam() == Opt::HEAVY_BALL || GetParam() == Opt::NESTEROV) {
-      ASSERT_EQ(direction.momentum().size(), kParams);
-      for (size_t i = 0; i < kParams; ++i) {
-        EXPECT_NEAR(direction.momentum()[i], m[i], 1e-5) << i;
-      }
-    } else {
-      EXPECT_TRUE(direction.momentum().empty());
+    std::vector<float> momentum(kParams, 0.0f);
+    const std::vector<double> m = RunAndCompare(GetParam(), kBeta, lambda, momentum);
+    for (size_t i = 0; i < kParams; ++i) {
+      // NONE and MOMENTUM_UNSPECIFIED leave the buffer alone.
+      EXPECT_NEAR(momentum[i], m[i], 1e-5) << i;
     }
   }
 }
@@ -85,48 +81,50 @@ INSTANTIATE_TEST_SUITE_P(AllKinds, DirectionTest,
 // Heavy ball: m = 1.5, 2.25 → p = 1.5, 2.25.
 // Nesterov:   m = 1.5, 2.25 → p = 1.5 + 0.75 = 2.25, 1.5 + 1.125 = 2.625.
 TEST(DirectionTest, SmallHandComputedCase) {
-  const std::vector<float> g = {1.0f}, x = {2.0f};
-  std::vector<float> p(1);
-  Direction heavy(Config(Opt::HEAVY_BALL, 0.5, 0.25), 1);
-  heavy.Compute(g, x, absl::MakeSpan(p));
-  EXPECT_FLOAT_EQ(p[0], 1.5f);
-  heavy.Compute(g, x, absl::MakeSpan(p));
-  EXPECT_FLOAT_EQ(p[0], 2.25f);
+  const float g = 1.0f, x = 2.0f;
+  float p = 0, m = 0;
+  const DirectionRule heavy = MakeDirectionRule(Config(Opt::HEAVY_BALL, 0.5, 0.25));
+  ComputeDirection(heavy, 1, &g, &x, &m, &p);
+  EXPECT_FLOAT_EQ(p, 1.5f);
+  ComputeDirection(heavy, 1, &g, &x, &m, &p);
+  EXPECT_FLOAT_EQ(p, 2.25f);
 
-  Direction nesterov(Config(Opt::NESTEROV, 0.5, 0.25), 1);
-  nesterov.Compute(g, x, absl::MakeSpan(p));
-  EXPECT_FLOAT_EQ(p[0], 2.25f);
-  nesterov.Compute(g, x, absl::MakeSpan(p));
-  EXPECT_FLOAT_EQ(p[0], 2.625f);
-  EXPECT_FLOAT_EQ(nesterov.momentum()[0], 2.25f);
+  m = 0;
+  const DirectionRule nesterov = MakeDirectionRule(Config(Opt::NESTEROV, 0.5, 0.25));
+  ComputeDirection(nesterov, 1, &g, &x, &m, &p);
+  EXPECT_FLOAT_EQ(p, 2.25f);
+  ComputeDirection(nesterov, 1, &g, &x, &m, &p);
+  EXPECT_FLOAT_EQ(p, 2.625f);
+  EXPECT_FLOAT_EQ(m, 2.25f);
 
-  Direction plain(Config(Opt::NONE, 0.5, 0.25), 1);
-  plain.Compute(g, x, absl::MakeSpan(p));
-  plain.Compute(g, x, absl::MakeSpan(p));
-  EXPECT_FLOAT_EQ(p[0], 1.5f);
+  const DirectionRule plain = MakeDirectionRule(Config(Opt::NONE, 0.5, 0.25));
+  ComputeDirection(plain, 1, &g, &x, nullptr, &p);
+  ComputeDirection(plain, 1, &g, &x, nullptr, &p);
+  EXPECT_FLOAT_EQ(p, 1.5f);
 }
 
 TEST(DirectionTest, DirectionMayAliasGradient) {
   CounterRng rng(77);
-  Direction separate(Config(Opt::NESTEROV, kBeta, kLambda), kParams);
-  Direction aliased(Config(Opt::NESTEROV, kBeta, kLambda), kParams);
+  const DirectionRule rule = MakeDirectionRule(Config(Opt::NESTEROV, kBeta, kLambda));
+  std::vector<float> separate_m(kParams, 0.0f), aliased_m(kParams, 0.0f);
   for (int step = 0; step < 3; ++step) {
     const std::vector<float> g = Random(rng);
     const std::vector<float> x = Random(rng);
     std::vector<float> p(kParams);
-    separate.Compute(g, x, absl::MakeSpan(p));
+    ComputeDirection(rule, kParams, g.data(), x.data(), separate_m.data(), p.data());
     std::vector<float> buffer = g;
-    aliased.Compute(buffer, x, absl::MakeSpan(buffer));
+    ComputeDirection(rule, kParams, buffer.data(), x.data(), aliased_m.data(), buffer.data());
     EXPECT_EQ(buffer, p) << "step " << step;
   }
 }
 
-TEST(DirectionTest, MutableMomentumFeedsTheNextStep) {
-  Direction direction(Config(Opt::HEAVY_BALL, 0.5, 0.0), 2);
-  direction.mutable_momentum()[0] = 4.0f;
+// The momentum buffer is the caller's: what it holds feeds the next step.
+TEST(DirectionTest, TheMomentumBufferFeedsTheNextStep) {
+  const DirectionRule rule = MakeDirectionRule(Config(Opt::HEAVY_BALL, 0.5, 0.0));
+  std::vector<float> m = {4.0f, 0.0f};
   const std::vector<float> g = {1.0f, 1.0f}, x = {0.0f, 0.0f};
   std::vector<float> p(2);
-  direction.Compute(g, x, absl::MakeSpan(p));
+  ComputeDirection(rule, 2, g.data(), x.data(), m.data(), p.data());
   EXPECT_FLOAT_EQ(p[0], 3.0f);  // 0.5 * 4 + 1
   EXPECT_FLOAT_EQ(p[1], 1.0f);
 }

@@ -1,4 +1,4 @@
-#include "worker/optim/direction.h"
+#include "common/direction.h"
 
 #include "common/status.h"
 
@@ -41,23 +41,6 @@ void ComputeDirection(const DirectionRule& rule, size_t n, const float* grad,
     default:
       CSERPS_CHECK(false && "unknown momentum kind");
   }
-}
-
-Direction::Direction(const v1::OptimizerConfig& config, size_t num_params)
-    : rule_(MakeDirectionRule(config)), num_params_(num_params) {
-  CSERPS_CHECK(rule_.kind == v1::OptimizerConfig::NONE ||
-               rule_.kind == v1::OptimizerConfig::HEAVY_BALL ||
-               rule_.kind == v1::OptimizerConfig::NESTEROV);
-  if (rule_.kind != v1::OptimizerConfig::NONE) momentum_.assign(num_params, 0.0f);
-}
-
-void Direction::Compute(absl::Span<const float> grad,
-                        absl::Span<const float> params,
-                        absl::Span<float> direction) {
-  CSERPS_CHECK(grad.size() == num_params_ && params.size() == num_params_ &&
-               direction.size() == num_params_);
-  ComputeDirection(rule_, num_params_, grad.data(), params.data(), momentum_.data(),
-                   direction.data());
 }
 
 }  // namespace cserps

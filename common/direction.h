@@ -1,0 +1,39 @@
+// The local descent direction p = Direction(g) of ALGORITHMS.md ("Direction"):
+// the gradient plus weight decay, optionally through a momentum buffer (a
+// worker's own, never synchronised unless an algorithm says so; or the
+// servers', for asynchronous SGD). With λ = weight_decay and β = momentum:
+//   NONE (or MOMENTUM_UNSPECIFIED): p = g + λx
+//   HEAVY_BALL:                     m ← βm + (g + λx);  p = m
+//   NESTEROV:                       d = g + λx;  m ← βm + d;  p = d + βm
+// The momentum buffer starts at zero.
+#ifndef CSERPS_COMMON_DIRECTION_H_
+#define CSERPS_COMMON_DIRECTION_H_
+
+#include <cstddef>
+
+#include "cserps/v1/config.pb.h"
+
+namespace cserps {
+
+// The rule, read from the optimizer config; what the device operations
+// (worker/device/device_ops.h) are given.
+struct DirectionRule {
+  v1::OptimizerConfig::Momentum kind = v1::OptimizerConfig::NONE;
+  float beta = 0.0f;          // momentum
+  float weight_decay = 0.0f;  // λ
+};
+// MOMENTUM_UNSPECIFIED becomes NONE.
+DirectionRule MakeDirectionRule(const v1::OptimizerConfig& config);
+
+// direction[i] = p(grad, params)[i] for i < n, advancing `momentum` (n
+// floats; unused, may be null, for NONE). `direction` may alias `grad`.
+// The one host implementation of the rule: the host device ops
+// (worker/device/host_device_ops.h) and the servers' asynchronous SGD
+// (server/async_service.cc) call it. An unknown kind is a programmer error
+// and aborts.
+void ComputeDirection(const DirectionRule& rule, size_t n, const float* grad,
+                      const float* params, float* momentum, float* direction);
+
+}  // namespace cserps
+
+#endif  // CSERPS_COMMON_DIRECTION_H_
