@@ -74,92 +74,29 @@ struct Entry {
   Rounds (*rounds)(const v1::AlgorithmConfig&) = NoRounds;
 };
 
-AlgorithmInfo Info(AlgorithmId id, const char* name, const char* summary,
-                   double (*overall_ratio)(const v1::AlgorithmConfig&),
-                   Exchange exchange = Exchange::kAverages, bool needs_nesterov = false) {
-  AlgorithmInfo info;
-  info.id = id;
-  info.name = name;
-  info.summary = summary;
-  info.exchange = exchange;
-  info.needs_nesterov = needs_nesterov;
-  info.overall_ratio = overall_ratio;
-  return info;
-}
-
+// docs/algorithms.md describes each.
 const std::vector<Entry>& Entries() {
   // Leaked on purpose: no destructor runs at exit while another thread may
   // still read it.
   static const auto* const kEntries = new std::vector<Entry>{
-      {Info(AlgorithmId::kAsyncSgd, "async-sgd",
-            "asynchronous SGD: no barrier; every step each worker pushes its "
-            "gradient, the servers apply it at once with server-side momentum and "
-            "answer with the model; algorithm.staleness bounds how far a worker "
-            "runs ahead of the slowest (R_C = 1)",
-            NoCompression, Exchange::kAsync),
-       {}, kStaleness},
-      // k during the main phase (period_warmup_epochs with k = 1 aside).
-      {Info(AlgorithmId::kCocodSgd, "cocod-sgd",
-            "CoCoD-SGD: the model average of a snapshot runs while the next k "
-            "local steps compute, then x = avg + (x - snapshot) (R_C = k)",
-            Period),
-       {kPeriod}, kPeriodWarmup, FullModel},
-      {Info(AlgorithmId::kCsea, "csea",
-            "CSEA: every step the model is averaged on R_C1-sparse blocks "
-            "(R_C = R_C1)",
-            RatioC1),
-       {kRatioC1}, kNone, ModelAtRatioC1},
-      {Info(AlgorithmId::kCser, "cser",
-            "CSER: local steps with error reset; per step the model (MODEL_BLOCKS) "
-            "or the update (GRADIENT_BLOCKS) is averaged on R_C2-sparse blocks, "
-            "every H steps the model on R_C1-sparse blocks",
-            CserRatio),
+      {{AlgorithmId::kAsyncSgd, "async-sgd", NoCompression, Exchange::kAsync}, {}, kStaleness},
+      // R_C = k of the main phase (period_warmup_epochs with k = 1 aside).
+      {{AlgorithmId::kCocodSgd, "cocod-sgd", Period}, {kPeriod}, kPeriodWarmup, FullModel},
+      {{AlgorithmId::kCsea, "csea", RatioC1}, {kRatioC1}, kNone, ModelAtRatioC1},
+      {{AlgorithmId::kCser, "cser", CserRatio},
        {kPeriod, kRatioC1, kRatioC2}, kCserVariant, CserRounds},
-      {Info(AlgorithmId::kCserPl, "cser-pl",
-            "CSER-PL: local steps; every H steps the model is averaged on "
-            "R_C1-sparse blocks (R_C = H*R_C1)",
-            PeriodTimesRatioC1),
-       {kPeriod, kRatioC1}, kNone, ModelAtRatioC1},
-      {Info(AlgorithmId::kEfSgd, "ef-sgd",
-            "EF-SGD: one shared model; the update plus the local error is averaged "
-            "on R-sparse blocks, the rest kept as error (R_C = R)",
-            Ratio),
-       {kRatio}, kNone, GradientAtRatio},
-      {Info(AlgorithmId::kGtopkSsgd, "gtopk-ssgd",
-            "gTop-k S-SGD: every step each worker pushes its local top-k of "
-            "update plus residual; the servers keep the global top-k of the sum "
-            "(R_C ~ 1/density)",
-            InverseDensity, Exchange::kSparse),
-       {}, kDensity},
-      {Info(AlgorithmId::kLocalSgd, "local-sgd",
-            "local SGD: local steps; every H steps the full model is averaged "
-            "(R_C = H)",
-            Period),
-       {kPeriod}, kNone, FullModel},
-      {Info(AlgorithmId::kMCser, "m-cser", "M-CSER: CSER with Nesterov momentum kept local",
-            CserRatio, Exchange::kAverages, /*needs_nesterov=*/true),
+      {{AlgorithmId::kCserPl, "cser-pl", PeriodTimesRatioC1}, {kPeriod, kRatioC1}, kNone,
+       ModelAtRatioC1},
+      {{AlgorithmId::kEfSgd, "ef-sgd", Ratio}, {kRatio}, kNone, GradientAtRatio},
+      {{AlgorithmId::kGtopkSsgd, "gtopk-ssgd", InverseDensity, Exchange::kSparse}, {}, kDensity},
+      {{AlgorithmId::kLocalSgd, "local-sgd", Period}, {kPeriod}, kNone, FullModel},
+      {{AlgorithmId::kMCser, "m-cser", CserRatio, Exchange::kAverages, /*needs_nesterov=*/true},
        {kPeriod, kRatioC1, kRatioC2}, kCserVariant, CserRounds},
-      {Info(AlgorithmId::kPipeSgd, "pipe-sgd",
-            "Pipe-SGD: the gradient average of step t-1 runs while step t "
-            "computes (R_C = 1)",
-            NoCompression),
-       {}, kNone, FullGradient},
-      {Info(AlgorithmId::kQsparseLocalSgd, "qsparse-local-sgd",
-            "QSparse-local-SGD: H local steps, then the drift plus memory is "
-            "averaged on R-sparse blocks (R_C = H*R)",
-            PeriodTimesRatio),
+      {{AlgorithmId::kPipeSgd, "pipe-sgd", NoCompression}, {}, kNone, FullGradient},
+      {{AlgorithmId::kQsparseLocalSgd, "qsparse-local-sgd", PeriodTimesRatio},
        {kPeriod, kRatio}, kNone, GradientAtRatio},
-      {Info(AlgorithmId::kSsgd, "ssgd",
-            "synchronous SGD: every step the servers average the full update of "
-            "all workers (streams: GRAD; overall compression ratio 1)",
-            NoCompression),
-       {}, kNone, FullGradient},
-      {Info(AlgorithmId::kTopkSsgd, "topk-ssgd",
-            "Top-k S-SGD: every step each worker pushes its local top-k of "
-            "update plus residual; the servers return the sum on the union "
-            "(R_C ~ 1/density)",
-            InverseDensity, Exchange::kSparse),
-       {}, kDensity},
+      {{AlgorithmId::kSsgd, "ssgd", NoCompression}, {}, kNone, FullGradient},
+      {{AlgorithmId::kTopkSsgd, "topk-ssgd", InverseDensity, Exchange::kSparse}, {}, kDensity},
   };
   return *kEntries;
 }

@@ -45,16 +45,16 @@ enum class Exchange {
 
 struct AlgorithmInfo {
   AlgorithmId id = AlgorithmId::kSsgd;
-  std::string name;     // the value of algorithm.name, e.g. "ssgd"
-  std::string summary;  // one line for users: update rule, streams, ratio
+  std::string name;  // the value of algorithm.name, e.g. "ssgd"
+  // R_C from the algorithm's parameters (OverallRatio).
+  double (*overall_ratio)(const v1::AlgorithmConfig&) = nullptr;
   Exchange exchange = Exchange::kAverages;
+  // m-cser: CSER with Nesterov momentum (optimizer.momentum_kind NESTEROV).
+  bool needs_nesterov = false;
+
   // Whether the local ranks of a node (cluster.local_size > 1) can run it:
   // only averages have an intra-node form.
   bool runs_on_node() const { return exchange == Exchange::kAverages; }
-  // m-cser: CSER with Nesterov momentum (optimizer.momentum_kind NESTEROV).
-  bool needs_nesterov = false;
-  // R_C from the algorithm's parameters (OverallRatio).
-  double (*overall_ratio)(const v1::AlgorithmConfig&) = nullptr;
 };
 
 // Every known algorithm, sorted by name. The reference lives for the whole

@@ -130,17 +130,17 @@ grpc::ServerUnaryReactor* AsyncService::AsyncPushPull(
   absl::Status valid = shard_.Admit(request->fingerprint(), request->rank(), arrived);
   if (valid.ok()) valid = Validate(*request);
   if (!valid.ok()) {
-    refused_.AddRequest(request->ByteSizeLong());
+    traffic_.refused.AddRequest(request->ByteSizeLong());
     reactor->Finish(ToGrpcStatus(Prefixed(Describe(*request), valid)));
     return reactor;
   }
-  traffic_.AddRequest(request->ByteSizeLong());
+  traffic_.handled.AddRequest(request->ByteSizeLong());
   shard_.activity().CallStarted(request->rank(), arrived);
   gate_.Arrive(request->rank(), request->step(), arrived,
                [this, reactor, request, response](absl::Status status) {
                  if (status.ok()) status = Apply(*request, response);
                  if (status.ok()) {
-                   traffic_.AddReply(response->ByteSizeLong());
+                   traffic_.handled.AddReply(response->ByteSizeLong());
                  } else {
                    pushes_failed_.fetch_add(1, std::memory_order_relaxed);
                  }
@@ -155,8 +155,8 @@ AsyncService::Counters AsyncService::counters() const {
   c.pushes_applied = pushes_applied_.load(std::memory_order_relaxed);
   c.pushes_failed = pushes_failed_.load(std::memory_order_relaxed);
   c.newest_step = newest_step_.load(std::memory_order_relaxed);
-  c.traffic = traffic_.Snapshot();
-  c.refused = refused_.Snapshot();
+  c.traffic = traffic_.handled.Snapshot();
+  c.refused = traffic_.refused.Snapshot();
   return c;
 }
 

@@ -26,9 +26,10 @@
 #include "absl/time/time.h"
 #include "common/block_layout.h"
 #include "common/traffic_counter.h"
-#include "cserps/v1/async_sgd.grpc.pb.h"
+#include "cserps/v1/parameter_server.grpc.pb.h"
 #include "server/async_staleness_gate.h"
 #include "server/expiry_thread.h"
+#include "server/service_traffic.h"
 #include "server/service_options.h"
 #include "server/shard_context.h"
 
@@ -108,8 +109,7 @@ class AsyncService final : public v1::AsyncParameterServer::CallbackService {
   std::atomic<uint64_t> pushes_failed_{0};
   // Written under update_mu_ only.
   std::atomic<uint64_t> newest_step_{0};
-  TrafficCounter traffic_;
-  TrafficCounter refused_;
+  ServiceTraffic traffic_;
 
   std::atomic<bool> shut_down_{false};
   // Last: destroyed (joined) first, while what it calls still exists.

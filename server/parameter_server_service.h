@@ -78,21 +78,14 @@ class ParameterServerService final : public v1::ParameterServer::CallbackService
   uint32_t shard() const { return shard_.shard(); }
   uint64_t fingerprint() const { return shard_.fingerprint(); }
 
-  grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* context,
-                                     const v1::RegisterRequest* request,
-                                     v1::RegisterResponse* response) override;
-  grpc::ServerUnaryReactor* PushPull(grpc::CallbackServerContext* context,
-                                     const v1::PushPullRequest* request,
-                                     v1::PushPullResponse* response) override;
-  grpc::ServerUnaryReactor* PullModel(grpc::CallbackServerContext* context,
-                                      const v1::PullModelRequest* request,
-                                      v1::PullModelResponse* response) override;
-  grpc::ServerUnaryReactor* PushModel(grpc::CallbackServerContext* context,
-                                      const v1::PushModelRequest* request,
-                                      v1::PushModelResponse* response) override;
-  grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* context,
-                                      const v1::GetStatusRequest* request,
-                                      v1::GetStatusResponse* response) override;
+  // The service's calls (docs/protocol.md).
+  using Reactor = grpc::ServerUnaryReactor;
+  using Context = grpc::CallbackServerContext;
+  Reactor* Register(Context*, const v1::RegisterRequest*, v1::RegisterResponse*) override;
+  Reactor* PushPull(Context*, const v1::PushPullRequest*, v1::PushPullResponse*) override;
+  Reactor* PullModel(Context*, const v1::PullModelRequest*, v1::PullModelResponse*) override;
+  Reactor* PushModel(Context*, const v1::PushModelRequest*, v1::PushModelResponse*) override;
+  Reactor* GetStatus(Context*, const v1::GetStatusRequest*, v1::GetStatusResponse*) override;
 
  private:
   ParameterServerService(ShardContext* shard, Options options);

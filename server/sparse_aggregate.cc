@@ -22,7 +22,7 @@ float Magnitude(float v) {
 
 }  // namespace
 
-absl::StatusOr<SparseEntries> ParseSparsePush(absl::string_view indices,
+absl::StatusOr<SparseVector> ParseSparsePush(absl::string_view indices,
                                               absl::string_view values,
                                               uint64_t k, uint64_t first,
                                               uint64_t end) {
@@ -43,7 +43,7 @@ absl::StatusOr<SparseEntries> ParseSparsePush(absl::string_view indices,
     return absl::InvalidArgumentError(
         absl::StrCat("push has ", n, " entries; k is ", k));
   }
-  SparseEntries entries;
+  SparseVector entries;
   entries.indices.resize(n);
   entries.values.resize(n);
   if (n > 0) {
@@ -68,7 +68,7 @@ absl::StatusOr<SparseEntries> ParseSparsePush(absl::string_view indices,
   return entries;
 }
 
-SparseEntries AggregateSparse(absl::Span<const SparseEntries> pushes,
+SparseVector AggregateSparse(absl::Span<const SparseVector> pushes,
                               SparseSelection selection, uint64_t k) {
   // (index, rank, position): sorting groups an index's contributions in rank
   // order, so the double sum does not depend on the order pushes arrived in.
@@ -79,7 +79,7 @@ SparseEntries AggregateSparse(absl::Span<const SparseEntries> pushes,
   };
   std::vector<Item> items;
   size_t total = 0;
-  for (const SparseEntries& p : pushes) total += p.indices.size();
+  for (const SparseVector& p : pushes) total += p.indices.size();
   items.reserve(total);
   for (uint32_t r = 0; r < pushes.size(); ++r) {
     for (size_t i = 0; i < pushes[r].indices.size(); ++i) {
@@ -89,7 +89,7 @@ SparseEntries AggregateSparse(absl::Span<const SparseEntries> pushes,
   std::sort(items.begin(), items.end(), [](const Item& a, const Item& b) {
     return a.index != b.index ? a.index < b.index : a.rank < b.rank;
   });
-  SparseEntries sum;
+  SparseVector sum;
   for (size_t i = 0; i < items.size();) {
     double acc = 0.0;
     size_t j = i;
@@ -112,7 +112,7 @@ SparseEntries AggregateSparse(absl::Span<const SparseEntries> pushes,
   std::nth_element(order.begin(), order.begin() + k, order.end(), larger);
   order.resize(k);
   std::sort(order.begin(), order.end());
-  SparseEntries kept;
+  SparseVector kept;
   kept.indices.reserve(k);
   kept.values.reserve(k);
   for (uint32_t i : order) {
@@ -122,7 +122,7 @@ SparseEntries AggregateSparse(absl::Span<const SparseEntries> pushes,
   return kept;
 }
 
-SparseReply EncodeSparse(const SparseEntries& entries) {
+SparseReply EncodeSparse(const SparseVector& entries) {
   SparseReply reply;
   reply.indices.assign(reinterpret_cast<const char*>(entries.indices.data()),
                        entries.indices.size() * sizeof(uint32_t));

@@ -11,15 +11,9 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "common/sparse_vector.h"
 
 namespace cserps {
-
-// A sparse vector: strictly ascending global float indices and one value
-// per index.
-struct SparseEntries {
-  std::vector<uint32_t> indices;
-  std::vector<float> values;
-};
 
 // What every member of a completed round receives: the wire bytes of
 // SparsePushPullResponse.indices and .values.
@@ -38,7 +32,7 @@ enum class SparseSelection {
 // multiple of 4; indices and values differ in count; the count is not `k`;
 // an index lies outside [first, end) (with its position); an index is not
 // greater than the one before it (unsorted or duplicate, with the position).
-absl::StatusOr<SparseEntries> ParseSparsePush(absl::string_view indices,
+absl::StatusOr<SparseVector> ParseSparsePush(absl::string_view indices,
                                               absl::string_view values,
                                               uint64_t k, uint64_t first,
                                               uint64_t end);
@@ -49,11 +43,11 @@ absl::StatusOr<SparseEntries> ParseSparsePush(absl::string_view indices,
 // ties broken by the lower index, all of them when the union has
 // at most `k`. The result is ascending by index. O(U log U) for U entries
 // pushed in all.
-SparseEntries AggregateSparse(absl::Span<const SparseEntries> pushes,
+SparseVector AggregateSparse(absl::Span<const SparseVector> pushes,
                               SparseSelection selection, uint64_t k);
 
 // Little-endian packing of indices and values (the wire format).
-SparseReply EncodeSparse(const SparseEntries& entries);
+SparseReply EncodeSparse(const SparseVector& entries);
 
 }  // namespace cserps
 

@@ -68,7 +68,7 @@ SparseExchangeService::SparseExchangeService(ShardContext* shard, Options option
                   .timeout = absl::Seconds(shard->config().cluster().round_timeout_s()),
               },
           .complete =
-              [this](uint64_t, std::vector<SparseEntries> pushes) {
+              [this](uint64_t, std::vector<SparseVector> pushes) {
                 return CompleteRound(std::move(pushes));
               },
           .on_latency =
@@ -92,8 +92,8 @@ void SparseExchangeService::Shutdown() {
   rounds_.FailAll(absl::StrCat("server shard ", shard_.shard(), " is shutting down"));
 }
 
-SparseReply SparseExchangeService::CompleteRound(std::vector<SparseEntries> pushes) {
-  const SparseEntries selected = AggregateSparse(pushes, selection_, k_s_);
+SparseReply SparseExchangeService::CompleteRound(std::vector<SparseVector> pushes) {
+  const SparseVector selected = AggregateSparse(pushes, selection_, k_s_);
   // Algorithm 1, line 6, with the float expressions the workers use, so that
   // both hold the same bits.
   const float members = static_cast<float>(pushes.size());
@@ -130,7 +130,7 @@ grpc::ServerUnaryReactor* SparseExchangeService::SparsePushPull(
       absl::StrCat("SparsePushPull (step ", request->step(), ") from rank ",
                    request->rank(), " to shard ", shard_.shard());
   auto refuse = [&](const absl::Status& status) {
-    refused_.AddRequest(request->ByteSizeLong());
+    traffic_.refused.AddRequest(request->ByteSizeLong());
     return FinishWith(context, Prefixed(name, status));
   };
   const absl::Time arrived = options_.now();
@@ -151,12 +151,12 @@ grpc::ServerUnaryReactor* SparseExchangeService::SparsePushPull(
         " (docs/protocol.md 14.2: round(k * shard size / d))")));
   }
   const BlockLayout& layout = shard_.layout();
-  absl::StatusOr<SparseEntries> entries = ParseSparsePush(
+  absl::StatusOr<SparseVector> entries = ParseSparsePush(
       request->indices(), request->values(), k_s_,
       layout.ShardFirstFloat(shard_.shard()), layout.ShardEndFloat(shard_.shard()));
   if (!entries.ok()) return refuse(entries.status());
 
-  traffic_.AddRequest(request->ByteSizeLong());
+  traffic_.handled.AddRequest(request->ByteSizeLong());
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   response->set_step(request->step());
   const uint32_t rank = request->rank();
@@ -170,7 +170,7 @@ grpc::ServerUnaryReactor* SparseExchangeService::SparsePushPull(
                  }
                  response->set_indices((*reply)->indices);
                  response->set_values((*reply)->values);
-                 traffic_.AddReply(response->ByteSizeLong());
+                 traffic_.handled.AddReply(response->ByteSizeLong());
                  reactor->Finish(grpc::Status::OK);
                });
   return reactor;
@@ -182,8 +182,8 @@ SparseExchangeService::Counters SparseExchangeService::counters() const {
   c.rounds_failed = rounds_.rounds_failed();
   c.open_rounds = rounds_.open_rounds();
   c.newest_step = rounds_.newest_step();
-  c.traffic = traffic_.Snapshot();
-  c.refused = refused_.Snapshot();
+  c.traffic = traffic_.handled.Snapshot();
+  c.refused = traffic_.refused.Snapshot();
   return c;
 }
 

@@ -21,8 +21,9 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/traffic_counter.h"
-#include "cserps/v1/sparse.grpc.pb.h"
+#include "cserps/v1/parameter_server.grpc.pb.h"
 #include "server/expiry_thread.h"
+#include "server/service_traffic.h"
 #include "server/service_options.h"
 #include "server/shard_context.h"
 #include "server/sparse_aggregate.h"
@@ -83,7 +84,7 @@ class SparseExchangeService final : public v1::SparseExchange::CallbackService {
                         uint64_t k_s);
 
   // Sums and selects, applies the result to the model, encodes the reply.
-  SparseReply CompleteRound(std::vector<SparseEntries> pushes);
+  SparseReply CompleteRound(std::vector<SparseVector> pushes);
 
   ShardContext& shard_;
   const Options options_;
@@ -102,8 +103,7 @@ class SparseExchangeService final : public v1::SparseExchange::CallbackService {
   std::function<void(absl::Duration)> on_round_latency_;
   SparseRoundTable rounds_;
 
-  TrafficCounter traffic_;
-  TrafficCounter refused_;
+  ServiceTraffic traffic_;
 
   std::atomic<bool> shut_down_{false};
   // Last: destroyed (joined) first, while what it calls still exists.

@@ -10,10 +10,10 @@ namespace cserps {
 
 template class RoundLifecycle<SparsePushes>;
 
-SparsePushes::SparsePushes(const SparseEntries& /*first*/, uint32_t world_size)
+SparsePushes::SparsePushes(const SparseVector& /*first*/, uint32_t world_size)
     : pushes_(world_size) {}
 
-void SparsePushes::Add(uint32_t rank, SparseEntries push) { pushes_[rank] = std::move(push); }
+void SparsePushes::Add(uint32_t rank, SparseVector push) { pushes_[rank] = std::move(push); }
 
 std::string SparsePushes::RoundName(uint64_t step) {
   return absl::StrCat("sparse round of step ", step);
@@ -35,7 +35,7 @@ SparseRoundTable::SparseRoundTable(Options options)
   CSERPS_CHECK(complete_ != nullptr);
 }
 
-void SparseRoundTable::Push(uint64_t step, uint32_t rank, SparseEntries entries,
+void SparseRoundTable::Push(uint64_t step, uint32_t rank, SparseVector entries,
                             absl::Time now, SparseRoundCallback done) {
   Contribute(step, rank, std::move(entries), now, std::move(done));
 }

@@ -41,16 +41,16 @@ using SparseRoundCallback = std::function<void(absl::StatusOr<SparseRoundReply>)
 class SparsePushes {
  public:
   using Key = uint64_t;  // the step
-  using Contribution = SparseEntries;
+  using Contribution = SparseVector;
   // Every push has the service's k_s entries, checked before the table.
   struct Shape {};
   using Result = SparseRoundReply;
   static constexpr absl::string_view kKind = "sparse ";
 
-  SparsePushes(const SparseEntries& first, uint32_t world_size);
-  void Add(uint32_t rank, SparseEntries push);
+  SparsePushes(const SparseVector& first, uint32_t world_size);
+  void Add(uint32_t rank, SparseVector push);
   // The pushes by rank, moved out.
-  std::vector<SparseEntries> Take() { return std::move(pushes_); }
+  std::vector<SparseVector> Take() { return std::move(pushes_); }
 
   static uint64_t Step(uint64_t step) { return step; }
   static int Stream(uint64_t /*step*/) { return 0; }
@@ -58,9 +58,9 @@ class SparsePushes {
   static std::string RoundName(uint64_t step);
   static std::string PushName(uint64_t step, uint32_t rank);
   static std::string StepName(uint64_t step);
-  static Shape ShapeOf(const SparseEntries& /*push*/) { return {}; }
+  static Shape ShapeOf(const SparseVector& /*push*/) { return {}; }
   static absl::Status Check(uint64_t /*step*/, uint32_t /*rank*/,
-                            const SparseEntries& /*push*/) {
+                            const SparseVector& /*push*/) {
     return absl::OkStatus();
   }
   static absl::Status CheckShape(uint64_t /*step*/, uint32_t /*rank*/, Shape /*got*/,
@@ -69,7 +69,7 @@ class SparsePushes {
   }
 
  private:
-  std::vector<SparseEntries> pushes_;
+  std::vector<SparseVector> pushes_;
 };
 
 extern template class RoundLifecycle<SparsePushes>;
@@ -80,7 +80,7 @@ class SparseRoundTable : public RoundLifecycle<SparsePushes> {
     RoundLimits limits;
     // Called once per completed round with the members' pushes by rank,
     // without the lock, before any waiter is answered. Required.
-    std::function<SparseReply(uint64_t step, std::vector<SparseEntries> pushes)>
+    std::function<SparseReply(uint64_t step, std::vector<SparseVector> pushes)>
         complete;
     // Optional: called once per completed round, after `complete` and before
     // any waiter is answered, with the time from the round's first push to
@@ -96,14 +96,14 @@ class SparseRoundTable : public RoundLifecycle<SparsePushes> {
   // timed out; names the missing ranks) or UNAVAILABLE (FailAll). A retry
   // (same rank and step) is not counted again: its entries are ignored and
   // it gets the round's reply.
-  void Push(uint64_t step, uint32_t rank, SparseEntries entries, absl::Time now,
+  void Push(uint64_t step, uint32_t rank, SparseVector entries, absl::Time now,
             SparseRoundCallback done);
 
  private:
   SparseRoundReply Finish(uint64_t step, SparsePushes pushes,
                           absl::Duration latency) const;
 
-  const std::function<SparseReply(uint64_t, std::vector<SparseEntries>)> complete_;
+  const std::function<SparseReply(uint64_t, std::vector<SparseVector>)> complete_;
   const std::function<void(absl::Duration)> on_latency_;
 };
 

@@ -25,7 +25,6 @@
 #include "absl/synchronization/notification.h"
 #include "common/block_layout.h"
 #include "common/config.h"
-#include "cserps/v1/async_sgd.grpc.pb.h"
 #include "cserps/v1/parameter_server.grpc.pb.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"

@@ -24,14 +24,14 @@ using ::testing::HasSubstr;
 
 // k distinct ascending indices from [first, end) and values from a coarse
 // grid (multiples of 0.25 in [-2, 2]) so that sums tie often.
-SparseEntries RandomPush(std::mt19937& rng, uint32_t first, uint32_t end, size_t k) {
+SparseVector RandomPush(std::mt19937& rng, uint32_t first, uint32_t end, size_t k) {
   std::vector<uint32_t> all(end - first);
   for (uint32_t i = 0; i < all.size(); ++i) all[i] = first + i;
   std::shuffle(all.begin(), all.end(), rng);
   all.resize(k);
   std::sort(all.begin(), all.end());
   std::uniform_int_distribution<int> grid(-8, 8);
-  SparseEntries e;
+  SparseVector e;
   e.indices = all;
   for (size_t i = 0; i < k; ++i) e.values.push_back(0.25f * grid(rng));
   return e;
@@ -39,11 +39,11 @@ SparseEntries RandomPush(std::mt19937& rng, uint32_t first, uint32_t end, size_t
 
 // Dense double sums over [first, end) in rank order; then every touched
 // index ranked by (|float sum| descending, index ascending) with a full sort.
-SparseEntries Reference(const std::vector<SparseEntries>& pushes, uint32_t first,
+SparseVector Reference(const std::vector<SparseVector>& pushes, uint32_t first,
                         uint32_t end, size_t k, bool global_topk) {
   std::vector<double> sum(end - first, 0.0);
   std::vector<bool> touched(end - first, false);
-  for (const SparseEntries& p : pushes) {
+  for (const SparseVector& p : pushes) {
     for (size_t i = 0; i < p.indices.size(); ++i) {
       sum[p.indices[i] - first] += p.values[i];
       touched[p.indices[i] - first] = true;
@@ -58,7 +58,7 @@ SparseEntries Reference(const std::vector<SparseEntries>& pushes, uint32_t first
   std::vector<uint32_t> chosen;
   for (const auto& [m, index] : ranked) chosen.push_back(index);
   std::sort(chosen.begin(), chosen.end());
-  SparseEntries out;
+  SparseVector out;
   for (uint32_t index : chosen) {
     out.indices.push_back(index);
     out.values.push_back(static_cast<float>(sum[index - first]));
@@ -73,18 +73,18 @@ TEST(AggregateSparseTest, MatchesReferenceOnRandomPushesFromThreeMembers) {
     const uint32_t first = 1000 * (trial % 3);
     const uint32_t end = first + 20 + trial % 50;
     const size_t k = 1 + trial % (end - first);
-    std::vector<SparseEntries> pushes;
+    std::vector<SparseVector> pushes;
     for (int r = 0; r < 3; ++r) pushes.push_back(RandomPush(rng, first, end, k));
     for (bool global : {true, false}) {
-      const SparseEntries got = AggregateSparse(
+      const SparseVector got = AggregateSparse(
           pushes, global ? SparseSelection::kGlobalTopK : SparseSelection::kUnion, k);
-      const SparseEntries want = Reference(pushes, first, end, k, global);
+      const SparseVector want = Reference(pushes, first, end, k, global);
       ASSERT_THAT(got.indices, ElementsAreArray(want.indices)) << "trial " << trial;
       ASSERT_THAT(got.values, ElementsAreArray(want.values)) << "trial " << trial;
     }
     // Count the trials where the k-th and (k+1)-th magnitudes tie, so the
     // tie rule was actually exercised.
-    const SparseEntries all = Reference(pushes, first, end, 1u << 30, false);
+    const SparseVector all = Reference(pushes, first, end, 1u << 30, false);
     std::vector<float> mags;
     for (float v : all.values) mags.push_back(std::fabs(v));
     std::sort(mags.rbegin(), mags.rend());
@@ -95,11 +95,11 @@ TEST(AggregateSparseTest, MatchesReferenceOnRandomPushesFromThreeMembers) {
 
 TEST(AggregateSparseTest, TiesGoToTheLowerIndexAndNanCountsAsInfinite) {
   // Sums: 5 -> 1, 7 -> -1, 9 -> 1, 11 -> NaN, 13 -> 0.5.
-  std::vector<SparseEntries> pushes = {
+  std::vector<SparseVector> pushes = {
       {{5, 7, 11}, {0.5f, -0.5f, std::nanf("")}},
       {{5, 7, 9, 13}, {0.5f, -0.5f, 1.0f, 0.5f}},
   };
-  const SparseEntries got = AggregateSparse(pushes, SparseSelection::kGlobalTopK, 3);
+  const SparseVector got = AggregateSparse(pushes, SparseSelection::kGlobalTopK, 3);
   EXPECT_THAT(got.indices, ElementsAreArray({5u, 7u, 11u}));
   EXPECT_EQ(got.values[0], 1.0f);
   EXPECT_EQ(got.values[1], -1.0f);
@@ -108,8 +108,8 @@ TEST(AggregateSparseTest, TiesGoToTheLowerIndexAndNanCountsAsInfinite) {
 
 TEST(AggregateSparseTest, SumsInDoubleInRankOrder) {
   // In float, 1e8 + 1 - 1e8 would lose the 1; in double it survives.
-  std::vector<SparseEntries> pushes = {{{3}, {1e8f}}, {{3}, {1.0f}}, {{3}, {-1e8f}}};
-  const SparseEntries got = AggregateSparse(pushes, SparseSelection::kUnion, 1);
+  std::vector<SparseVector> pushes = {{{3}, {1e8f}}, {{3}, {1.0f}}, {{3}, {-1e8f}}};
+  const SparseVector got = AggregateSparse(pushes, SparseSelection::kUnion, 1);
   EXPECT_THAT(got.values, ElementsAreArray({1.0f}));
 }
 
@@ -136,12 +136,12 @@ TEST(ParseSparsePushTest, RefusesEachBadInputNamingIt) {
       {bytes({12, 12}), floats({1, 2}), 2, "index 12 at position 1 (byte offset 4) repeats"},
   };
   for (const Case& c : cases) {
-    const absl::StatusOr<SparseEntries> got =
+    const absl::StatusOr<SparseVector> got =
         ParseSparsePush(c.indices, c.values, c.k, /*first=*/10, /*end=*/20);
     EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument) << c.message;
     EXPECT_THAT(std::string(got.status().message()), HasSubstr(c.message));
   }
-  const absl::StatusOr<SparseEntries> ok =
+  const absl::StatusOr<SparseVector> ok =
       ParseSparsePush(bytes({10, 19}), floats({1, -2}), 2, 10, 20);
   ASSERT_TRUE(ok.ok()) << ok.status();
   EXPECT_THAT(ok->indices, ElementsAreArray({10u, 19u}));
@@ -158,7 +158,7 @@ class SparseRoundTableTest : public ::testing::Test {
                    .retained_rounds = 2,
                    .timeout = absl::Seconds(10)},
         .complete =
-            [this](uint64_t step, std::vector<SparseEntries> pushes) {
+            [this](uint64_t step, std::vector<SparseVector> pushes) {
               ++completions_[step];
               return EncodeSparse(
                   AggregateSparse(pushes, SparseSelection::kUnion, 0));
@@ -174,7 +174,7 @@ class SparseRoundTableTest : public ::testing::Test {
   void Push(SparseRoundTable& table, uint64_t step, uint32_t rank, float value,
             Answer* answer, absl::Time now = absl::UnixEpoch()) {
     // Pushes one entry (index 0, `value`).
-    table.Push(step, rank, SparseEntries{{0}, {value}}, now,
+    table.Push(step, rank, SparseVector{{0}, {value}}, now,
                [answer](absl::StatusOr<SparseRoundReply> r) {
                  answer->called = true;
                  answer->reply = std::move(r);

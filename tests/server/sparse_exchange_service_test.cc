@@ -23,7 +23,6 @@
 #include "common/config.h"
 #include "common/model_spec.h"
 #include "cserps/v1/parameter_server.grpc.pb.h"
-#include "cserps/v1/sparse.grpc.pb.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/ps_server.h"

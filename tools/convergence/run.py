@@ -275,7 +275,10 @@ def write_report(args, mode, epochs, seeds, lrs, reference, results, wall):
             lines.append(f"| {method} | {rc} | {describe(setting)} | {lr} | {rs[0]['compression']:.0f}x |"
                          f" {mean_std([r['local'] for r in rs])} | {statistics.mean(r['seconds'] for r in rs):.0f} |")
     lines += [""] + [f"![R_C plot]({p})" for p in plots] + [""]
-    path = os.path.join(args.out, f"convergence_{mode}.md")
+    write_report(os.path.join(args.out, f"convergence_{mode}.md"), lines, wall)
+
+
+def write_report(path, lines, wall):
     with open(path, "w") as f:
         f.write("\n".join(lines))
     print(f"wrote {path} ({wall / 60:.1f} min)")
@@ -369,10 +372,7 @@ def other_study(args, mode, epochs, seeds):
                      f" {statistics.mean(r['seconds'] for r in results):.1f} |")
     plots = plot_study(args, mode, rows)
     lines += [""] + [f"![{p}]({p})" for p in plots] + [""]
-    path = os.path.join(args.out, f"{args.study}_{mode}_w{args.workers}.md")
-    with open(path, "w") as f:
-        f.write("\n".join(lines))
-    print(f"wrote {path} ({wall / 60:.1f} min)")
+    write_report(os.path.join(args.out, f"{args.study}_{mode}_w{args.workers}.md"), lines, wall)
 
 
 def plot_study(args, mode, rows):

@@ -54,9 +54,11 @@ void PendingAverage::Release() {
   owner_ = nullptr;
 }
 
-Algorithm::Algorithm(const AlgorithmContext& context, int staging_devices)
+Algorithm::Algorithm(const AlgorithmContext& context, std::vector<DeviceVector*> buffers,
+                     int staging_devices)
     : context_(context),
       rule_(MakeDirectionRule(context.config->optimizer())),
+      buffers_(std::move(buffers)),
       staging_devices_(staging_devices) {}
 
 Algorithm::~Algorithm() = default;
@@ -69,6 +71,7 @@ absl::Status Algorithm::Init() {
                      ops().MakeStaging(context_.group));
     idle_staging_.push_back(std::move(staging));
   }
+  for (DeviceVector* buffer : buffers_) RETURN_IF_ERROR(Allocate(buffer));
   if (rule_.kind == v1::OptimizerConfig::NONE) return absl::OkStatus();
   return Allocate(&momentum_);
 }

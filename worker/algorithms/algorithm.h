@@ -72,9 +72,11 @@ class PendingAverage {
 
 class Algorithm {
  public:
-  // `staging_devices`: how many averages the algorithm keeps in flight at
-  // once, plus one for its blocking averages if it has both.
-  explicit Algorithm(const AlgorithmContext& context, int staging_devices = 1);
+  // `buffers`: the algorithm's own model-sized buffers, made (zeroed) by
+  // Init. `staging_devices`: how many averages it keeps in flight at once,
+  // plus one for its blocking averages if it has both.
+  Algorithm(const AlgorithmContext& context, std::vector<DeviceVector*> buffers,
+            int staging_devices = 1);
   virtual ~Algorithm();
 
   // Step t (0-based): `grad` is the stochastic gradient at `params` (this
@@ -91,9 +93,9 @@ class Algorithm {
   // which every worker and the servers hold the same, exact global model.
   virtual absl::Status Finish(uint64_t step, float* params);
 
-  // Makes the buffers and staging devices the algorithm needs; the
-  // registry calls it once, before the first step. Algorithms that need
-  // more extend it.
+  // Makes the buffers, the momentum buffer and the staging devices the
+  // algorithm needs; the registry calls it once, before the first step.
+  // Algorithms that need more extend it.
   virtual absl::Status Init();
 
  protected:
@@ -148,6 +150,7 @@ class Algorithm {
 
   const AlgorithmContext context_;
   const DirectionRule rule_;
+  const std::vector<DeviceVector*> buffers_;
   const int staging_devices_;
   DeviceVector momentum_;  // Direction's; empty for NONE
   std::vector<std::unique_ptr<StagingDevice>> idle_staging_;

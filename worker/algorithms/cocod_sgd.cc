@@ -12,13 +12,8 @@ namespace {
 
 class CocodSgd final : public Algorithm {
  public:
-  using Algorithm::Algorithm;
-
-  absl::Status Init() override {
-    RETURN_IF_ERROR(Algorithm::Init());
-    RETURN_IF_ERROR(Allocate(&snapshot_));
-    return Allocate(&average_);
-  }
+  explicit CocodSgd(const AlgorithmContext& context)
+      : Algorithm(context, {&snapshot_, &average_}) {}
 
   // The correction of line 3 ends the step that completes a period, so that
   // the next gradient is taken at the corrected model.

@@ -10,8 +10,10 @@ namespace {
 
 class Cser final : public Algorithm {
  public:
-  using Algorithm::Algorithm;
+  explicit Cser(const AlgorithmContext& context) : Algorithm(context, {}) {}
 
+  // MODEL_BLOCKS steps the model in place; GRADIENT_BLOCKS keeps p and the
+  // update apart.
   absl::Status Init() override {
     RETURN_IF_ERROR(Algorithm::Init());
     if (!GradientBlocks()) return absl::OkStatus();

@@ -10,7 +10,7 @@ namespace {
 class PeriodicAverage final : public Algorithm {
  public:
   PeriodicAverage(const AlgorithmContext& context, uint32_t period, uint32_t ratio)
-      : Algorithm(context), period_(period), ratio_(ratio) {}
+      : Algorithm(context, {}), period_(period), ratio_(ratio) {}
 
   absl::Status Step(uint64_t t, float lr, const float* g, float* x) override {
     // x_i ← x_i − η·Direction(g_i).

@@ -9,14 +9,7 @@ namespace {
 
 class EfSgd final : public Algorithm {
  public:
-  using Algorithm::Algorithm;
-
-  absl::Status Init() override {
-    RETURN_IF_ERROR(Algorithm::Init());
-    RETURN_IF_ERROR(Allocate(&p_));
-    RETURN_IF_ERROR(Allocate(&a_));
-    return Allocate(&e_);
-  }
+  explicit EfSgd(const AlgorithmContext& context) : Algorithm(context, {&p_, &a_, &e_}) {}
 
   absl::Status Step(uint64_t t, float lr, const float* g, float* x) override {
     const uint32_t r = algorithm().ratio();

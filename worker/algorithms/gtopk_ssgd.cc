@@ -17,7 +17,7 @@ namespace {
 class SparseTopkSsgd final : public Algorithm {
  public:
   explicit SparseTopkSsgd(const AlgorithmContext& context)
-      : Algorithm(context, /*staging_devices=*/0),
+      : Algorithm(context, {&residual_}, /*staging_devices=*/0),
         members_(static_cast<float>(context.config->cluster().num_workers())) {
     const BlockLayout& layout = context.comm->layout();
     const uint64_t k = SparseK(context.config->algorithm(), layout.num_params());
@@ -33,7 +33,6 @@ class SparseTopkSsgd final : public Algorithm {
   // its own.
   absl::Status Init() override {
     RETURN_IF_ERROR(Algorithm::Init());
-    RETURN_IF_ERROR(Allocate(&residual_));
     if (momentum() == nullptr) return absl::OkStatus();
     return Allocate(&update_);
   }

@@ -16,12 +16,7 @@ class PipeSgd final : public Algorithm {
  public:
   // Step t + 1 starts its average before step t's has landed.
   explicit PipeSgd(const AlgorithmContext& context)
-      : Algorithm(context, /*staging_devices=*/2) {}
-
-  absl::Status Init() override {
-    RETURN_IF_ERROR(Algorithm::Init());
-    return Allocate(&p_);
-  }
+      : Algorithm(context, {&p_}, /*staging_devices=*/2) {}
 
   absl::Status Step(uint64_t t, float lr, const float* g, float* x) override {
     // p_t = Direction(g_t).

@@ -9,14 +9,8 @@ namespace {
 
 class QsparseLocalSgd final : public Algorithm {
  public:
-  using Algorithm::Algorithm;
-
-  absl::Status Init() override {
-    RETURN_IF_ERROR(Algorithm::Init());
-    RETURN_IF_ERROR(Allocate(&u_));
-    RETURN_IF_ERROR(Allocate(&e_));
-    return Allocate(&x_hat_);
-  }
+  explicit QsparseLocalSgd(const AlgorithmContext& context)
+      : Algorithm(context, {&u_, &e_, &x_hat_}) {}
 
   absl::Status Step(uint64_t t, float lr, const float* g, float* x) override {
     if (!started_) {  // x̂ starts at the common start

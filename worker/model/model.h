@@ -23,6 +23,13 @@ namespace cserps {
 // Sums over the examples seen, so that batches of any size can be added and
 // divided once at the end (mean loss = loss_sum / count).
 struct EvalSums {
+  // Adds the sums of more examples.
+  void Add(const EvalSums& more) {
+    loss_sum += more.loss_sum;
+    correct += more.correct;
+    count += more.count;
+  }
+
   double loss_sum = 0;
   size_t correct = 0;
   size_t count = 0;

@@ -12,21 +12,15 @@
 
 #include <cstdint>
 #include <memory>
-#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "common/block_layout.h"
+#include "common/sparse_vector.h"
 #include "cserps/v1/parameter_server.pb.h"
 #include "worker/ps/sharded_average.h"
 
 namespace cserps {
-
-// A sparse vector: strictly ascending global float indices, one value each.
-struct SparseVector {
-  std::vector<uint32_t> indices;
-  std::vector<float> values;
-};
 
 class Communicator {
  public:

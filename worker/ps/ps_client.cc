@@ -21,9 +21,7 @@
 #include "common/grpc_status.h"
 #include "common/status.h"
 #include "common/traffic_counter.h"
-#include "cserps/v1/async_sgd.grpc.pb.h"
 #include "cserps/v1/parameter_server.grpc.pb.h"
-#include "cserps/v1/sparse.grpc.pb.h"
 
 namespace cserps {
 

@@ -170,9 +170,7 @@ absl::StatusOr<EvalSums> Trainer::Evaluate(const float* params) {
   SequentialBatches batches(*test_, kEvalBatch);
   for (size_t i = 0; i < batches.count(); ++i) {
     ASSIGN_OR_RETURN(const EvalSums part, backend_->Evaluate(params, batches.Get(i)));
-    total.loss_sum += part.loss_sum;
-    total.correct += part.correct;
-    total.count += part.count;
+    total.Add(part);
   }
   return total;
 }
