@@ -16,7 +16,9 @@ namespace {
 constexpr int kGrad = 1;
 constexpr int kModel = 2;
 
-enum Param { kPeriod, kRatioC1, kRatioC2, kRatio };
+// The integer AlgorithmConfig fields an entry reads, as bits.
+enum Param : unsigned { kPeriod = 1, kRatioC1 = 2, kRatioC2 = 4, kRatio = 8 };
+constexpr Param kParams[] = {kPeriod, kRatioC1, kRatioC2, kRatio};
 
 using Rounds = std::vector<std::pair<int, uint32_t>>;
 
@@ -67,43 +69,50 @@ enum Extra : unsigned {
   kDensity = 8,             // algorithm.density
 };
 
+// One algorithm: its AlgorithmInfo, and what it reads and sends.
 struct Entry {
-  AlgorithmInfo info;
-  std::vector<Param> params;  // the integer AlgorithmConfig fields it reads
-  unsigned extras = kNone;
-  Rounds (*rounds)(const v1::AlgorithmConfig&) = NoRounds;
+  AlgorithmId id;
+  const char* name;
+  double (*overall_ratio)(const v1::AlgorithmConfig&);
+  unsigned params;  // Param bits
+  unsigned extras;  // Extra bits
+  Rounds (*rounds)(const v1::AlgorithmConfig&);
+  Exchange exchange = Exchange::kAverages;
+  bool needs_nesterov = false;
 };
 
 // docs/algorithms.md describes each.
-const std::vector<Entry>& Entries() {
-  // Leaked on purpose: no destructor runs at exit while another thread may
-  // still read it.
-  static const auto* const kEntries = new std::vector<Entry>{
-      {{AlgorithmId::kAsyncSgd, "async-sgd", NoCompression, Exchange::kAsync}, {}, kStaleness},
-      // R_C = k of the main phase (period_warmup_epochs with k = 1 aside).
-      {{AlgorithmId::kCocodSgd, "cocod-sgd", Period}, {kPeriod}, kPeriodWarmup, FullModel},
-      {{AlgorithmId::kCsea, "csea", RatioC1}, {kRatioC1}, kNone, ModelAtRatioC1},
-      {{AlgorithmId::kCser, "cser", CserRatio},
-       {kPeriod, kRatioC1, kRatioC2}, kCserVariant, CserRounds},
-      {{AlgorithmId::kCserPl, "cser-pl", PeriodTimesRatioC1}, {kPeriod, kRatioC1}, kNone,
-       ModelAtRatioC1},
-      {{AlgorithmId::kEfSgd, "ef-sgd", Ratio}, {kRatio}, kNone, GradientAtRatio},
-      {{AlgorithmId::kGtopkSsgd, "gtopk-ssgd", InverseDensity, Exchange::kSparse}, {}, kDensity},
-      {{AlgorithmId::kLocalSgd, "local-sgd", Period}, {kPeriod}, kNone, FullModel},
-      {{AlgorithmId::kMCser, "m-cser", CserRatio, Exchange::kAverages, /*needs_nesterov=*/true},
-       {kPeriod, kRatioC1, kRatioC2}, kCserVariant, CserRounds},
-      {{AlgorithmId::kPipeSgd, "pipe-sgd", NoCompression}, {}, kNone, FullGradient},
-      {{AlgorithmId::kQsparseLocalSgd, "qsparse-local-sgd", PeriodTimesRatio},
-       {kPeriod, kRatio}, kNone, GradientAtRatio},
-      {{AlgorithmId::kSsgd, "ssgd", NoCompression}, {}, kNone, FullGradient},
-      {{AlgorithmId::kTopkSsgd, "topk-ssgd", InverseDensity, Exchange::kSparse}, {}, kDensity},
-  };
-  return *kEntries;
+constexpr Entry kEntries[] = {
+    {AlgorithmId::kAsyncSgd, "async-sgd", NoCompression, 0, kStaleness, NoRounds,
+     Exchange::kAsync},
+    // R_C = k of the main phase (period_warmup_epochs with k = 1 aside).
+    {AlgorithmId::kCocodSgd, "cocod-sgd", Period, kPeriod, kPeriodWarmup, FullModel},
+    {AlgorithmId::kCsea, "csea", RatioC1, kRatioC1, kNone, ModelAtRatioC1},
+    {AlgorithmId::kCser, "cser", CserRatio, kPeriod | kRatioC1 | kRatioC2, kCserVariant,
+     CserRounds},
+    {AlgorithmId::kCserPl, "cser-pl", PeriodTimesRatioC1, kPeriod | kRatioC1, kNone,
+     ModelAtRatioC1},
+    {AlgorithmId::kEfSgd, "ef-sgd", Ratio, kRatio, kNone, GradientAtRatio},
+    {AlgorithmId::kGtopkSsgd, "gtopk-ssgd", InverseDensity, 0, kDensity, NoRounds,
+     Exchange::kSparse},
+    {AlgorithmId::kLocalSgd, "local-sgd", Period, kPeriod, kNone, FullModel},
+    {AlgorithmId::kMCser, "m-cser", CserRatio, kPeriod | kRatioC1 | kRatioC2, kCserVariant,
+     CserRounds, Exchange::kAverages, /*needs_nesterov=*/true},
+    {AlgorithmId::kPipeSgd, "pipe-sgd", NoCompression, 0, kNone, FullGradient},
+    {AlgorithmId::kQsparseLocalSgd, "qsparse-local-sgd", PeriodTimesRatio, kPeriod | kRatio,
+     kNone, GradientAtRatio},
+    {AlgorithmId::kSsgd, "ssgd", NoCompression, 0, kNone, FullGradient},
+    {AlgorithmId::kTopkSsgd, "topk-ssgd", InverseDensity, 0, kDensity, NoRounds,
+     Exchange::kSparse},
+};
+
+AlgorithmInfo Info(const Entry& e) {
+  return {e.id, e.name, e.overall_ratio, e.exchange, e.needs_nesterov};
 }
 
 const Entry* FindEntry(absl::string_view name) {
-  for (const Entry& e : Entries()) {
-    if (e.info.name == name) return &e;
+  for (const Entry& e : kEntries) {
+    if (e.name == name) return &e;
   }
   return nullptr;
 }
@@ -111,8 +120,8 @@ const Entry* FindEntry(absl::string_view name) {
 // "a and b": the names of the entries that read `extra`.
 std::string ReadersOf(Extra extra) {
   std::vector<std::string> names;
-  for (const Entry& e : Entries()) {
-    if (e.extras & extra) names.push_back(e.info.name);
+  for (const Entry& e : kEntries) {
+    if (e.extras & extra) names.push_back(e.name);
   }
   return absl::StrJoin(names, " and ");
 }
@@ -127,6 +136,21 @@ const char* ParamName(Param p) {
       return "ratio_c2";
     case kRatio:
       return "ratio";
+  }
+  return "?";
+}
+
+// The parameter's name in the listings (DescribeAlgorithm).
+const char* ShownName(Param p) {
+  switch (p) {
+    case kPeriod:
+      return "H";
+    case kRatioC1:
+      return "R_C1";
+    case kRatioC2:
+      return "R_C2";
+    case kRatio:
+      return "R";
   }
   return "?";
 }
@@ -150,16 +174,16 @@ uint32_t ParamValue(const v1::AlgorithmConfig& a, Param p) {
 const std::vector<AlgorithmInfo>& KnownAlgorithms() {
   static const auto* const kInfos = [] {
     auto* infos = new std::vector<AlgorithmInfo>();
-    for (const Entry& e : Entries()) infos->push_back(e.info);
+    for (const Entry& e : kEntries) infos->push_back(Info(e));
     return infos;
   }();
   return *kInfos;
 }
 
 absl::StatusOr<AlgorithmInfo> FindAlgorithm(absl::string_view name) {
-  if (const Entry* e = FindEntry(name)) return e->info;
+  if (const Entry* e = FindEntry(name)) return Info(*e);
   std::vector<std::string> known;
-  for (const Entry& e : Entries()) known.push_back(e.info.name);
+  for (const Entry& e : kEntries) known.push_back(e.name);
   return absl::NotFoundError(absl::StrCat("algorithm.name: unknown algorithm \"",
                                           name, "\"; known: ",
                                           absl::StrJoin(known, ", ")));
@@ -169,9 +193,8 @@ absl::Status ValidateAlgorithm(const v1::AlgorithmConfig& algorithm,
                                const v1::OptimizerConfig& optimizer) {
   const Entry* entry = FindEntry(algorithm.name());
   if (entry == nullptr) return FindAlgorithm(algorithm.name()).status();
-  for (Param p : {kPeriod, kRatioC1, kRatioC2, kRatio}) {
-    const bool used = std::find(entry->params.begin(), entry->params.end(), p) !=
-                      entry->params.end();
+  for (Param p : kParams) {
+    const bool used = (entry->params & p) != 0;
     const uint32_t value = ParamValue(algorithm, p);
     if (used && value < 1) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -216,7 +239,7 @@ absl::Status ValidateAlgorithm(const v1::AlgorithmConfig& algorithm,
         "algorithm.density: only ", ReadersOf(kDensity), " use it, not ",
         algorithm.name(), " (got ", algorithm.density(), "); leave it unset"));
   }
-  if (entry->info.needs_nesterov &&
+  if (entry->needs_nesterov &&
       optimizer.momentum_kind() != v1::OptimizerConfig::NESTEROV) {
     return absl::InvalidArgumentError(absl::StrCat(
         "optimizer.momentum_kind: ", algorithm.name(),
@@ -227,7 +250,7 @@ absl::Status ValidateAlgorithm(const v1::AlgorithmConfig& algorithm,
 
 double OverallRatio(const v1::AlgorithmConfig& a) {
   const Entry* entry = FindEntry(a.name());
-  return entry == nullptr ? 1.0 : entry->info.overall_ratio(a);
+  return entry == nullptr ? 1.0 : entry->overall_ratio(a);
 }
 
 std::string DescribeAlgorithm(const v1::AlgorithmConfig& a) {
@@ -238,9 +261,8 @@ std::string DescribeAlgorithm(const v1::AlgorithmConfig& a) {
     absl::StrAppend(&text, ModelBlocks(a) ? " (MODEL_BLOCKS)" : " (GRADIENT_BLOCKS)");
   }
   std::vector<std::string> params;
-  for (Param p : entry->params) {
-    static constexpr const char* kShown[] = {"H", "R_C1", "R_C2", "R"};
-    params.push_back(absl::StrCat(kShown[p], "=", ParamValue(a, p)));
+  for (Param p : kParams) {
+    if (entry->params & p) params.push_back(absl::StrCat(ShownName(p), "=", ParamValue(a, p)));
   }
   if (entry->extras & kStaleness) params.push_back(absl::StrCat("s=", a.staleness()));
   if (!params.empty()) absl::StrAppend(&text, ": ", absl::StrJoin(params, ", "));
@@ -270,7 +292,7 @@ absl::Status CheckRoundRatio(const v1::AlgorithmConfig& algorithm, int stream,
 
 bool IsSparseTopk(absl::string_view name) {
   const Entry* entry = FindEntry(name);
-  return entry != nullptr && entry->info.exchange == Exchange::kSparse;
+  return entry != nullptr && entry->exchange == Exchange::kSparse;
 }
 
 uint64_t SparseK(const v1::AlgorithmConfig& algorithm, uint64_t num_params) {

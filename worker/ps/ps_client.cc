@@ -358,6 +358,21 @@ struct PsClient::Impl {
     uint64_t count = 0;
   };
   std::vector<ModelChunk> ModelChunks() const;
+  // One call per chunk of ModelChunks, with its shard and float count set,
+  // filled by fill(call, chunk's global offset) and given `timeout`.
+  template <typename Call, typename Fill>
+  std::vector<std::unique_ptr<Call>> ChunkCalls(absl::Duration timeout, Fill fill) const {
+    std::vector<std::unique_ptr<Call>> calls;
+    for (const ModelChunk& chunk : ModelChunks()) {
+      auto call = std::make_unique<Call>();
+      call->shard = chunk.shard;
+      call->count = chunk.count;
+      fill(*call, chunk.offset);
+      SetDeadline(&call->context, timeout);
+      calls.push_back(std::move(call));
+    }
+    return calls;
+  }
   // The payload of every shard (this client's or not) in round
   // (stream, step, ratio), by shard.
   std::vector<ShardPayload> RoundPayloads(v1::Stream stream, uint64_t step,
@@ -547,48 +562,39 @@ std::unique_ptr<ShardedAverage> PsClient::BeginShardedAverage(v1::Stream stream,
 }
 
 absl::Status PsClient::PushModel(absl::Span<const float> model) {
-  RETURN_IF_ERROR(CheckModelSize("PushModel: model", model.size(), impl_->layout_.num_params()));
+  Impl& s = *impl_;
+  RETURN_IF_ERROR(CheckModelSize("PushModel: model", model.size(), s.layout_.num_params()));
   using Call = ShardCall<v1::PushModelRequest, v1::PushModelResponse>;
-  std::vector<std::unique_ptr<Call>> calls;
-  for (const Impl::ModelChunk& chunk : impl_->ModelChunks()) {
-    auto call = std::make_unique<Call>();
-    call->shard = chunk.shard;
-    call->request.set_fingerprint(impl_->fingerprint_);
-    call->request.set_rank(impl_->rank_);
-    call->request.set_offset(chunk.offset);
-    AppendFloats(model.subspan(chunk.offset, chunk.count), call->request.mutable_values());
-    impl_->total_.AddRequest(call->request.ByteSizeLong());
-    SetDeadline(&call->context, impl_->options_.setup_timeout);
-    calls.push_back(std::move(call));
-  }
-  return RunAll(calls, "PushModel to", impl_->addresses_, &impl_->wait_nanos_, [&](Call& c, auto done) {
-    impl_->stubs_[c.shard]->async()->PushModel(&c.context, &c.request, &c.response, std::move(done));
+  const auto calls = s.ChunkCalls<Call>(s.options_.setup_timeout, [&](Call& call, uint64_t offset) {
+    call.request.set_fingerprint(s.fingerprint_);
+    call.request.set_rank(s.rank_);
+    call.request.set_offset(offset);
+    AppendFloats(model.subspan(offset, call.count), call.request.mutable_values());
+    s.total_.AddRequest(call.request.ByteSizeLong());
+  });
+  return RunAll(calls, "PushModel to", s.addresses_, &s.wait_nanos_, [&](Call& c, auto done) {
+    s.stubs_[c.shard]->async()->PushModel(&c.context, &c.request, &c.response, std::move(done));
   });
 }
 
 absl::Status PsClient::PullModel(absl::Span<float> model, bool wait_for_init) {
-  RETURN_IF_ERROR(CheckModelSize("PullModel: model", model.size(), impl_->layout_.num_params()));
+  Impl& s = *impl_;
+  RETURN_IF_ERROR(CheckModelSize("PullModel: model", model.size(), s.layout_.num_params()));
   using Call = ShardCall<v1::PullModelRequest, v1::PullModelResponse>;
-  std::vector<std::unique_ptr<Call>> calls;
-  for (const Impl::ModelChunk& chunk : impl_->ModelChunks()) {
-    auto call = std::make_unique<Call>();
-    call->shard = chunk.shard;
-    call->request.set_fingerprint(impl_->fingerprint_);
-    call->request.set_offset(chunk.offset);
-    call->request.set_count(chunk.count);
-    call->request.set_wait_for_init(wait_for_init);
-    SetDeadline(&call->context, impl_->options_.setup_timeout);
-    calls.push_back(std::move(call));
-  }
-  RETURN_IF_ERROR(RunAll(calls, "PullModel from", impl_->addresses_, &impl_->wait_nanos_, [&](Call& c, auto done) {
-    impl_->stubs_[c.shard]->async()->PullModel(&c.context, &c.request, &c.response, std::move(done));
+  const auto calls = s.ChunkCalls<Call>(s.options_.setup_timeout, [&](Call& call, uint64_t offset) {
+    call.request.set_fingerprint(s.fingerprint_);
+    call.request.set_offset(offset);
+    call.request.set_count(call.count);
+    call.request.set_wait_for_init(wait_for_init);
+  });
+  RETURN_IF_ERROR(RunAll(calls, "PullModel from", s.addresses_, &s.wait_nanos_, [&](Call& c, auto done) {
+    s.stubs_[c.shard]->async()->PullModel(&c.context, &c.request, &c.response, std::move(done));
   }));
   for (const auto& call : calls) {
-    impl_->total_.AddReply(call->response.ByteSizeLong());
-    RETURN_IF_ERROR(BytesToFloats(
-        call->response.values(),
-        model.subspan(call->request.offset(), call->request.count()),
-        absl::StrCat("PullModel reply from shard ", call->shard)));
+    s.total_.AddReply(call->response.ByteSizeLong());
+    RETURN_IF_ERROR(BytesToFloats(call->response.values(),
+                                  model.subspan(call->request.offset(), call->count),
+                                  absl::StrCat("PullModel reply from shard ", call->shard)));
   }
   return absl::OkStatus();
 }
@@ -596,35 +602,31 @@ absl::Status PsClient::PullModel(absl::Span<float> model, bool wait_for_init) {
 absl::Status PsClient::AsyncPushPull(uint64_t step, float lr,
                                      absl::Span<const float> grad,
                                      absl::Span<float> model) {
-  RETURN_IF_ERROR(CheckModelSize("AsyncPushPull: gradient", grad.size(), impl_->layout_.num_params()));
-  RETURN_IF_ERROR(CheckModelSize("AsyncPushPull: model", model.size(), impl_->layout_.num_params()));
+  Impl& s = *impl_;
+  RETURN_IF_ERROR(CheckModelSize("AsyncPushPull: gradient", grad.size(), s.layout_.num_params()));
+  RETURN_IF_ERROR(CheckModelSize("AsyncPushPull: model", model.size(), s.layout_.num_params()));
   using Call = ShardCall<v1::AsyncPushPullRequest, v1::AsyncPushPullResponse>;
-  std::vector<std::unique_ptr<Call>> calls;
-  for (const Impl::ModelChunk& chunk : impl_->ModelChunks()) {
-    auto call = std::make_unique<Call>();
-    call->shard = chunk.shard;
-    call->count = chunk.count;
-    call->request.set_fingerprint(impl_->fingerprint_);
-    call->request.set_rank(impl_->rank_);
-    call->request.set_step(step);
-    call->request.set_lr(lr);
-    call->request.set_offset(chunk.offset);
-    AppendFloats(grad.subspan(chunk.offset, chunk.count), call->request.mutable_gradient());
-    impl_->total_.AddRequest(call->request.ByteSizeLong());
-    impl_->async_.AddRequest(call->request.ByteSizeLong(), call->count);
-    // A held-back push waits at most until the slowest rank is declared
-    // dead, round_timeout_s after it went silent.
-    SetDeadline(&call->context,
-                absl::Seconds(impl_->config_.cluster().round_timeout_s()) + impl_->options_.rpc_slack);
-    calls.push_back(std::move(call));
-  }
-  RETURN_IF_ERROR(RunAll(calls, "AsyncPushPull to", impl_->addresses_, &impl_->wait_nanos_, [&](Call& c, auto done) {
-    impl_->async_stubs_[c.shard]->async()->AsyncPushPull(&c.context, &c.request, &c.response,
-                                                  std::move(done));
+  // A held-back push waits at most until the slowest rank is declared dead,
+  // round_timeout_s after it went silent.
+  const absl::Duration timeout =
+      absl::Seconds(s.config_.cluster().round_timeout_s()) + s.options_.rpc_slack;
+  const auto calls = s.ChunkCalls<Call>(timeout, [&](Call& call, uint64_t offset) {
+    call.request.set_fingerprint(s.fingerprint_);
+    call.request.set_rank(s.rank_);
+    call.request.set_step(step);
+    call.request.set_lr(lr);
+    call.request.set_offset(offset);
+    AppendFloats(grad.subspan(offset, call.count), call.request.mutable_gradient());
+    s.total_.AddRequest(call.request.ByteSizeLong());
+    s.async_.AddRequest(call.request.ByteSizeLong(), call.count);
+  });
+  RETURN_IF_ERROR(RunAll(calls, "AsyncPushPull to", s.addresses_, &s.wait_nanos_, [&](Call& c, auto done) {
+    s.async_stubs_[c.shard]->async()->AsyncPushPull(&c.context, &c.request, &c.response,
+                                                    std::move(done));
   }));
   for (const auto& call : calls) {
-    impl_->total_.AddReply(call->response.ByteSizeLong());
-    impl_->async_.AddReply(call->response.ByteSizeLong());
+    s.total_.AddReply(call->response.ByteSizeLong());
+    s.async_.AddReply(call->response.ByteSizeLong());
     RETURN_IF_ERROR(BytesToFloats(
         call->response.model(), model.subspan(call->request.offset(), call->count),
         absl::StrCat("AsyncPushPull reply from shard ", call->shard)));
