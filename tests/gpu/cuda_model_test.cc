@@ -1,5 +1,7 @@
 // The CUDA model against the CPU backend (worker/model/cpu_model.h) on random
-// data: same loss, gradient and evaluation to float rounding.
+// data: same loss, gradient and evaluation to float rounding. CudaModel has
+// only its device API; CudaOnHost below drives it on host spans, as the CPU
+// model is called.
 #include "worker/cuda/kernels/cuda_model.h"
 
 #include <algorithm>
@@ -11,8 +13,10 @@
 
 #include "absl/strings/match.h"
 #include "common/prng.h"
+#include "common/status.h"
 #include "gtest/gtest.h"
 #include "tests/gpu/gpu_test_util.h"
+#include "worker/cuda/kernels/read_back.h"
 #include "worker/model/conv2d_layer.h"
 #include "worker/model/model.h"
 
@@ -26,6 +30,77 @@ constexpr double kRelTol = 1e-4;
 // this from zero, so that float rounding cannot flip a ReLU or a prediction
 // between the backends (checked by DataStaysAwayFromTies, which needs no GPU).
 constexpr double kMinDistance = 1e-5;
+
+// A CudaModel on host spans through its device API: each call uploads the
+// parameters and the batch, queues the model's device call on a stream of
+// its own (one stream for every call, so that cuBLAS repeats bit for bit),
+// and reads the loss, the gradient or the sums back, waiting for them. No
+// call's inputs are kept for the next. Argument violations abort, as
+// Model's do.
+class CudaOnHost {
+ public:
+  static absl::StatusOr<std::unique_ptr<CudaOnHost>> Create(
+      const v1::ModelConfig& config, const CudaModelOptions& options = {}) {
+    std::unique_ptr<CudaOnHost> gpu(new CudaOnHost);
+    ASSIGN_OR_RETURN(gpu->model_, CudaModel::Create(config, options));
+    if (gpu->stream_.get() == nullptr) return absl::InternalError("no CUDA stream");
+    ASSIGN_OR_RETURN(gpu->read_back_, ScalarReadBack::Allocate());
+    return gpu;
+  }
+
+  const ModelSpec& spec() const { return model_->spec(); }
+
+  absl::StatusOr<float> LossAndGradient(absl::Span<const float> params,
+                                        const Batch& batch, absl::Span<float> grad) {
+    CSERPS_CHECK(grad.size() == spec().num_params);
+    ASSIGN_OR_RETURN(Inputs in, UploadInputs(params, batch));
+    ASSIGN_OR_RETURN(DeviceBuffer<float> d_grad, DeviceBuffer<float>::Allocate(grad.size()));
+    RETURN_IF_ERROR(model_->LossAndGradientDevice(in.params.data(), in.features.data(),
+                                                  in.labels.data(), batch.size, d_grad.data(),
+                                                  read_back_.loss(), stream_.get()));
+    ASSIGN_OR_RETURN(const float loss, read_back_.Loss(stream_.get()));
+    ASSIGN_OR_RETURN(const std::vector<float> host_grad, Download(d_grad.data(), grad.size()));
+    std::copy(host_grad.begin(), host_grad.end(), grad.begin());
+    return loss;
+  }
+
+  absl::StatusOr<EvalSums> Evaluate(absl::Span<const float> params, const Batch& batch) {
+    ASSIGN_OR_RETURN(Inputs in, UploadInputs(params, batch));
+    RETURN_IF_ERROR(model_->EvaluateDevice(in.params.data(), in.features.data(),
+                                           in.labels.data(), batch.size,
+                                           read_back_.loss_sum(), read_back_.correct(),
+                                           stream_.get()));
+    return read_back_.Sums(batch.size, stream_.get());
+  }
+
+ private:
+  struct Inputs {
+    DeviceBuffer<float> params;
+    DeviceBuffer<float> features;
+    DeviceBuffer<uint8_t> labels;
+  };
+
+  CudaOnHost() = default;
+
+  absl::StatusOr<Inputs> UploadInputs(absl::Span<const float> params,
+                                      const Batch& batch) const {
+    const ModelSpec& s = spec();
+    CSERPS_CHECK(params.size() == s.num_params);
+    CSERPS_CHECK(batch.dim == s.input_dim);
+    CSERPS_CHECK(batch.features.size() == batch.size * batch.dim);
+    CSERPS_CHECK(batch.labels.size() == batch.size);
+    for (const uint8_t label : batch.labels) CSERPS_CHECK(label < s.num_classes);
+    Inputs in;
+    ASSIGN_OR_RETURN(in.params, Upload(params));
+    ASSIGN_OR_RETURN(in.features, Upload(batch.features));
+    ASSIGN_OR_RETURN(in.labels, Upload(batch.labels));
+    return in;
+  }
+
+  std::unique_ptr<CudaModel> model_;
+  TestStream stream_;
+  ScalarReadBack read_back_;
+};
 
 struct OwnedBatch {
   std::vector<float> features;
@@ -186,7 +261,7 @@ std::unique_ptr<Model> CpuModelOf(const v1::ModelConfig& config) {
 }
 
 // Loss, gradient and evaluation of both backends on one batch.
-void ExpectAgreement(Model& cpu, CudaModel& gpu, const std::vector<float>& params,
+void ExpectAgreement(Model& cpu, CudaOnHost& gpu, const std::vector<float>& params,
                      const OwnedBatch& batch, const std::string& what) {
   const ModelSpec& spec = cpu.spec();
   std::vector<float> cpu_grad(spec.num_params), gpu_grad(spec.num_params, NAN);
@@ -211,7 +286,7 @@ TEST(CudaModelConfigTest, RejectsWhatItCannotRunWithoutTouchingTheDevice) {
   v1::ModelConfig softmax_with_hidden;
   softmax_with_hidden.set_kind(v1::ModelConfig::SOFTMAX);
   softmax_with_hidden.add_hidden(4);
-  absl::StatusOr<std::unique_ptr<Model>> model = MakeCudaModel(softmax_with_hidden);
+  absl::StatusOr<std::unique_ptr<CudaModel>> model = CudaModel::Create(softmax_with_hidden);
   ASSERT_FALSE(model.ok());
   EXPECT_EQ(model.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(absl::StartsWith(model.status().message(), "model.hidden"))
@@ -220,7 +295,7 @@ TEST(CudaModelConfigTest, RejectsWhatItCannotRunWithoutTouchingTheDevice) {
   v1::ModelConfig even_kernel;
   even_kernel.set_kind(v1::ModelConfig::CNN);
   even_kernel.set_kernel_size(4);
-  model = MakeCudaModel(even_kernel);
+  model = CudaModel::Create(even_kernel);
   ASSERT_FALSE(model.ok());
   EXPECT_EQ(model.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(absl::StartsWith(model.status().message(), "model.kernel_size"))
@@ -278,8 +353,8 @@ TEST(CudaModelTest, LossGradientAndEvaluationMatchCpu) {
   for (const Case& c : Cases()) {
     const v1::ModelConfig config = ConfigOf(c);
     std::unique_ptr<Model> cpu = CpuModelOf(config);
-    CSERPS_ASSERT_OK_AND_ASSIGN(std::unique_ptr<CudaModel> gpu,
-                                CudaModel::Create(config));
+    CSERPS_ASSERT_OK_AND_ASSIGN(std::unique_ptr<CudaOnHost> gpu,
+                                CudaOnHost::Create(config));
     const std::vector<float> params = TestParams(cpu->spec(), *cpu, c.seed);
     const OwnedBatch batch =
         RandomBatch(DeriveKey(c.seed, 7), c.rows, c.input_dim, c.classes);
@@ -294,8 +369,8 @@ TEST(CudaModelTest, FollowsChangedParamsAndBatchSizes) {
   const Case c = {"mlp", v1::ModelConfig::MLP, {24}, 30, 5, 0, 11};
   const v1::ModelConfig config = ConfigOf(c);
   std::unique_ptr<Model> cpu = CpuModelOf(config);
-  CSERPS_ASSERT_OK_AND_ASSIGN(std::unique_ptr<CudaModel> gpu,
-                              CudaModel::Create(config));
+  CSERPS_ASSERT_OK_AND_ASSIGN(std::unique_ptr<CudaOnHost> gpu,
+                              CudaOnHost::Create(config));
   std::vector<float> params = TestParams(cpu->spec(), *cpu, c.seed);
   const size_t sizes[] = {5, 300, 5, 64};
   for (size_t i = 0; i < 4; ++i) {
@@ -311,8 +386,8 @@ TEST(CudaModelTest, FollowsChangedParamsAndBatchSizes) {
 TEST(CudaModelTest, EmptyBatchGivesZeroGradientAndLoss) {
   CSERPS_SKIP_WITHOUT_GPU();
   const Case c = {"mlp", v1::ModelConfig::MLP, {6}, 8, 3, 0, 12};
-  CSERPS_ASSERT_OK_AND_ASSIGN(std::unique_ptr<CudaModel> gpu,
-                              CudaModel::Create(ConfigOf(c)));
+  CSERPS_ASSERT_OK_AND_ASSIGN(std::unique_ptr<CudaOnHost> gpu,
+                              CudaOnHost::Create(ConfigOf(c)));
   std::vector<float> params(gpu->spec().num_params, 0.5f);
   std::vector<float> grad(gpu->spec().num_params, NAN);
   const Batch empty{{}, {}, 0, c.input_dim};
@@ -333,8 +408,8 @@ TEST(CudaModelTest, HugeLogitsStayFinite) {
   const Case c = {"softmax", v1::ModelConfig::SOFTMAX, {}, 16, 6, 0, 13};
   const v1::ModelConfig config = ConfigOf(c);
   std::unique_ptr<Model> cpu = CpuModelOf(config);
-  CSERPS_ASSERT_OK_AND_ASSIGN(std::unique_ptr<CudaModel> gpu,
-                              CudaModel::Create(config));
+  CSERPS_ASSERT_OK_AND_ASSIGN(std::unique_ptr<CudaOnHost> gpu,
+                              CudaOnHost::Create(config));
   std::vector<float> params = TestParams(cpu->spec(), *cpu, c.seed);
   for (float& p : params) p *= 3000.0f;
   const OwnedBatch batch = RandomBatch(DeriveKey(c.seed, 7), 40, c.input_dim, c.classes);
@@ -370,8 +445,9 @@ void ExpectDeviceApiMatchesCpu(Model& cpu, CudaModel& gpu,
                               DeviceBuffer<double>::Allocate(1));
   CSERPS_ASSERT_OK_AND_ASSIGN(DeviceBuffer<unsigned long long> d_correct,
                               DeviceBuffer<unsigned long long>::Allocate(1));
-  cudaStream_t stream = nullptr;
-  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  TestStream test_stream;
+  ASSERT_NE(test_stream.get(), nullptr);
+  const cudaStream_t stream = test_stream.get();
 
   CSERPS_ASSERT_OK(gpu.Reserve(batch.labels.size()));
   CSERPS_ASSERT_OK(gpu.LossAndGradientDevice(
@@ -408,7 +484,6 @@ void ExpectDeviceApiMatchesCpu(Model& cpu, CudaModel& gpu,
   CSERPS_ASSERT_OK_AND_ASSIGN(loss, Download(d_loss.data(), 1));
   EXPECT_EQ(loss[0], 0.0f);
   for (float g : grad) ASSERT_EQ(g, 0.0f);
-  ASSERT_EQ(cudaStreamDestroy(stream), cudaSuccess);
 }
 
 TEST(CudaModelTest, DeviceApiMatchesCpu) {
@@ -684,8 +759,8 @@ TEST(CudaModelTest, CnnLossGradientAndEvaluationMatchCpu) {
   for (const CnnCase& c : CnnCases()) {
     CnnFixture f = MakeCnnFixture(c);
     ASSERT_NE(f.cpu, nullptr);
-    CSERPS_ASSERT_OK_AND_ASSIGN(std::unique_ptr<CudaModel> gpu,
-                                CudaModel::Create(ConfigOf(c)));
+    CSERPS_ASSERT_OK_AND_ASSIGN(std::unique_ptr<CudaOnHost> gpu,
+                                CudaOnHost::Create(ConfigOf(c)));
     ExpectAgreement(*f.cpu, *gpu, f.params, f.batch, c.name);
   }
 }
@@ -700,8 +775,8 @@ TEST(CudaModelTest, CnnConvGroupsMatchCpu) {
   ASSERT_NE(f.cpu, nullptr);
   for (const size_t images : {size_t{1}, size_t{4}, size_t{7}}) {
     CSERPS_ASSERT_OK_AND_ASSIGN(
-        std::unique_ptr<CudaModel> gpu,
-        CudaModel::Create(ConfigOf(c), GroupsOf(f.cpu->spec(), images)));
+        std::unique_ptr<CudaOnHost> gpu,
+        CudaOnHost::Create(ConfigOf(c), GroupsOf(f.cpu->spec(), images)));
     ExpectAgreement(*f.cpu, *gpu, f.params, f.batch,
                     "groups of " + std::to_string(images));
   }
@@ -715,8 +790,8 @@ TEST(CudaModelTest, CnnRepeatsBitForBit) {
   CnnFixture f = MakeCnnFixture(c);
   ASSERT_NE(f.cpu, nullptr);
   const ModelSpec& spec = f.cpu->spec();
-  CSERPS_ASSERT_OK_AND_ASSIGN(std::unique_ptr<CudaModel> gpu,
-                              CudaModel::Create(ConfigOf(c), GroupsOf(spec, 5)));
+  CSERPS_ASSERT_OK_AND_ASSIGN(std::unique_ptr<CudaOnHost> gpu,
+                              CudaOnHost::Create(ConfigOf(c), GroupsOf(spec, 5)));
   const OwnedBatch other =
       QuantizedBatch(DeriveKey(c.seed, 8), 40, spec.input_dim, c.classes);
   std::vector<float> first(spec.num_params), second(spec.num_params),
@@ -750,8 +825,8 @@ TEST(CudaModelTest, CnnFollowsChangedParamsAndBatchSizes) {
   std::unique_ptr<Model> cpu = CpuModelOf(ConfigOf(steps[0]));
   ASSERT_NE(cpu, nullptr);
   CSERPS_ASSERT_OK_AND_ASSIGN(
-      std::unique_ptr<CudaModel> gpu,
-      CudaModel::Create(ConfigOf(steps[0]), GroupsOf(cpu->spec(), 16)));
+      std::unique_ptr<CudaOnHost> gpu,
+      CudaOnHost::Create(ConfigOf(steps[0]), GroupsOf(cpu->spec(), 16)));
   std::vector<float> params(cpu->spec().num_params);
   for (const CnnCase& c : steps) {
     CnnFixture f = MakeCnnFixture(c);

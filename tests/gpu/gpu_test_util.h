@@ -1,5 +1,5 @@
 // Helpers shared by the GPU tests: the skip when no device is present, Status
-// assertions, and host <-> device copies.
+// assertions, host <-> device copies and a stream.
 #ifndef CSERPS_TESTS_GPU_GPU_TEST_UTIL_H_
 #define CSERPS_TESTS_GPU_GPU_TEST_UTIL_H_
 
@@ -38,6 +38,26 @@
   lhs = std::move(tmp).value()
 
 namespace cserps {
+
+// A non-blocking CUDA stream for one test, destroyed with it; get() is null
+// when it could not be created.
+class TestStream {
+ public:
+  TestStream() {
+    if (cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking) != cudaSuccess) {
+      stream_ = nullptr;
+    }
+  }
+  ~TestStream() {
+    if (stream_ != nullptr) static_cast<void>(cudaStreamDestroy(stream_));
+  }
+  TestStream(const TestStream&) = delete;
+  TestStream& operator=(const TestStream&) = delete;
+  cudaStream_t get() const { return stream_; }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+};
 
 // A device copy of `host`, complete when this returns: a cudaMemcpy from
 // pageable memory may return before the copy has landed, and work on a

@@ -130,25 +130,6 @@ TEST(NcclGroupTest, ALocalRankWhoseRootNeverPublishesTimesOutNamingTheFile) {
   EXPECT_THAT(status.message(), HasSubstr(options.id_path));
 }
 
-// A CUDA stream for one test, destroyed with it.
-class TestStream {
- public:
-  TestStream() {
-    if (cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking) != cudaSuccess) {
-      stream_ = nullptr;
-    }
-  }
-  ~TestStream() {
-    if (stream_ != nullptr) static_cast<void>(cudaStreamDestroy(stream_));
-  }
-  TestStream(const TestStream&) = delete;
-  TestStream& operator=(const TestStream&) = delete;
-  cudaStream_t get() const { return stream_; }
-
- private:
-  cudaStream_t stream_ = nullptr;
-};
-
 // Each device collective of a group of one is the identity, applied to
 // what a scaling kernel queued on the caller's stream had written.
 TEST(NcclGroupTest, AGroupOfOneHasIdentityDeviceCollectives) {

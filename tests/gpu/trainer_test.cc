@@ -93,6 +93,20 @@ void ExpectClose(const std::vector<float>& got, absl::Span<const float> want,
   EXPECT_LE(std::sqrt(diff), 1e-4 * std::sqrt(norm)) << what;
 }
 
+// kSteps steps of `trainer` from its initial model, their losses appended
+// to `losses`, then the final average; the model it ends with in `model`.
+absl::Status TrainSteps(Trainer& trainer, std::vector<float>* losses,
+                        std::vector<float>* model) {
+  RETURN_IF_ERROR(trainer.InitializeModel());
+  for (int t = 0; t < kSteps; ++t) {
+    ASSIGN_OR_RETURN(const float loss, trainer.Step());
+    losses->push_back(loss);
+  }
+  RETURN_IF_ERROR(trainer.FinishTraining());
+  ASSIGN_OR_RETURN(*model, trainer.Params());
+  return absl::OkStatus();
+}
+
 class GpuTrainerTest : public ::testing::TestWithParam<std::pair<const char*, const char*>> {};
 
 TEST_P(GpuTrainerTest, CudaBackendMatchesHostBackend) {
@@ -101,7 +115,8 @@ TEST_P(GpuTrainerTest, CudaBackendMatchesHostBackend) {
   const v1::JobConfig config = MakeConfig(GetParam().first, GetParam().second, dir);
   const Dataset train = MakeData(512, 1);
   const Dataset test = MakeData(200, 2);
-  CSERPS_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Model> probe, MakeCudaModel(config.model()));
+  CSERPS_ASSERT_OK_AND_ASSIGN(std::unique_ptr<CudaModel> probe,
+                              CudaModel::Create(config.model()));
   const uint64_t d = probe->spec().num_params;
 
   CSERPS_ASSERT_OK_AND_ASSIGN(std::unique_ptr<InProcessCluster> host_cluster,
@@ -116,14 +131,7 @@ TEST_P(GpuTrainerTest, CudaBackendMatchesHostBackend) {
     ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
                      Trainer::Create(host_cluster->config(), &host_cluster->client(r),
                                      &train, &test));
-    RETURN_IF_ERROR(trainer->InitializeModel());
-    for (int t = 0; t < kSteps; ++t) {
-      ASSIGN_OR_RETURN(const float loss, trainer->Step());
-      host_losses[r].push_back(loss);
-    }
-    RETURN_IF_ERROR(trainer->FinishTraining());
-    ASSIGN_OR_RETURN(host_models[r], trainer->Params());
-    return absl::OkStatus();
+    return TrainSteps(*trainer, &host_losses[r], &host_models[r]);
   }));
   CSERPS_ASSERT_OK(device_cluster->OnEveryRank([&](int r) -> absl::Status {
     CSERPS_CUDA_RETURN_IF_ERROR(cudaSetDevice(0));
@@ -133,14 +141,7 @@ TEST_P(GpuTrainerTest, CudaBackendMatchesHostBackend) {
                      Trainer::Create(device_cluster->config(),
                                      {&device_cluster->client(r), nullptr}, &train, &test,
                                      /*metrics=*/nullptr, std::move(backend)));
-    RETURN_IF_ERROR(trainer->InitializeModel());
-    for (int t = 0; t < kSteps; ++t) {
-      ASSIGN_OR_RETURN(const float loss, trainer->Step());
-      device_losses[r].push_back(loss);
-    }
-    RETURN_IF_ERROR(trainer->FinishTraining());
-    ASSIGN_OR_RETURN(device_models[r], trainer->Params());
-    return absl::OkStatus();
+    return TrainSteps(*trainer, &device_losses[r], &device_models[r]);
   }));
   for (int r = 0; r < kWorkers; ++r) {
     ExpectClose(device_models[r], host_models[r], absl::StrCat("rank ", r));

@@ -45,7 +45,9 @@ class Algorithm;
 // An average started and left in flight (CoCoD-SGD, Pipe-SGD): its payloads
 // are on the wire while the caller computes. Move-only; it must not outlive
 // its algorithm. Destroying it uncompleted waits for the servers' replies
-// and drops them.
+// and drops them; on a node, Complete is a collective, so either every
+// local rank completes it or none does (a peer's Complete would wait for
+// the group's timeout).
 class PendingAverage {
  public:
   PendingAverage(PendingAverage&&) noexcept;

@@ -38,33 +38,14 @@ absl::StatusOr<std::unique_ptr<CudaDeviceOps>> CudaDeviceOps::Create(
   }
   std::unique_ptr<CudaDeviceOps> ops(
       new CudaDeviceOps(num_params, block_size, stream, node_group));
-  const uint64_t num_blocks = (num_params + block_size - 1) / block_size;
   ASSIGN_OR_RETURN(ops->host_, PinnedBuffer<float>::Allocate(num_params));
-  ASSIGN_OR_RETURN(ops->blocks_, DeviceBuffer<uint64_t>::Allocate(num_blocks));
-  ASSIGN_OR_RETURN(ops->host_blocks_, PinnedBuffer<uint64_t>::Allocate(num_blocks));
-  CSERPS_CUDA_RETURN_IF_ERROR(
-      cudaEventCreateWithFlags(&ops->pinned_uploaded_, cudaEventDisableTiming));
+  RETURN_IF_ERROR(ops->blocks_.Reserve((num_params + block_size - 1) / block_size, stream));
   return ops;
 }
 
 CudaDeviceOps::~CudaDeviceOps() {
   // Errors here can only repeat an earlier asynchronous fault.
   static_cast<void>(cudaStreamSynchronize(stream_));
-  if (pinned_uploaded_ != nullptr) static_cast<void>(cudaEventDestroy(pinned_uploaded_));
-}
-
-absl::Status CudaDeviceOps::ReclaimPinned() {
-  if (pinned_in_flight_) {
-    CSERPS_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(pinned_uploaded_));
-    pinned_in_flight_ = false;
-  }
-  return absl::OkStatus();
-}
-
-absl::Status CudaDeviceOps::MarkPinnedInFlight() {
-  CSERPS_CUDA_RETURN_IF_ERROR(cudaEventRecord(pinned_uploaded_, stream_));
-  pinned_in_flight_ = true;
-  return absl::OkStatus();
 }
 
 template <typename Buffer>
@@ -165,7 +146,7 @@ absl::Status CudaDeviceOps::AddDifference(const float* e, const float* a, const 
 
 absl::Status CudaDeviceOps::FillBlocks(absl::Span<const uint64_t> blocks, float value,
                                        float* x) {
-  const uint64_t num_blocks = host_blocks_.size();
+  const uint64_t num_blocks = blocks_.capacity();
   if (blocks.size() > num_blocks) {
     return absl::InvalidArgumentError(absl::StrCat("CudaDeviceOps::FillBlocks: ",
                                                    blocks.size(), " blocks; the model has ",
@@ -179,12 +160,7 @@ absl::Status CudaDeviceOps::FillBlocks(absl::Span<const uint64_t> blocks, float 
     }
   }
   if (blocks.empty()) return absl::OkStatus();
-  RETURN_IF_ERROR(ReclaimPinned());
-  const size_t bytes = blocks.size() * sizeof(uint64_t);
-  std::memcpy(host_blocks_.data(), blocks.data(), bytes);
-  CSERPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(blocks_.data(), host_blocks_.data(), bytes,
-                                              cudaMemcpyHostToDevice, stream_));
-  RETURN_IF_ERROR(MarkPinnedInFlight());
+  RETURN_IF_ERROR(blocks_.Upload(blocks, stream_));
   return cuda::LaunchFillBlocks(value, num_params_, block_size_, blocks_.data(),
                                 blocks.size(), x, stream_);
 }
@@ -279,28 +255,14 @@ absl::Status CudaDeviceOps::ScatterSparse(SparseOp op, absl::Span<const uint32_t
   }
   const size_t count = indices.size();
   if (count == 0) return absl::OkStatus();
-  RETURN_IF_ERROR(ReclaimPinned());
-  RETURN_IF_ERROR(Reserve(sparse_indices_, count));
-  RETURN_IF_ERROR(Reserve(host_sparse_indices_, count));
-  if (with_values) {
-    RETURN_IF_ERROR(Reserve(sparse_values_, count));
-    RETURN_IF_ERROR(Reserve(host_sparse_values_, count));
-  }
-  std::memcpy(host_sparse_indices_.data(), indices.data(), count * sizeof(uint32_t));
-  CSERPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(sparse_indices_.data(),
-                                              host_sparse_indices_.data(),
-                                              count * sizeof(uint32_t),
-                                              cudaMemcpyHostToDevice, stream_));
+  RETURN_IF_ERROR(sparse_indices_.Reserve(count, stream_));
+  RETURN_IF_ERROR(sparse_indices_.Upload(indices, stream_));
   const float* device_values = nullptr;
   if (with_values) {
-    std::memcpy(host_sparse_values_.data(), values.data(), count * sizeof(float));
-    CSERPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(sparse_values_.data(),
-                                                host_sparse_values_.data(),
-                                                count * sizeof(float),
-                                                cudaMemcpyHostToDevice, stream_));
+    RETURN_IF_ERROR(sparse_values_.Reserve(count, stream_));
+    RETURN_IF_ERROR(sparse_values_.Upload(values, stream_));
     device_values = sparse_values_.data();
   }
-  RETURN_IF_ERROR(MarkPinnedInFlight());
   return cuda::LaunchScatterSparse(scatter_op, count, sparse_indices_.data(), device_values,
                                    divisor, x, stream_);
 }

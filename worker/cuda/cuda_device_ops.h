@@ -9,8 +9,9 @@
 //                      the host span is no longer needed;
 //   TopK               cudaStreamSynchronize before reading the selection;
 //   FillBlocks, ScatterSparse
-//                      their host arguments go through pinned buffers; the
-//                      next call that rewrites those buffers first waits
+//                      their host arguments go through pinned buffers
+//                      (worker/cuda/pinned_upload.h); the next call that
+//                      rewrites those buffers first waits
 //                      (cudaEventSynchronize) for the previous upload from
 //                      them, which the stream has usually run by then;
 //   growing an internal buffer (TopK, ScatterSparse with more entries than
@@ -39,6 +40,7 @@
 #include "absl/types/span.h"
 #include "worker/cuda/device_group.h"
 #include "worker/cuda/kernels/cuda_status.h"
+#include "worker/cuda/pinned_upload.h"
 #include "worker/device/device_ops.h"
 
 namespace cserps {
@@ -99,11 +101,6 @@ class CudaDeviceOps final : public DeviceOps {
         stream_(stream),
         node_group_(node_group) {}
 
-  // Waits until the last upload from the pinned argument buffers has run,
-  // so that they may be rewritten.
-  absl::Status ReclaimPinned();
-  // Marks an upload from the pinned argument buffers as queued.
-  absl::Status MarkPinnedInFlight();
   // Makes `buffer` hold at least `count` elements, synchronising the stream
   // before an old buffer that queued work may use is freed.
   template <typename Buffer>
@@ -114,17 +111,11 @@ class CudaDeviceOps final : public DeviceOps {
   cudaStream_t stream_;
   DeviceGroup* const node_group_;  // null: a flat worker's ops
   PinnedBuffer<float> host_;  // Upload and Download, num_params floats
-  // FillBlocks' block ids: every block of the model fits.
-  DeviceBuffer<uint64_t> blocks_;
-  PinnedBuffer<uint64_t> host_blocks_;
+  // FillBlocks' block ids: capacity for every block of the model.
+  PinnedUpload<uint64_t> blocks_;
   // ScatterSparse's entries, grown on demand.
-  DeviceBuffer<uint32_t> sparse_indices_;
-  PinnedBuffer<uint32_t> host_sparse_indices_;
-  DeviceBuffer<float> sparse_values_;
-  PinnedBuffer<float> host_sparse_values_;
-  // host_blocks_ and host_sparse_* may be rewritten once it has fired.
-  cudaEvent_t pinned_uploaded_ = nullptr;
-  bool pinned_in_flight_ = false;
+  PinnedUpload<uint32_t> sparse_indices_;
+  PinnedUpload<float> sparse_values_;
   // TopK's workspace and selection, grown on demand.
   DeviceBuffer<unsigned char> topk_workspace_;
   DeviceBuffer<uint32_t> topk_positions_;

@@ -1,13 +1,25 @@
 #include "worker/cuda/cuda_staging.h"
 
-#include <cstring>
-
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "worker/cuda/kernels/block_gather.h"
 #include "worker/cuda/kernels/vector_kernels.h"
 
 namespace cserps {
+namespace {
+
+// Makes `waiter` wait for the work queued so far on `source`, through
+// `event`, if `*pending`; clears it.
+absl::Status HandOver(cudaStream_t source, cudaEvent_t event, cudaStream_t waiter,
+                      bool* pending) {
+  if (!*pending) return absl::OkStatus();
+  CSERPS_CUDA_RETURN_IF_ERROR(cudaEventRecord(event, source));
+  CSERPS_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(waiter, event, 0));
+  *pending = false;
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<CudaStagingDevice>> CudaStagingDevice::Create(
     uint64_t num_params, uint32_t block_size, cudaStream_t compute, DeviceGroup* group) {
@@ -16,15 +28,13 @@ absl::StatusOr<std::unique_ptr<CudaStagingDevice>> CudaStagingDevice::Create(
   }
   std::unique_ptr<CudaStagingDevice> device(
       new CudaStagingDevice(num_params, block_size, compute, group));
-  const uint64_t num_blocks = (num_params + block_size - 1) / block_size;
   ASSIGN_OR_RETURN(device->staging_, DeviceBuffer<float>::Allocate(num_params));
   ASSIGN_OR_RETURN(device->host_, PinnedBuffer<float>::Allocate(num_params));
-  ASSIGN_OR_RETURN(device->blocks_, DeviceBuffer<uint64_t>::Allocate(num_blocks));
-  ASSIGN_OR_RETURN(device->host_blocks_, PinnedBuffer<uint64_t>::Allocate(num_blocks));
+  RETURN_IF_ERROR(
+      device->blocks_.Reserve((num_params + block_size - 1) / block_size, compute));
   CSERPS_CUDA_RETURN_IF_ERROR(
       cudaStreamCreateWithFlags(&device->copy_, cudaStreamNonBlocking));
-  for (cudaEvent_t* event :
-       {&device->blocks_uploaded_, &device->computed_, &device->returned_}) {
+  for (cudaEvent_t* event : {&device->computed_, &device->returned_}) {
     CSERPS_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(event, cudaEventDisableTiming));
   }
   return device;
@@ -35,7 +45,7 @@ CudaStagingDevice::~CudaStagingDevice() {
   if (copy_ != nullptr) static_cast<void>(cudaStreamSynchronize(copy_));
   if (compute_ != nullptr) static_cast<void>(cudaStreamSynchronize(compute_));
   for (cudaEvent_t event : copied_) static_cast<void>(cudaEventDestroy(event));
-  for (cudaEvent_t event : {blocks_uploaded_, computed_, returned_}) {
+  for (cudaEvent_t event : {computed_, returned_}) {
     if (event != nullptr) static_cast<void>(cudaEventDestroy(event));
   }
   if (copy_ != nullptr) static_cast<void>(cudaStreamDestroy(copy_));
@@ -45,19 +55,11 @@ CudaStagingDevice::~CudaStagingDevice() {
 // round scales and all-reduces the staging on the compute stream after the
 // gather and before its first copy down.
 absl::Status CudaStagingDevice::CopyAfterCompute() {
-  if (!compute_pending_) return absl::OkStatus();
-  CSERPS_CUDA_RETURN_IF_ERROR(cudaEventRecord(computed_, compute_));
-  CSERPS_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(copy_, computed_, 0));
-  compute_pending_ = false;
-  return absl::OkStatus();
+  return HandOver(compute_, computed_, copy_, &compute_pending_);
 }
 
 absl::Status CudaStagingDevice::ComputeAfterCopies() {
-  if (!copies_pending_) return absl::OkStatus();
-  CSERPS_CUDA_RETURN_IF_ERROR(cudaEventRecord(returned_, copy_));
-  CSERPS_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(compute_, returned_, 0));
-  copies_pending_ = false;
-  return absl::OkStatus();
+  return HandOver(copy_, returned_, compute_, &copies_pending_);
 }
 
 absl::Status CudaStagingDevice::CheckRange(absl::string_view what, uint64_t offset,
@@ -78,24 +80,16 @@ absl::Status CudaStagingDevice::NeedGroup(absl::string_view what) const {
 
 absl::Status CudaStagingDevice::Gather(const float* model,
                                        absl::Span<const uint64_t> blocks) {
-  if (blocks.size() > host_blocks_.size()) {
+  if (blocks.size() > blocks_.capacity()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "CudaStagingDevice::Gather: ", blocks.size(), " blocks; the model has ",
-        host_blocks_.size()));
-  }
-  if (blocks_in_flight_) {
-    CSERPS_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(blocks_uploaded_));
+        blocks_.capacity()));
   }
   // The previous round's copies may still read (or write) the staging.
   RETURN_IF_ERROR(ComputeAfterCopies());
   num_selected_ = blocks.size();
   if (num_selected_ > 0) {
-    std::memcpy(host_blocks_.data(), blocks.data(), blocks.size() * sizeof(uint64_t));
-    CSERPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(blocks_.data(), host_blocks_.data(),
-                                                blocks.size() * sizeof(uint64_t),
-                                                cudaMemcpyHostToDevice, compute_));
-    CSERPS_CUDA_RETURN_IF_ERROR(cudaEventRecord(blocks_uploaded_, compute_));
-    blocks_in_flight_ = true;
+    RETURN_IF_ERROR(blocks_.Upload(blocks, compute_));
     RETURN_IF_ERROR(cuda::LaunchGatherBlocks(model, num_params_, block_size_,
                                              blocks_.data(), num_selected_,
                                              staging_.data(), compute_));

@@ -19,8 +19,9 @@
 // and overlap the wire, and in a node's round the copies down follow the
 // division by the node weight and each broadcast follows the copy-backs.
 // Nothing here blocks the host except WaitCopied (cudaEventSynchronize on
-// the shard's event) and the group's collectives. Every CUDA error is a
-// Status naming the call (worker/cuda/kernels/cuda_status.h).
+// the shard's event), the group's collectives, and a Gather that finds the
+// previous round's block list still being uploaded (pinned_upload.h). Every
+// CUDA error is a Status naming the call (worker/cuda/kernels/cuda_status.h).
 //
 // Rounds may follow one another without synchronising: the next round's
 // copies are queued after the previous round's on the copy stream, and its
@@ -38,8 +39,9 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "worker/cuda/kernels/cuda_status.h"
 #include "worker/cuda/device_group.h"
+#include "worker/cuda/kernels/cuda_status.h"
+#include "worker/cuda/pinned_upload.h"
 #include "worker/ps/staged_average.h"
 
 namespace cserps {
@@ -96,12 +98,8 @@ class CudaStagingDevice final : public StagingDevice {
   cudaStream_t copy_ = nullptr;
   DeviceBuffer<float> staging_;
   PinnedBuffer<float> host_;
-  DeviceBuffer<uint64_t> blocks_;
-  PinnedBuffer<uint64_t> host_blocks_;
+  PinnedUpload<uint64_t> blocks_;  // capacity for every block of the model
   uint64_t num_selected_ = 0;
-  // host_blocks_ may be rewritten once its upload has run.
-  cudaEvent_t blocks_uploaded_ = nullptr;
-  bool blocks_in_flight_ = false;
   cudaEvent_t computed_ = nullptr;  // compute → copy stream
   cudaEvent_t returned_ = nullptr;  // copy → compute stream
   // Work was queued on that stream since the other last waited for it.

@@ -46,11 +46,10 @@ absl::Status NcclStatus(ncclResult_t result, absl::string_view call, const char*
     default:
       break;
   }
-  std::string message = absl::StrCat(call, " failed at ", file, ":", line, ": ",
-                                     ncclGetErrorString(result));
+  std::string detail = ncclGetErrorString(result);
   const char* last = ncclGetLastError(nullptr);
-  if (last != nullptr && last[0] != '\0') absl::StrAppend(&message, " (", last, ")");
-  return absl::Status(code, message);
+  if (last != nullptr && last[0] != '\0') absl::StrAppend(&detail, " (", last, ")");
+  return internal::CallFailedStatus(code, call, file, line, detail);
 }
 
 absl::StatusOr<std::unique_ptr<NcclGroup>> NcclGroup::Create(uint32_t local_rank,

@@ -23,20 +23,16 @@
 #include "absl/functional/function_ref.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/status.h"
 #include "worker/cuda/kernels/cuda_status.h"
 #include "worker/cuda/device_group.h"
 #include "worker/group/local_group.h"
 
 // Returns a Status naming the NCCL call, the file and the line when `call`
-// does not return ncclSuccess (nccl-tests' NCCLCHECK, but returning).
-#define CSERPS_NCCL_RETURN_IF_ERROR(call)                                   \
-  do {                                                                      \
-    const ncclResult_t cserps_nccl_result_ = (call);                        \
-    if (cserps_nccl_result_ != ncclSuccess) {                               \
-      return ::cserps::NcclStatus(cserps_nccl_result_, #call, __FILE__,     \
-                                  __LINE__);                                \
-    }                                                                       \
-  } while (0)
+// does not return ncclSuccess (nccl-tests' NCCLCHECK, but returning); one of
+// the family of worker/cuda/kernels/cuda_status.h.
+#define CSERPS_NCCL_RETURN_IF_ERROR(call) \
+  RETURN_IF_ERROR(::cserps::NcclStatus((call), #call, __FILE__, __LINE__))
 
 namespace cserps {
 

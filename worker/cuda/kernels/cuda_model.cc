@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <climits>
-#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -24,21 +23,6 @@ Conv2dShape StageShape(const ConvLayerSpec& conv, size_t images) {
 
 size_t PatchSize(const ConvLayerSpec& conv) {
   return conv.in_channels * conv.kernel * conv.kernel;
-}
-
-
-template <typename T>
-absl::Status Grow(size_t count, DeviceBuffer<T>* buffer) {
-  if (buffer->size() >= count) return absl::OkStatus();
-  ASSIGN_OR_RETURN(*buffer, DeviceBuffer<T>::Allocate(count));
-  return absl::OkStatus();
-}
-
-template <typename T>
-absl::Status Grow(size_t count, PinnedBuffer<T>* buffer) {
-  if (buffer->size() >= count) return absl::OkStatus();
-  ASSIGN_OR_RETURN(*buffer, PinnedBuffer<T>::Allocate(count));
-  return absl::OkStatus();
 }
 
 }  // namespace
@@ -76,24 +60,13 @@ absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Create(
     return absl::FailedPreconditionError(
         "CUDA backend: no CUDA device is present");
   }
-  int device = 0;
-  CSERPS_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
-  std::unique_ptr<CudaModel> model(
-      new CudaModel(std::move(spec), device, options));
+  std::unique_ptr<CudaModel> model(new CudaModel(std::move(spec), options));
   RETURN_IF_ERROR(model->Init());
   return model;
 }
 
-absl::StatusOr<std::unique_ptr<Model>> MakeCudaModel(
-    const v1::ModelConfig& config) {
-  ASSIGN_OR_RETURN(std::unique_ptr<CudaModel> model, CudaModel::Create(config));
-  return std::unique_ptr<Model>(std::move(model));
-}
-
-CudaModel::CudaModel(ModelSpec spec, int device,
-                     const CudaModelOptions& options)
+CudaModel::CudaModel(ModelSpec spec, const CudaModelOptions& options)
     : spec_(std::move(spec)),
-      device_(device),
       activations_(spec_.layers.size()),
       pooled_(spec_.convs.size()),
       argmax_(spec_.convs.size()) {
@@ -116,19 +89,15 @@ CudaModel::CudaModel(ModelSpec spec, int device,
 }
 
 absl::Status CudaModel::Init() {
-  CSERPS_CUDA_RETURN_IF_ERROR(
-      cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   CSERPS_CUBLAS_RETURN_IF_ERROR(cublasCreate(&cublas_));
   // Full fp32 products: TF32 tensor cores would cost the agreement with the
   // CPU backend (about 1e-3 relative instead of 1e-6).
   CSERPS_CUBLAS_RETURN_IF_ERROR(cublasSetMathMode(cublas_, CUBLAS_DEFAULT_MATH));
-  ASSIGN_OR_RETURN(read_back_, ScalarReadBack::Allocate());
   return absl::OkStatus();
 }
 
 CudaModel::~CudaModel() {
   if (cublas_ != nullptr) static_cast<void>(cublasDestroy(cublas_));
-  if (stream_ != nullptr) static_cast<void>(cudaStreamDestroy(stream_));
 }
 
 void CudaModel::Initialize(uint64_t seed, absl::Span<float> params) const {
@@ -363,86 +332,6 @@ absl::Status CudaModel::EvaluateDevice(const float* d_params,
   return cuda::LaunchSumRows(rows, row_loss_.data(), row_correct_.data(),
                              /*mean_loss=*/nullptr, d_loss_sum, d_correct,
                              stream);
-}
-
-absl::Status CudaModel::ReserveStaging(size_t rows) {
-  const size_t n = spec_.num_params;
-  RETURN_IF_ERROR(Grow(n, &host_params_));
-  RETURN_IF_ERROR(Grow(n, &host_grad_));
-  RETURN_IF_ERROR(Grow(n, &params_));
-  RETURN_IF_ERROR(Grow(n, &grad_));
-  if (rows <= staging_rows_) return absl::OkStatus();
-  // Host-span calls end with a stream synchronisation, so nothing queued
-  // still reads the buffers replaced here.
-  RETURN_IF_ERROR(Grow(rows * spec_.input_dim, &host_features_));
-  RETURN_IF_ERROR(Grow(rows, &host_labels_));
-  RETURN_IF_ERROR(Grow(rows * spec_.input_dim, &features_));
-  RETURN_IF_ERROR(Grow(rows, &labels_));
-  staging_rows_ = rows;
-  return absl::OkStatus();
-}
-
-absl::Status CudaModel::StageIn(absl::Span<const float> params,
-                                const Batch& batch) {
-  std::memcpy(host_params_.data(), params.data(), params.size() * sizeof(float));
-  std::memcpy(host_features_.data(), batch.features.data(),
-              batch.features.size() * sizeof(float));
-  std::memcpy(host_labels_.data(), batch.labels.data(), batch.labels.size());
-  CSERPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
-      params_.data(), host_params_.data(), params.size() * sizeof(float),
-      cudaMemcpyHostToDevice, stream_));
-  CSERPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
-      features_.data(), host_features_.data(),
-      batch.features.size() * sizeof(float), cudaMemcpyHostToDevice, stream_));
-  CSERPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
-      labels_.data(), host_labels_.data(), batch.labels.size(),
-      cudaMemcpyHostToDevice, stream_));
-  return absl::OkStatus();
-}
-
-void CudaModel::CheckArguments(absl::Span<const float> params,
-                               const Batch& batch) const {
-  CSERPS_CHECK(params.size() == spec_.num_params);
-  CSERPS_CHECK(batch.dim == spec_.input_dim);
-  CSERPS_CHECK(batch.features.size() == batch.size * batch.dim);
-  CSERPS_CHECK(batch.labels.size() == batch.size);
-  for (const uint8_t label : batch.labels) CSERPS_CHECK(label < spec_.num_classes);
-}
-
-absl::StatusOr<float> CudaModel::LossAndGradient(
-    absl::Span<const float> params, const Batch& batch,
-    absl::Span<float> grad) {
-  CheckArguments(params, batch);
-  CSERPS_CHECK(grad.size() == spec_.num_params);
-  if (batch.size == 0) {
-    std::fill(grad.begin(), grad.end(), 0.0f);
-    return 0.0f;
-  }
-  CSERPS_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
-  RETURN_IF_ERROR(ReserveStaging(batch.size));
-  RETURN_IF_ERROR(StageIn(params, batch));
-  RETURN_IF_ERROR(LossAndGradientDevice(params_.data(), features_.data(),
-                                        labels_.data(), batch.size,
-                                        grad_.data(), read_back_.loss(), stream_));
-  CSERPS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
-      host_grad_.data(), grad_.data(), grad.size() * sizeof(float),
-      cudaMemcpyDeviceToHost, stream_));
-  ASSIGN_OR_RETURN(const float loss, read_back_.Loss(stream_));  // waits for the copies
-  std::memcpy(grad.data(), host_grad_.data(), grad.size() * sizeof(float));
-  return loss;
-}
-
-absl::StatusOr<EvalSums> CudaModel::Evaluate(absl::Span<const float> params,
-                                                const Batch& batch) {
-  CheckArguments(params, batch);
-  if (batch.size == 0) return EvalSums{};
-  CSERPS_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
-  RETURN_IF_ERROR(ReserveStaging(batch.size));
-  RETURN_IF_ERROR(StageIn(params, batch));
-  RETURN_IF_ERROR(EvaluateDevice(params_.data(), features_.data(),
-                                 labels_.data(), batch.size, read_back_.loss_sum(),
-                                 read_back_.correct(), stream_));
-  return read_back_.Sums(batch.size, stream_);
 }
 
 }  // namespace cserps

@@ -1,31 +1,28 @@
-// The CUDA backend of Model (worker/model/model.h) for SOFTMAX, MLP and CNN
-// models: cuBLAS sgemm for the linear layers, kernels (model_kernels.h) for
-// bias, ReLU and softmax cross-entropy; a CNN's conv stages as im2col +
-// cuBLAS sgemm, bias + 2x2 max-pool + ReLU, and col2im for the input
-// gradient (conv_kernels.h). Same layout, same initialisation and the same
-// mathematics as CpuModel, to float rounding (sums run in another order);
-// max-pool ties go to the same pixel. Products are full fp32 (no TF32), and
-// no kernel uses atomics: the same call on the same device repeats bit for
-// bit (cuBLAS promises as much while one stream is active).
+// The CUDA model for SOFTMAX, MLP and CNN models, the GPU twin of CpuModel
+// (worker/model/cpu_model.h): cuBLAS sgemm for the linear layers, kernels
+// (model_kernels.h) for bias, ReLU and softmax cross-entropy; a CNN's conv
+// stages as im2col + cuBLAS sgemm, bias + 2x2 max-pool + ReLU, and col2im
+// for the input gradient (conv_kernels.h). Same layout, same initialisation
+// and the same mathematics as CpuModel, to float rounding (sums run in
+// another order); max-pool ties go to the same pixel. Products are full fp32
+// (no TF32), and no kernel uses atomics: the same call on the same device
+// repeats bit for bit (cuBLAS promises as much while one stream is active).
 //
-// Two ways in:
-// - The Model interface, on host spans. Every call copies the parameters
-//   and the batch to the device through pinned staging, computes, copies the
-//   gradient back and waits: nothing is cached between calls, so the caller
-//   may change `params` freely. A CUDA failure is returned.
-// - The device API (LossAndGradientDevice, EvaluateDevice) for a trainer
-//   that keeps parameters, data and gradients on the device: all pointers
-//   are device pointers that must stay valid until the work queued on
-//   `stream` has run; nothing synchronises.
+// One way in, the device API (LossAndGradientDevice, EvaluateDevice), for a
+// trainer that keeps parameters, data and gradients on the device
+// (CudaBackend, worker/cuda/cuda_backend.h, which uploads the batches and
+// reads the loss back): all pointers are device pointers that must stay
+// valid until the work queued on `stream` has run; nothing synchronises.
+// It is not a Model (worker/model/model.h, host spans): the GPU tests drive
+// it on host spans through this API (tests/gpu/cuda_model_test.cc).
 //
 // A CNN's conv stages run on groups of images (CudaModelOptions) so that
 // their scratch stays bounded however large the batch.
 //
-// A CudaModel uses the device that was current when it was created and makes
-// it current on the calling thread in every host-span call. Scratch memory
-// grows to the largest batch seen (Reserve() grows it ahead of time, so that
-// the steps that follow allocate nothing); growing waits for the device to go
-// idle. Not thread-safe: one CudaModel per thread, as for every Model.
+// The device that was current at Create must be current on the calling
+// thread. Scratch memory grows to the largest batch seen (Reserve() grows it
+// ahead of time, so that the steps that follow allocate nothing); growing
+// waits for the device to go idle. Not thread-safe: one CudaModel per thread.
 #ifndef CSERPS_WORKER_CUDA_KERNELS_CUDA_MODEL_H_
 #define CSERPS_WORKER_CUDA_KERNELS_CUDA_MODEL_H_
 
@@ -43,9 +40,6 @@
 #include "common/model_spec.h"
 #include "cserps/v1/config.pb.h"
 #include "worker/cuda/kernels/cuda_status.h"
-#include "worker/cuda/kernels/read_back.h"
-#include "worker/data/batch.h"
-#include "worker/model/model.h"
 
 namespace cserps {
 
@@ -59,28 +53,23 @@ struct CudaModelOptions {
   size_t conv_workspace_floats = size_t{1} << 24;
 };
 
-class CudaModel final : public Model {
+class CudaModel {
  public:
   // InvalidArgument naming the field for a config that describes no valid
   // model, or whose layer or conv stage exceeds the int dimensions of
   // cuBLAS; Unimplemented for a model kind this backend lacks (any but
   // SOFTMAX, MLP and CNN); FailedPrecondition when no CUDA device is present;
-  // the CUDA or cuBLAS error when the stream or the cuBLAS handle cannot be
-  // created.
+  // the cuBLAS error when the cuBLAS handle cannot be created.
   static absl::StatusOr<std::unique_ptr<CudaModel>> Create(
       const v1::ModelConfig& config, const CudaModelOptions& options = {});
-  ~CudaModel() override;
+  ~CudaModel();
+  CudaModel(const CudaModel&) = delete;
+  CudaModel& operator=(const CudaModel&) = delete;
 
-  const ModelSpec& spec() const override { return spec_; }
-  // Host-side: identical to CpuModel::Initialize (worker/model/initialize.h).
-  void Initialize(uint64_t seed, absl::Span<float> params) const override;
-  // CUDA errors are returned; argument violations are programmer errors
-  // and abort, as in Model.
-  absl::StatusOr<float> LossAndGradient(absl::Span<const float> params,
-                                        const Batch& batch,
-                                        absl::Span<float> grad) override;
-  absl::StatusOr<EvalSums> Evaluate(absl::Span<const float> params,
-                                    const Batch& batch) override;
+  const ModelSpec& spec() const { return spec_; }
+  // Host-side: identical to CpuModel::Initialize (worker/model/initialize.h);
+  // params.size() == spec().num_params.
+  void Initialize(uint64_t seed, absl::Span<float> params) const;
 
   // Grows the device scratch to batches of `rows` examples (on the current
   // device; waits for it to go idle when it grows). InvalidArgument when
@@ -109,10 +98,9 @@ class CudaModel final : public Model {
                               cudaStream_t stream);
 
  private:
-  CudaModel(ModelSpec spec, int device, const CudaModelOptions& options);
+  CudaModel(ModelSpec spec, const CudaModelOptions& options);
 
   absl::Status Init();
-  void CheckArguments(absl::Span<const float> params, const Batch& batch) const;
   // Runs the forward pass into pooled_ and activations_ (post-ReLU except
   // the last layer) and returns the logits.
   absl::StatusOr<const float*> Forward(const float* d_params,
@@ -135,18 +123,11 @@ class CudaModel final : public Model {
   // The input of linear layer l: the features, the last conv stage's output
   // or the layer below's activation.
   const float* LayerInput(size_t l, const float* d_features) const;
-  // Grows the pinned staging and the device copies of the host-span calls.
-  absl::Status ReserveStaging(size_t rows);
-  // Copies params (unless null), features and labels to the device on
-  // stream_.
-  absl::Status StageIn(absl::Span<const float> params, const Batch& batch);
 
   ModelSpec spec_;
-  int device_;
   size_t max_width_ = 0;  // widest layer or stage input or output
   // Images per conv group, from CudaModelOptions; 0 without conv stages.
   size_t max_conv_group_ = 0;
-  cudaStream_t stream_ = nullptr;  // the host-span calls' stream
   cublasHandle_t cublas_ = nullptr;
 
   size_t scratch_rows_ = 0;
@@ -161,23 +142,7 @@ class CudaModel final : public Model {
   DeviceBuffer<float> grad_in_;
   DeviceBuffer<double> row_loss_;
   DeviceBuffer<uint32_t> row_correct_;
-
-  size_t staging_rows_ = 0;
-  PinnedBuffer<float> host_params_;
-  PinnedBuffer<float> host_grad_;
-  PinnedBuffer<float> host_features_;
-  PinnedBuffer<uint8_t> host_labels_;
-  DeviceBuffer<float> params_;
-  DeviceBuffer<float> grad_;
-  DeviceBuffer<float> features_;
-  DeviceBuffer<uint8_t> labels_;
-  ScalarReadBack read_back_;
 };
-
-// The CUDA backend as a Model with default options, for code that picks a
-// backend by name; same errors as CudaModel::Create.
-absl::StatusOr<std::unique_ptr<Model>> MakeCudaModel(
-    const v1::ModelConfig& config);
 
 }  // namespace cserps
 

@@ -32,23 +32,29 @@ absl::StatusCode CublasCode(cublasStatus_t status) {
 
 }  // namespace
 
+namespace internal {
+
+absl::Status CallFailedStatus(absl::StatusCode code, absl::string_view call,
+                              const char* file, int line, absl::string_view detail) {
+  return absl::Status(code, absl::StrCat(call, " failed at ", file, ":", line, ": ", detail));
+}
+
+}  // namespace internal
+
 absl::Status CudaStatus(cudaError_t error, absl::string_view call,
                         const char* file, int line) {
   if (error == cudaSuccess) return absl::OkStatus();
-  return absl::Status(
-      CudaCode(error),
-      absl::StrCat(call, " failed at ", file, ":", line, ": ",
-                   cudaGetErrorName(error), ": ", cudaGetErrorString(error)));
+  return internal::CallFailedStatus(
+      CudaCode(error), call, file, line,
+      absl::StrCat(cudaGetErrorName(error), ": ", cudaGetErrorString(error)));
 }
 
 absl::Status CublasStatus(cublasStatus_t status, absl::string_view call,
                           const char* file, int line) {
   if (status == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
-  return absl::Status(
-      CublasCode(status),
-      absl::StrCat(call, " failed at ", file, ":", line, ": ",
-                   cublasGetStatusName(status), ": ",
-                   cublasGetStatusString(status)));
+  return internal::CallFailedStatus(
+      CublasCode(status), call, file, line,
+      absl::StrCat(cublasGetStatusName(status), ": ", cublasGetStatusString(status)));
 }
 
 absl::Status CudaLaunchStatus(absl::string_view kernel, const char* file,

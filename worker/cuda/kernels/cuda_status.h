@@ -4,8 +4,10 @@
 // Every CUDA runtime and cuBLAS call of the backend goes through
 // CSERPS_CUDA_RETURN_IF_ERROR / CSERPS_CUBLAS_RETURN_IF_ERROR, which return
 // a Status naming the call, the file and the line (nccl-tests' CUDACHECK, but
-// returning instead of exiting). Kernel launches are followed by
-// CSERPS_CUDA_RETURN_IF_LAUNCH_FAILED(name), which reads cudaGetLastError().
+// returning instead of exiting); NCCL's CSERPS_NCCL_RETURN_IF_ERROR
+// (worker/cuda/nccl_group.h) is one of the family. Kernel launches are
+// followed by CSERPS_CUDA_RETURN_IF_LAUNCH_FAILED(name), which reads
+// cudaGetLastError().
 //
 // Codes: an allocation failure is RESOURCE_EXHAUSTED; no device, no usable
 // driver or an uninitialised cuBLAS is FAILED_PRECONDITION; everything else
@@ -26,6 +28,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "common/status.h"
 
 namespace cserps {
 
@@ -45,32 +48,24 @@ absl::Status CudaLaunchStatus(absl::string_view kernel, const char* file,
 // whether to use a GPU).
 int CudaDeviceCount();
 
+namespace internal {
+
+// `code` with "<call> failed at <file>:<line>: <detail>": the message of
+// every CUDA, cuBLAS and NCCL error above and in NcclStatus.
+absl::Status CallFailedStatus(absl::StatusCode code, absl::string_view call,
+                              const char* file, int line, absl::string_view detail);
+
+}  // namespace internal
 }  // namespace cserps
 
-#define CSERPS_CUDA_RETURN_IF_ERROR(call)                                   \
-  do {                                                                      \
-    const cudaError_t cserps_cuda_error_ = (call);                          \
-    if (cserps_cuda_error_ != cudaSuccess) {                                \
-      return ::cserps::CudaStatus(cserps_cuda_error_, #call, __FILE__,      \
-                                  __LINE__);                                \
-    }                                                                       \
-  } while (0)
-
-#define CSERPS_CUBLAS_RETURN_IF_ERROR(call)                                 \
-  do {                                                                      \
-    const cublasStatus_t cserps_cublas_status_ = (call);                    \
-    if (cserps_cublas_status_ != CUBLAS_STATUS_SUCCESS) {                   \
-      return ::cserps::CublasStatus(cserps_cublas_status_, #call, __FILE__, \
-                                    __LINE__);                              \
-    }                                                                       \
-  } while (0)
-
-#define CSERPS_CUDA_RETURN_IF_LAUNCH_FAILED(kernel)                          \
-  do {                                                                       \
-    ::absl::Status cserps_launch_status_ =                                   \
-        ::cserps::CudaLaunchStatus(kernel, __FILE__, __LINE__);              \
-    if (!cserps_launch_status_.ok()) return cserps_launch_status_;           \
-  } while (0)
+// Each returns from the enclosing function the Status of `call`'s result
+// unless it is OK, with the call's text and the file and line of the macro.
+#define CSERPS_CUDA_RETURN_IF_ERROR(call) \
+  RETURN_IF_ERROR(::cserps::CudaStatus((call), #call, __FILE__, __LINE__))
+#define CSERPS_CUBLAS_RETURN_IF_ERROR(call) \
+  RETURN_IF_ERROR(::cserps::CublasStatus((call), #call, __FILE__, __LINE__))
+#define CSERPS_CUDA_RETURN_IF_LAUNCH_FAILED(kernel) \
+  RETURN_IF_ERROR(::cserps::CudaLaunchStatus(kernel, __FILE__, __LINE__))
 
 namespace cserps {
 

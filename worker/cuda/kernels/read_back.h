@@ -1,8 +1,8 @@
 // The scalars a training step or an evaluation batch reads back from the
 // device: the mean loss, and the summed loss with the correct count, each in
 // a device slot the model's kernels write (CudaModel::LossAndGradientDevice,
-// EvaluateDevice) and a pinned host copy. The host-span CudaModel and the
-// device trainer both read through one.
+// EvaluateDevice) and a pinned host copy. CudaBackend
+// (worker/cuda/cuda_backend.h) reads through one.
 #ifndef CSERPS_WORKER_CUDA_KERNELS_READ_BACK_H_
 #define CSERPS_WORKER_CUDA_KERNELS_READ_BACK_H_
 

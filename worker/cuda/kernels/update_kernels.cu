@@ -69,11 +69,18 @@ absl::StatusOr<Kind> KindOf(const DirectionRule& rule) {
   }
 }
 
-// Calls launch(std::integral_constant<Kind, kind>{}): the kernels take the
-// momentum kind as a template parameter.
+// The launchers of the kernels that follow `rule`: InvalidArgument for an
+// unknown kind, nothing for n == 0, else
+// launch(std::integral_constant<Kind, kind>{}) (the kernels take the
+// momentum kind as a template parameter) and the check of the launch of
+// `kernel`.
 template <typename Launch>
-void WithKind(Kind kind, Launch launch) {
-  switch (kind) {
+absl::Status LaunchForRule(const DirectionRule& rule, size_t n, const char* kernel,
+                           Launch launch) {
+  const absl::StatusOr<Kind> kind = KindOf(rule);
+  if (!kind.ok()) return kind.status();
+  if (n == 0) return absl::OkStatus();
+  switch (*kind) {
     case Kind::kNone:
       launch(std::integral_constant<Kind, Kind::kNone>{});
       break;
@@ -84,6 +91,8 @@ void WithKind(Kind kind, Launch launch) {
       launch(std::integral_constant<Kind, Kind::kNesterov>{});
       break;
   }
+  CSERPS_CUDA_RETURN_IF_LAUNCH_FAILED(kernel);
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -92,16 +101,10 @@ absl::Status LaunchDirection(const DirectionRule& rule, size_t n,
                              const float* grad, const float* params,
                              float* momentum, float* direction,
                              cudaStream_t stream) {
-  const absl::StatusOr<Kind> kind = KindOf(rule);
-  if (!kind.ok()) return kind.status();
-  if (n == 0) return absl::OkStatus();
-  const float beta = rule.beta, lambda = rule.weight_decay;
-  WithKind(*kind, [&](auto k) {
-    DirectionKernel<decltype(k)::value><<<GridBlocks(n), kThreads, 0, stream>>>(
-        n, beta, lambda, grad, params, momentum, direction);
+  return LaunchForRule(rule, n, "DirectionKernel", [&](auto kind) {
+    DirectionKernel<decltype(kind)::value><<<GridBlocks(n), kThreads, 0, stream>>>(
+        n, rule.beta, rule.weight_decay, grad, params, momentum, direction);
   });
-  CSERPS_CUDA_RETURN_IF_LAUNCH_FAILED("DirectionKernel");
-  return absl::OkStatus();
 }
 
 absl::Status LaunchDescend(size_t n, float lr, const float* direction,
@@ -115,16 +118,10 @@ absl::Status LaunchDescend(size_t n, float lr, const float* direction,
 absl::Status LaunchSgdStep(const DirectionRule& rule, size_t n, float lr,
                            const float* grad, float* momentum, float* params,
                            cudaStream_t stream) {
-  const absl::StatusOr<Kind> kind = KindOf(rule);
-  if (!kind.ok()) return kind.status();
-  if (n == 0) return absl::OkStatus();
-  const float beta = rule.beta, lambda = rule.weight_decay;
-  WithKind(*kind, [&](auto k) {
-    SgdStepKernel<decltype(k)::value><<<GridBlocks(n), kThreads, 0, stream>>>(
-        n, beta, lambda, lr, grad, momentum, params);
+  return LaunchForRule(rule, n, "SgdStepKernel", [&](auto kind) {
+    SgdStepKernel<decltype(kind)::value><<<GridBlocks(n), kThreads, 0, stream>>>(
+        n, rule.beta, rule.weight_decay, lr, grad, momentum, params);
   });
-  CSERPS_CUDA_RETURN_IF_LAUNCH_FAILED("SgdStepKernel");
-  return absl::OkStatus();
 }
 
 }  // namespace cuda
