@@ -116,6 +116,10 @@ size_t Conv2dWorkspaceSize(const Conv2dShape& shape) {
   return (PatchSize(shape) + shape.out_channels) * Columns(shape);
 }
 
+Conv2dShape StageShape(const ConvLayerSpec& conv, size_t images) {
+  return {images, conv.in_channels, conv.height, conv.width, conv.out_channels, conv.kernel};
+}
+
 void Conv2dForward(const Conv2dShape& shape, absl::Span<const float> x,
                    absl::Span<const float> w, absl::Span<const float> b,
                    absl::Span<float> y, absl::Span<float> workspace) {

@@ -16,6 +16,7 @@
 #include <cstddef>
 
 #include "absl/types/span.h"
+#include "common/model_spec.h"
 
 namespace cserps {
 
@@ -34,6 +35,9 @@ struct Conv2dShape {
 // channel-major order, both for all of shape.images at once. Callers bound it
 // by calling with fewer images at a time.
 size_t Conv2dWorkspaceSize(const Conv2dShape& shape);
+
+// The shape of a model's conv stage `conv` on `images` images.
+Conv2dShape StageShape(const ConvLayerSpec& conv, size_t images);
 
 // y = conv(x, w) + b (y overwritten). workspace.size() >=
 // Conv2dWorkspaceSize(shape); its contents are scratch.

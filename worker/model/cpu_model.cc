@@ -14,11 +14,6 @@
 namespace cserps {
 namespace {
 
-Conv2dShape StageShape(const ConvLayerSpec& conv, size_t images) {
-  return {images, conv.in_channels, conv.height, conv.width,
-          conv.out_channels, conv.kernel};
-}
-
 MaxPoolShape PoolShape(const ConvLayerSpec& conv, size_t images) {
   return {images, conv.out_channels, conv.height, conv.width};
 }

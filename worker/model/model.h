@@ -1,6 +1,8 @@
 // The backend-neutral model interface the trainer uses: a classifier over the
 // flat parameter vector of common/model_spec.h. CpuModel (cpu_model.h)
-// implements it with OpenBLAS; a CUDA backend implements the same contract.
+// implements it with OpenBLAS; HostBackend (worker/device/host_backend.h)
+// trains it on host memory. The CUDA model (worker/cuda/kernels/
+// cuda_model.h) has the same mathematics on device buffers.
 //
 // A Model owns only its layout and scratch space, never the parameters: the
 // caller passes `params` (and `grad`) on every call and keeps them alive for

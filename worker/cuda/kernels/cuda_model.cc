@@ -16,11 +16,6 @@ namespace {
 
 int Dim(size_t n) { return static_cast<int>(n); }
 
-Conv2dShape StageShape(const ConvLayerSpec& conv, size_t images) {
-  return {images, conv.in_channels, conv.height, conv.width,
-          conv.out_channels, conv.kernel};
-}
-
 size_t PatchSize(const ConvLayerSpec& conv) {
   return conv.in_channels * conv.kernel * conv.kernel;
 }
