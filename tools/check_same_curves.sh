@@ -35,7 +35,7 @@ cases=(
   "ef-sgd|algorithm.name=ef-sgd;algorithm.ratio=4;optimizer.lr=0.05"
   "local-sgd|algorithm.name=local-sgd;algorithm.period=4"
   "qsparse-local-sgd|algorithm.name=qsparse-local-sgd;algorithm.period=4;algorithm.ratio=4;optimizer.lr=0.05"
-  "cser|algorithm.name=cser;algorithm.period=4;algorithm.ratio_c1=4;algorithm.ratio_c2=16;optimizer.lr=0.05"
+  "cser|algorithm.name=cser;algorithm.period=4;algorithm.ratio_c1=4;algorithm.ratio_c2=16;optimizer.lr=0.05;optimizer.momentum_kind=HEAVY_BALL"
   "cser-gradient-blocks|algorithm.name=cser;algorithm.cser_variant=GRADIENT_BLOCKS;algorithm.period=4;algorithm.ratio_c1=4;algorithm.ratio_c2=16;optimizer.lr=0.05"
   "m-cser|algorithm.name=m-cser;algorithm.period=4;algorithm.ratio_c1=4;algorithm.ratio_c2=16;optimizer.lr=0.05"
   "cser-pl|algorithm.name=cser-pl;algorithm.period=4;algorithm.ratio_c1=4;optimizer.lr=0.05"
