@@ -14,19 +14,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if [ $# -lt 2 ]; then
-  echo "usage: tools/check_same_curves.sh OLD_BUILD NEW_BUILD [OUT_DIR]" >&2
-  exit 2
-fi
+. tools/two_builds.sh
+need_builds "tools/check_same_curves.sh OLD_BUILD NEW_BUILD [OUT_DIR]" "${1:-}" "${2:-}" \
+  cserps-launch cserps-server cserps-worker
 old=$1
 new=$2
 out=${3:-out/same_curves}
-for b in "$old" "$new"; do
-  if [ ! -x "$b/bin/cserps-launch" ]; then
-    echo "check_same_curves: no $b/bin/cserps-launch" >&2
-    exit 2
-  fi
-done
 
 # name | overrides of the algorithm (and its learning rate)
 cases=(

@@ -15,22 +15,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if [ $# -lt 2 ]; then
-  echo "usage: tools/compare_cpu_speed.sh OLD_BUILD NEW_BUILD [RUNS] [OUT_DIR]" >&2
-  exit 2
-fi
+. tools/two_builds.sh
+need_builds "tools/compare_cpu_speed.sh OLD_BUILD NEW_BUILD [RUNS] [OUT_DIR]" "${1:-}" "${2:-}" \
+  cserps-launch cserps-server cserps-worker cserps-bench-overlap
 old=$1
 new=$2
 runs=${3:-3}
 out=${4:-out/compare_cpu_speed}
-for b in "$old" "$new"; do
-  for bin in cserps-launch cserps-server cserps-worker cserps-bench-overlap; do
-    if [ ! -x "$b/bin/$bin" ]; then
-      echo "compare_cpu_speed: no $b/bin/$bin" >&2
-      exit 2
-    fi
-  done
-done
 mkdir -p "$out"
 results="$out/results.tsv"
 : > "$results"

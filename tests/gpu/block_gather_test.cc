@@ -92,7 +92,7 @@ TEST(BlockGatherTest, GatheredFloatsCountsTheShortLastBlock) {
 }
 
 TEST(BlockGatherTest, ZeroBlockSizeIsRejected) {
-  EXPECT_EQ(cuda::LaunchGatherBlocks(nullptr, 10, 0, nullptr, 1, nullptr, nullptr).code(),
+  EXPECT_EQ(cuda::LaunchGatherBlocks(nullptr, {10, 0, nullptr, 1}, nullptr, nullptr).code(),
             absl::StatusCode::kInvalidArgument);
 }
 
@@ -105,15 +105,13 @@ TEST(BlockGatherTest, MatchesCpuOnRandomBlockSets) {
     const std::vector<float> model = RandomVector(++key, c.num_params);
     const std::vector<float> incoming = RandomVector(++key, indices.size());
     CSERPS_ASSERT_OK_AND_ASSIGN(DeviceBuffer<uint64_t> d_blocks, Upload(c.blocks));
-    const uint64_t m = c.blocks.size();
+    const cuda::BlockList list{c.num_params, c.block_size, d_blocks.data(), c.blocks.size()};
 
     // Gather.
     CSERPS_ASSERT_OK_AND_ASSIGN(DeviceBuffer<float> d_model, Upload(model));
     CSERPS_ASSERT_OK_AND_ASSIGN(DeviceBuffer<float> d_staging,
                                 DeviceBuffer<float>::Allocate(indices.size()));
-    CSERPS_ASSERT_OK(cuda::LaunchGatherBlocks(d_model.data(), c.num_params, c.block_size,
-                                              d_blocks.data(), m, d_staging.data(),
-                                              nullptr));
+    CSERPS_ASSERT_OK(cuda::LaunchGatherBlocks(d_model.data(), list, d_staging.data(), nullptr));
     std::vector<float> want(indices.size());
     for (size_t k = 0; k < indices.size(); ++k) want[k] = model[indices[k]];
     CSERPS_ASSERT_OK_AND_ASSIGN(std::vector<float> got,
@@ -134,9 +132,7 @@ TEST(BlockGatherTest, MatchesCpuOnRandomBlockSets) {
 
     // Scatter (assign).
     CSERPS_ASSERT_OK_AND_ASSIGN(DeviceBuffer<float> d_in, Upload(incoming));
-    CSERPS_ASSERT_OK(cuda::LaunchScatterBlocks(d_in.data(), c.num_params, c.block_size,
-                                               d_blocks.data(), m, d_model.data(),
-                                               nullptr));
+    CSERPS_ASSERT_OK(cuda::LaunchScatterBlocks(d_in.data(), list, d_model.data(), nullptr));
     want = model;
     for (size_t k = 0; k < indices.size(); ++k) want[indices[k]] = incoming[k];
     CSERPS_ASSERT_OK_AND_ASSIGN(got, Download(d_model.data(), c.num_params));
@@ -144,9 +140,8 @@ TEST(BlockGatherTest, MatchesCpuOnRandomBlockSets) {
 
     // Scatter-axpy with alpha = -lr: the CPU's x -= lr * v.
     CSERPS_ASSERT_OK_AND_ASSIGN(d_model, Upload(model));
-    CSERPS_ASSERT_OK(cuda::LaunchScatterAxpyBlocks(d_in.data(), -lr, c.num_params,
-                                                   c.block_size, d_blocks.data(), m,
-                                                   d_model.data(), nullptr));
+    CSERPS_ASSERT_OK(
+        cuda::LaunchScatterAxpyBlocks(d_in.data(), -lr, list, d_model.data(), nullptr));
     want = model;
     for (size_t k = 0; k < indices.size(); ++k) want[indices[k]] -= lr * incoming[k];
     CSERPS_ASSERT_OK_AND_ASSIGN(got, Download(d_model.data(), c.num_params));
@@ -154,8 +149,7 @@ TEST(BlockGatherTest, MatchesCpuOnRandomBlockSets) {
 
     // Fill with zero (an error buffer's reset on the sent blocks).
     CSERPS_ASSERT_OK_AND_ASSIGN(d_model, Upload(model));
-    CSERPS_ASSERT_OK(cuda::LaunchFillBlocks(0.0f, c.num_params, c.block_size,
-                                            d_blocks.data(), m, d_model.data(), nullptr));
+    CSERPS_ASSERT_OK(cuda::LaunchFillBlocks(0.0f, list, d_model.data(), nullptr));
     want = model;
     for (uint64_t j : indices) want[j] = 0.0f;
     CSERPS_ASSERT_OK_AND_ASSIGN(got, Download(d_model.data(), c.num_params));

@@ -147,21 +147,19 @@ absl::Status GatherRows(cudaStream_t stream, Table* table) {
                                                 cudaMemcpyDeviceToDevice, stream));
     return absl::OkStatus();
   }));
+  const cuda::BlockList list{d, block, ids.data(), blocks.size()};
   // Bytes read plus written, for the copy and for every kernel alike.
   const std::string reference = "memcpy D2D " + GBs(2 * payload, memcpy_ms);
   ASSIGN_OR_RETURN(const double gather_ms, TimeDeviceMs(stream, reps, [&] {
-    return cuda::LaunchGatherBlocks(model.data(), d, block, ids.data(), blocks.size(),
-                                    staging.data(), stream);
+    return cuda::LaunchGatherBlocks(model.data(), list, staging.data(), stream);
   }));
   table->Add("blocks", "gather " + shape, GBs(2 * payload, gather_ms), reference);
   ASSIGN_OR_RETURN(const double scatter_ms, TimeDeviceMs(stream, reps, [&] {
-    return cuda::LaunchScatterBlocks(staging.data(), d, block, ids.data(), blocks.size(),
-                                     model.data(), stream);
+    return cuda::LaunchScatterBlocks(staging.data(), list, model.data(), stream);
   }));
   table->Add("blocks", "scatter " + shape, GBs(2 * payload, scatter_ms), reference);
   ASSIGN_OR_RETURN(const double axpy_ms, TimeDeviceMs(stream, reps, [&] {
-    return cuda::LaunchScatterAxpyBlocks(staging.data(), -1e-3f, d, block, ids.data(),
-                                         blocks.size(), model.data(), stream);
+    return cuda::LaunchScatterAxpyBlocks(staging.data(), -1e-3f, list, model.data(), stream);
   }));
   table->Add("blocks", "scatter-axpy " + shape, GBs(3 * payload, axpy_ms), reference);
   return absl::OkStatus();

@@ -82,7 +82,7 @@ absl::StatusOr<std::unique_ptr<StagingDevice>> CudaDeviceOps::MakeStaging(
         "group, worker/cuda/nccl_group.h), but these ops were made without one"));
   }
   ASSIGN_OR_RETURN(std::unique_ptr<CudaStagingDevice> staging,
-                   CudaStagingDevice::Create(num_params_, block_size_, stream_,
+                   CudaStagingDevice::Create(*this,
                                              group != nullptr ? node_group_ : nullptr));
   return std::unique_ptr<StagingDevice>(std::move(staging));
 }
@@ -161,8 +161,8 @@ absl::Status CudaDeviceOps::FillBlocks(absl::Span<const uint64_t> blocks, float 
   }
   if (blocks.empty()) return absl::OkStatus();
   RETURN_IF_ERROR(blocks_.Upload(blocks, stream_));
-  return cuda::LaunchFillBlocks(value, num_params_, block_size_, blocks_.data(),
-                                blocks.size(), x, stream_);
+  return cuda::LaunchFillBlocks(
+      value, {num_params_, block_size_, blocks_.data(), blocks.size()}, x, stream_);
 }
 
 absl::Status CudaDeviceOps::Accumulate(float lr, float lambda, const float* g,

@@ -61,6 +61,8 @@ class CudaDeviceOps final : public DeviceOps {
 
   uint64_t num_params() const override { return num_params_; }
   uint32_t block_size() const override { return block_size_; }
+  // The stream every operation is queued on.
+  cudaStream_t stream() const { return stream_; }
 
   // The DeviceVector's release calls cudaFree, which waits for the device.
   absl::StatusOr<DeviceVector> Allocate() override;

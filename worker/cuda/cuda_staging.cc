@@ -22,16 +22,15 @@ absl::Status HandOver(cudaStream_t source, cudaEvent_t event, cudaStream_t waite
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CudaStagingDevice>> CudaStagingDevice::Create(
-    uint64_t num_params, uint32_t block_size, cudaStream_t compute, DeviceGroup* group) {
-  if (block_size == 0) {
-    return absl::InvalidArgumentError("CudaStagingDevice: block_size is 0");
-  }
+    const CudaDeviceOps& ops, DeviceGroup* group) {
+  const uint64_t d = ops.num_params();
   std::unique_ptr<CudaStagingDevice> device(
-      new CudaStagingDevice(num_params, block_size, compute, group));
-  ASSIGN_OR_RETURN(device->staging_, DeviceBuffer<float>::Allocate(num_params));
-  ASSIGN_OR_RETURN(device->host_, PinnedBuffer<float>::Allocate(num_params));
-  RETURN_IF_ERROR(
-      device->blocks_.Reserve((num_params + block_size - 1) / block_size, compute));
+      new CudaStagingDevice(d, ops.block_size(), ops.stream(), group));
+  ASSIGN_OR_RETURN(device->staging_, DeviceBuffer<float>::Allocate(d));
+  ASSIGN_OR_RETURN(device->host_, PinnedBuffer<float>::Allocate(d));
+  // Every block of the model fits the block list.
+  RETURN_IF_ERROR(device->blocks_.Reserve((d + ops.block_size() - 1) / ops.block_size(),
+                                          ops.stream()));
   CSERPS_CUDA_RETURN_IF_ERROR(
       cudaStreamCreateWithFlags(&device->copy_, cudaStreamNonBlocking));
   for (cudaEvent_t* event : {&device->computed_, &device->returned_}) {
@@ -90,9 +89,8 @@ absl::Status CudaStagingDevice::Gather(const float* model,
   num_selected_ = blocks.size();
   if (num_selected_ > 0) {
     RETURN_IF_ERROR(blocks_.Upload(blocks, compute_));
-    RETURN_IF_ERROR(cuda::LaunchGatherBlocks(model, num_params_, block_size_,
-                                             blocks_.data(), num_selected_,
-                                             staging_.data(), compute_));
+    RETURN_IF_ERROR(
+        cuda::LaunchGatherBlocks(model, Selected(), staging_.data(), compute_));
   }
   compute_pending_ = true;
   return absl::OkStatus();
@@ -141,11 +139,9 @@ absl::Status CudaStagingDevice::Scatter(ScatterKind kind, float alpha, float* mo
   if (num_selected_ == 0) return absl::OkStatus();
   compute_pending_ = true;
   if (kind == ScatterKind::kAssign) {
-    return cuda::LaunchScatterBlocks(staging_.data(), num_params_, block_size_,
-                                     blocks_.data(), num_selected_, model, compute_);
+    return cuda::LaunchScatterBlocks(staging_.data(), Selected(), model, compute_);
   }
-  return cuda::LaunchScatterAxpyBlocks(staging_.data(), alpha, num_params_, block_size_,
-                                       blocks_.data(), num_selected_, model, compute_);
+  return cuda::LaunchScatterAxpyBlocks(staging_.data(), alpha, Selected(), model, compute_);
 }
 
 absl::Status CudaStagingDevice::ScaleStaging(Scale op, float factor, uint64_t offset,

@@ -39,7 +39,9 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "worker/cuda/cuda_device_ops.h"
 #include "worker/cuda/device_group.h"
+#include "worker/cuda/kernels/block_gather.h"
 #include "worker/cuda/kernels/cuda_status.h"
 #include "worker/cuda/pinned_upload.h"
 #include "worker/ps/staged_average.h"
@@ -48,15 +50,13 @@ namespace cserps {
 
 class CudaStagingDevice final : public StagingDevice {
  public:
-  // Buffers for a model of `num_params` floats in blocks of `block_size`;
-  // `compute` (not owned, outlives this) is the stream of the model and the
+  // The staging of averages of `ops`' buffers (made by its MakeStaging),
+  // ordered with its stream, the compute stream of the model and the
   // algorithm. `group` (not owned, outlives this; null for a flat worker)
-  // is the node's group on this device, for a node's staged average.
-  // INVALID_ARGUMENT for block_size 0; the CUDA error of an allocation or of
-  // creating the stream or events.
-  static absl::StatusOr<std::unique_ptr<CudaStagingDevice>> Create(
-      uint64_t num_params, uint32_t block_size, cudaStream_t compute,
-      DeviceGroup* group = nullptr);
+  // is the node's group on this device, for a node's staged average. The
+  // CUDA error of an allocation or of creating the stream or events.
+  static absl::StatusOr<std::unique_ptr<CudaStagingDevice>> Create(const CudaDeviceOps& ops,
+                                                                   DeviceGroup* group);
   // Waits for the queued copies, then frees everything.
   ~CudaStagingDevice() override;
 
@@ -90,6 +90,10 @@ class CudaStagingDevice final : public StagingDevice {
   absl::Status ComputeAfterCopies();
   absl::Status CheckRange(absl::string_view what, uint64_t offset, uint64_t count) const;
   absl::Status NeedGroup(absl::string_view what) const;
+  // The blocks of the last Gather, on the device.
+  cuda::BlockList Selected() const {
+    return {num_params_, block_size_, blocks_.data(), num_selected_};
+  }
 
   const uint64_t num_params_;
   const uint32_t block_size_;

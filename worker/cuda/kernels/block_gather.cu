@@ -43,10 +43,12 @@ __global__ void BlocksKernel(const float* src, float alpha, uint64_t num_params,
 }
 
 template <Op kOp>
-absl::Status Launch(const float* src, float alpha, uint64_t num_params,
-                    uint32_t block_size, const uint64_t* blocks,
-                    uint64_t num_blocks, float* dst, cudaStream_t stream,
-                    const char* name) {
+absl::Status Launch(const float* src, float alpha, const BlockList& list, float* dst,
+                    cudaStream_t stream, const char* name) {
+  const uint64_t num_params = list.num_params;
+  const uint32_t block_size = list.block_size;
+  const uint64_t* blocks = list.ids;
+  const uint64_t num_blocks = list.count;
   if (block_size == 0) {
     return absl::InvalidArgumentError(
         absl::StrCat(name, ": block_size must be > 0"));
@@ -83,38 +85,25 @@ uint64_t GatheredFloats(uint64_t num_params, uint32_t block_size,
   return total;
 }
 
-absl::Status LaunchGatherBlocks(const float* model, uint64_t num_params,
-                                uint32_t block_size, const uint64_t* blocks,
-                                uint64_t num_blocks, float* staging,
+absl::Status LaunchGatherBlocks(const float* model, const BlockList& blocks, float* staging,
                                 cudaStream_t stream) {
-  return Launch<Op::kGather>(model, 0.0f, num_params, block_size, blocks,
-                             num_blocks, staging, stream, "GatherBlocks");
+  return Launch<Op::kGather>(model, 0.0f, blocks, staging, stream, "GatherBlocks");
 }
 
-absl::Status LaunchScatterBlocks(const float* staging, uint64_t num_params,
-                                 uint32_t block_size, const uint64_t* blocks,
-                                 uint64_t num_blocks, float* model,
+absl::Status LaunchScatterBlocks(const float* staging, const BlockList& blocks, float* model,
                                  cudaStream_t stream) {
-  return Launch<Op::kScatter>(staging, 0.0f, num_params, block_size, blocks,
-                              num_blocks, model, stream, "ScatterBlocks");
+  return Launch<Op::kScatter>(staging, 0.0f, blocks, model, stream, "ScatterBlocks");
 }
 
 absl::Status LaunchScatterAxpyBlocks(const float* staging, float alpha,
-                                     uint64_t num_params, uint32_t block_size,
-                                     const uint64_t* blocks,
-                                     uint64_t num_blocks, float* model,
+                                     const BlockList& blocks, float* model,
                                      cudaStream_t stream) {
-  return Launch<Op::kScatterAxpy>(staging, alpha, num_params, block_size,
-                                  blocks, num_blocks, model, stream,
-                                  "ScatterAxpyBlocks");
+  return Launch<Op::kScatterAxpy>(staging, alpha, blocks, model, stream, "ScatterAxpyBlocks");
 }
 
-absl::Status LaunchFillBlocks(float value, uint64_t num_params,
-                              uint32_t block_size, const uint64_t* blocks,
-                              uint64_t num_blocks, float* model,
+absl::Status LaunchFillBlocks(float value, const BlockList& blocks, float* model,
                               cudaStream_t stream) {
-  return Launch<Op::kFill>(nullptr, value, num_params, block_size, blocks,
-                           num_blocks, model, stream, "FillBlocks");
+  return Launch<Op::kFill>(nullptr, value, blocks, model, stream, "FillBlocks");
 }
 
 }  // namespace cuda

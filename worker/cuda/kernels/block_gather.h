@@ -8,13 +8,11 @@
 //   EF-SGD / QSparse, e[S] ← 0           LaunchFillBlocks
 //
 // The model has `num_params` floats cut into blocks of `block_size` (the
-// last block may be shorter). `blocks` is a DEVICE array of `num_blocks`
-// block ids, ascending and distinct as SelectBlocks returns them (checked
-// on the host by nobody: violating it is a programmer error). The staging
-// buffer holds the selected blocks concatenated in that order, so block
-// blocks[i] starts at staging[i * block_size] and only the final selected
-// block may be short: GatheredFloats() floats in all. Because shards own
-// consecutive block ranges, each shard's payload is a contiguous run of it.
+// last block may be shorter); a BlockList names the selected blocks. The
+// staging buffer holds them concatenated in that order, so block ids[i]
+// starts at staging[i * block_size] and only the final selected block may
+// be short: GatheredFloats() floats in all. Because shards own consecutive
+// block ranges, each shard's payload is a contiguous run of it.
 //
 // Launchers queue on `stream` and return at once; buffers must stay valid
 // until the queued work has run, and staging must not overlap the model.
@@ -37,31 +35,34 @@ namespace cuda {
 uint64_t GatheredFloats(uint64_t num_params, uint32_t block_size,
                         absl::Span<const uint64_t> sorted_blocks);
 
+// The selected blocks of a model of `num_params` floats in blocks of
+// `block_size`: `ids` is a DEVICE array of `count` block ids, ascending and
+// distinct as SelectBlocks returns them (checked on the host by nobody:
+// violating it is a programmer error).
+struct BlockList {
+  uint64_t num_params = 0;
+  uint32_t block_size = 0;
+  const uint64_t* ids = nullptr;
+  uint64_t count = 0;
+};
+
 // staging[...] = model[selected blocks].
-absl::Status LaunchGatherBlocks(const float* model, uint64_t num_params,
-                                uint32_t block_size, const uint64_t* blocks,
-                                uint64_t num_blocks, float* staging,
+absl::Status LaunchGatherBlocks(const float* model, const BlockList& blocks, float* staging,
                                 cudaStream_t stream);
 
 // model[selected blocks] = staging[...]; other floats untouched.
-absl::Status LaunchScatterBlocks(const float* staging, uint64_t num_params,
-                                 uint32_t block_size, const uint64_t* blocks,
-                                 uint64_t num_blocks, float* model,
+absl::Status LaunchScatterBlocks(const float* staging, const BlockList& blocks, float* model,
                                  cudaStream_t stream);
 
 // model[j] = model[j] + alpha * staging[k] on the selected blocks, each
 // product and sum rounded separately (never an FMA): with alpha = -lr this
 // is bit-identical to the CPU's x[j] -= lr * v[k].
 absl::Status LaunchScatterAxpyBlocks(const float* staging, float alpha,
-                                     uint64_t num_params, uint32_t block_size,
-                                     const uint64_t* blocks,
-                                     uint64_t num_blocks, float* model,
+                                     const BlockList& blocks, float* model,
                                      cudaStream_t stream);
 
 // model[selected blocks] = value.
-absl::Status LaunchFillBlocks(float value, uint64_t num_params,
-                              uint32_t block_size, const uint64_t* blocks,
-                              uint64_t num_blocks, float* model,
+absl::Status LaunchFillBlocks(float value, const BlockList& blocks, float* model,
                               cudaStream_t stream);
 
 }  // namespace cuda
