@@ -69,7 +69,8 @@ enum Extra : unsigned {
   kDensity = 8,             // algorithm.density
 };
 
-// One algorithm: its AlgorithmInfo, and what it reads and sends.
+// One algorithm: its AlgorithmInfo, its R_C formula, and what it reads and
+// sends.
 struct Entry {
   AlgorithmId id;
   const char* name;
@@ -107,7 +108,7 @@ constexpr Entry kEntries[] = {
 };
 
 AlgorithmInfo Info(const Entry& e) {
-  return {e.id, e.name, e.overall_ratio, e.exchange, e.needs_nesterov};
+  return {e.id, e.name, e.exchange, e.needs_nesterov};
 }
 
 const Entry* FindEntry(absl::string_view name) {

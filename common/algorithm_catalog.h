@@ -46,8 +46,6 @@ enum class Exchange {
 struct AlgorithmInfo {
   AlgorithmId id = AlgorithmId::kSsgd;
   std::string name;  // the value of algorithm.name, e.g. "ssgd"
-  // R_C from the algorithm's parameters (OverallRatio).
-  double (*overall_ratio)(const v1::AlgorithmConfig&) = nullptr;
   Exchange exchange = Exchange::kAverages;
   // m-cser: CSER with Nesterov momentum (optimizer.momentum_kind NESTEROV).
   bool needs_nesterov = false;
@@ -62,7 +60,7 @@ struct AlgorithmInfo {
 const std::vector<AlgorithmInfo>& KnownAlgorithms();
 
 // The entry named `name` (exact, case-sensitive match), or NOT_FOUND
-// "algorithm.name: unknown algorithm "x"; known: cser, csea, ..." listing
+// "algorithm.name: unknown algorithm "x"; known: async-sgd, cocod-sgd, ..." listing
 // every known name.
 absl::StatusOr<AlgorithmInfo> FindAlgorithm(absl::string_view name);
 

@@ -12,6 +12,18 @@
 #include "server/unary_reply.h"
 
 namespace cserps {
+namespace {
+
+// topk-ssgd returns the sum on the union of the members' entries,
+// gtopk-ssgd its global top-k.
+SparseSelection SelectionOf(const v1::AlgorithmConfig& algorithm) {
+  const absl::StatusOr<AlgorithmInfo> info = FindAlgorithm(algorithm.name());
+  return info.ok() && info->id == AlgorithmId::kTopkSsgd ? SparseSelection::kUnion
+                                                          : SparseSelection::kGlobalTopK;
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<SparseExchangeService>> SparseExchangeService::Create(
     ShardContext* shard, Options options) {
   if (!options.now) options.now = RealNow;
@@ -29,7 +41,7 @@ absl::StatusOr<std::unique_ptr<SparseExchangeService>> SparseExchangeService::Cr
                        shard->layout().ShardSize(shard->shard()), d);
     // An entry is 8 bytes; the same 1024-byte allowance as chunks.
     const uint64_t max_entries = shard->chunk_floats() / 2;
-    const bool is_union = config.algorithm().name() == "topk-ssgd";
+    const bool is_union = SelectionOf(config.algorithm()) == SparseSelection::kUnion;
     const uint64_t reply_entries = is_union ? k_s * config.cluster().num_workers() : k_s;
     if (reply_entries > max_entries) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -51,9 +63,7 @@ SparseExchangeService::SparseExchangeService(ShardContext* shard, Options option
     : shard_(*shard),
       options_(std::move(options)),
       sparse_job_(sparse_job),
-      selection_(shard->config().algorithm().name() == "topk-ssgd"
-                     ? SparseSelection::kUnion
-                     : SparseSelection::kGlobalTopK),
+      selection_(SelectionOf(shard->config().algorithm())),
       k_s_(k_s),
       momentum_kind_(shard->config().optimizer().momentum_kind()),
       uses_momentum_(momentum_kind_ == v1::OptimizerConfig::HEAVY_BALL ||

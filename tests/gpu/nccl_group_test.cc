@@ -389,9 +389,9 @@ absl::StatusOr<NodeResult> RunNodeRound(const NodeCase& c, bool on_device,
   return result;
 }
 
-class NodeStagedAverageOnDeviceTest : public ::testing::TestWithParam<NodeCase> {};
+class NodeAverageOnDeviceTest : public ::testing::TestWithParam<NodeCase> {};
 
-TEST_P(NodeStagedAverageOnDeviceTest, MatchesTheHostStagingDeviceBitForBit) {
+TEST_P(NodeAverageOnDeviceTest, MatchesTheHostStagingDeviceBitForBit) {
   CSERPS_SKIP_WITHOUT_GPU();
   const NodeCase c = GetParam();
   const std::string name = absl::StrCat("nccl_node_", c.step, "_", c.ratio);
@@ -423,7 +423,7 @@ TEST_P(NodeStagedAverageOnDeviceTest, MatchesTheHostStagingDeviceBitForBit) {
 }
 
 INSTANTIATE_TEST_SUITE_P(
-    Rounds, NodeStagedAverageOnDeviceTest,
+    Rounds, NodeAverageOnDeviceTest,
     ::testing::Values(NodeCase{kCser, v1::MODEL, 3, 4, ScatterKind::kAssign},
                       NodeCase{kSsgd, v1::GRAD, 0, 1, ScatterKind::kAxpy}));
 

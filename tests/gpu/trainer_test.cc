@@ -217,7 +217,10 @@ INSTANTIATE_TEST_SUITE_P(
                                      "HEAVY_BALL"),
                       std::make_pair(R"pb(name: "ef-sgd" ratio: 4)pb", "NESTEROV"),
                       std::make_pair(R"pb(name: "qsparse-local-sgd" period: 2 ratio: 2)pb",
-                                     "NONE")));
+                                     "NONE"),
+                      // Averages left in flight: one, and two at once.
+                      std::make_pair(R"pb(name: "cocod-sgd" period: 2)pb", "HEAVY_BALL"),
+                      std::make_pair(R"pb(name: "pipe-sgd")pb", "NESTEROV")));
 
 }  // namespace
 }  // namespace cserps

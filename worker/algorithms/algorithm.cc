@@ -116,9 +116,7 @@ absl::StatusOr<PendingAverage> Algorithm::StartGradientAverage(uint64_t t, float
   return StartPending(v1::GRAD, t, lr, values, ScatterKind::kAxpy, -lr);
 }
 
-absl::StatusOr<std::unique_ptr<StagedRound>> Algorithm::Start(
-    v1::Stream stream, uint64_t t, uint32_t ratio, float lr, const float* values,
-    StagingDevice& staging) {
+StagedAverageSpec Algorithm::Spec(v1::Stream stream, uint64_t t, uint32_t ratio) const {
   StagedAverageSpec spec;
   spec.layout = &context_.comm->layout();
   spec.job_seed = config().seed();
@@ -127,24 +125,18 @@ absl::StatusOr<std::unique_ptr<StagedRound>> Algorithm::Start(
   spec.ratio = ratio;
   spec.weight = context_.weight;
   spec.group = context_.group;
-  Communicator& comm = *context_.comm;
-  return StartStagedAverage(
-      spec,
-      [&](float weight) { return comm.BeginShardedAverage(stream, t, ratio, weight, lr); },
-      staging, values);
+  return spec;
 }
 
 absl::Status Algorithm::Average(v1::Stream stream, uint64_t t, uint32_t ratio, float lr,
                                 const float* values, ScatterKind kind, float alpha,
                                 float* target) {
   ASSIGN_OR_RETURN(std::unique_ptr<StagingDevice> staging, TakeStaging());
-  absl::Status status;
-  {
-    // The round waits for its replies as it goes, before its device is reused.
-    absl::StatusOr<std::unique_ptr<StagedRound>> round =
-        Start(stream, t, ratio, lr, values, *staging);
-    status = round.ok() ? (*round)->Land(kind, alpha, target) : round.status();
-  }
+  Communicator& comm = *context_.comm;
+  const absl::Status status = StagedAverage(
+      Spec(stream, t, ratio),
+      [&](float weight) { return comm.BeginShardedAverage(stream, t, ratio, weight, lr); },
+      *staging, values, kind, alpha, target);
   ReturnStaging(std::move(staging));
   return status;
 }
@@ -153,8 +145,11 @@ absl::StatusOr<PendingAverage> Algorithm::StartPending(v1::Stream stream, uint64
                                                       float lr, const float* values,
                                                       ScatterKind kind, float alpha) {
   ASSIGN_OR_RETURN(std::unique_ptr<StagingDevice> staging, TakeStaging());
-  absl::StatusOr<std::unique_ptr<StagedRound>> round =
-      Start(stream, t, /*ratio=*/1, lr, values, *staging);
+  Communicator& comm = *context_.comm;
+  absl::StatusOr<std::unique_ptr<StagedRound>> round = StartStagedAverage(
+      Spec(stream, t, /*ratio=*/1),
+      [&](float weight) { return comm.BeginShardedAverage(stream, t, 1, weight, lr); },
+      *staging, values);
   if (!round.ok()) {
     ReturnStaging(std::move(staging));
     return round.status();

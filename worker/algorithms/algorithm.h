@@ -19,10 +19,10 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/direction.h"
 #include "cserps/v1/config.pb.h"
 #include "worker/device/device_ops.h"
 #include "worker/group/local_group.h"
-#include "common/direction.h"
 #include "worker/ps/communicator.h"
 #include "worker/ps/staged_average.h"
 
@@ -74,18 +74,21 @@ class PendingAverage {
 
 class Algorithm {
  public:
-  // `buffers`: the algorithm's own model-sized buffers, made (zeroed) by
-  // Init. `staging_devices`: how many averages it keeps in flight at once,
-  // plus one for its blocking averages if it has both.
+  // `buffers`: the algorithm's own model-sized buffers (members of the
+  // derived class, not dereferenced before Init, which makes them zeroed).
+  // `staging_devices`: how many averages it has under way at once.
   Algorithm(const AlgorithmContext& context, std::vector<DeviceVector*> buffers,
             int staging_devices = 1);
+  Algorithm(const Algorithm&) = delete;
+  Algorithm& operator=(const Algorithm&) = delete;
   virtual ~Algorithm();
 
   // Step t (0-based): `grad` is the stochastic gradient at `params` (this
   // worker's local model), which the step updates in place; both are
-  // buffers of context.ops. Returns once the step's exchanges have been
-  // answered and their results queued; the update itself may still be
-  // running on the ops' stream.
+  // buffers of context.ops. Returns once the step's blocking exchanges have
+  // been answered and their results queued (an average left in flight is
+  // answered at a later step); the update itself may still be running on
+  // the ops' stream.
   virtual absl::Status Step(uint64_t step, float lr, const float* grad,
                             float* params) = 0;
 
@@ -136,10 +139,8 @@ class Algorithm {
  private:
   friend class PendingAverage;
 
-  absl::StatusOr<std::unique_ptr<StagedRound>> Start(v1::Stream stream, uint64_t t,
-                                                     uint32_t ratio, float lr,
-                                                     const float* values,
-                                                     StagingDevice& staging);
+  // The average of round (stream, t, ratio) of this process.
+  StagedAverageSpec Spec(v1::Stream stream, uint64_t t, uint32_t ratio) const;
   absl::Status Average(v1::Stream stream, uint64_t t, uint32_t ratio, float lr,
                        const float* values, ScatterKind kind, float alpha, float* target);
   absl::StatusOr<PendingAverage> StartPending(v1::Stream stream, uint64_t t, float lr,

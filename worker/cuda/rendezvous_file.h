@@ -1,7 +1,7 @@
 // A few bytes handed from one process of a node to the others through a
 // file in a node-local directory: how the local ranks of an NCCL group
 // (worker/cuda/nccl_group.h) share local rank 0's ncclUniqueId. Kept apart
-// from NCCL so that it is tested without NCCL or a device.
+// from NCCL so that it builds and is tested without CUDA.
 //
 // The writer publishes atomically (a temporary file in the same directory,
 // then rename), so a reader sees either no file or all of it. A file left by

@@ -24,9 +24,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "worker/group/local_group.h"
 #include "common/direction.h"
-#include "worker/ps/communicator.h"
+#include "common/sparse_vector.h"
+#include "worker/group/local_group.h"
 #include "worker/ps/staged_average.h"
 
 namespace cserps {

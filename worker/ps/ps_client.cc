@@ -562,36 +562,40 @@ std::unique_ptr<ShardedAverage> PsClient::BeginShardedAverage(v1::Stream stream,
 }
 
 absl::Status PsClient::PushModel(absl::Span<const float> model) {
-  Impl& s = *impl_;
-  RETURN_IF_ERROR(CheckModelSize("PushModel: model", model.size(), s.layout_.num_params()));
+  Impl& impl = *impl_;
+  RETURN_IF_ERROR(CheckModelSize("PushModel: model", model.size(), impl.layout_.num_params()));
   using Call = ShardCall<v1::PushModelRequest, v1::PushModelResponse>;
-  const auto calls = s.ChunkCalls<Call>(s.options_.setup_timeout, [&](Call& call, uint64_t offset) {
-    call.request.set_fingerprint(s.fingerprint_);
-    call.request.set_rank(s.rank_);
-    call.request.set_offset(offset);
-    AppendFloats(model.subspan(offset, call.count), call.request.mutable_values());
-    s.total_.AddRequest(call.request.ByteSizeLong());
-  });
-  return RunAll(calls, "PushModel to", s.addresses_, &s.wait_nanos_, [&](Call& c, auto done) {
-    s.stubs_[c.shard]->async()->PushModel(&c.context, &c.request, &c.response, std::move(done));
+  const auto calls =
+      impl.ChunkCalls<Call>(impl.options_.setup_timeout, [&](Call& call, uint64_t offset) {
+        call.request.set_fingerprint(impl.fingerprint_);
+        call.request.set_rank(impl.rank_);
+        call.request.set_offset(offset);
+        AppendFloats(model.subspan(offset, call.count), call.request.mutable_values());
+        impl.total_.AddRequest(call.request.ByteSizeLong());
+      });
+  return RunAll(calls, "PushModel to", impl.addresses_, &impl.wait_nanos_, [&](Call& c, auto done) {
+    impl.stubs_[c.shard]->async()->PushModel(&c.context, &c.request, &c.response, std::move(done));
   });
 }
 
 absl::Status PsClient::PullModel(absl::Span<float> model, bool wait_for_init) {
-  Impl& s = *impl_;
-  RETURN_IF_ERROR(CheckModelSize("PullModel: model", model.size(), s.layout_.num_params()));
+  Impl& impl = *impl_;
+  RETURN_IF_ERROR(CheckModelSize("PullModel: model", model.size(), impl.layout_.num_params()));
   using Call = ShardCall<v1::PullModelRequest, v1::PullModelResponse>;
-  const auto calls = s.ChunkCalls<Call>(s.options_.setup_timeout, [&](Call& call, uint64_t offset) {
-    call.request.set_fingerprint(s.fingerprint_);
-    call.request.set_offset(offset);
-    call.request.set_count(call.count);
-    call.request.set_wait_for_init(wait_for_init);
-  });
-  RETURN_IF_ERROR(RunAll(calls, "PullModel from", s.addresses_, &s.wait_nanos_, [&](Call& c, auto done) {
-    s.stubs_[c.shard]->async()->PullModel(&c.context, &c.request, &c.response, std::move(done));
-  }));
+  const auto calls =
+      impl.ChunkCalls<Call>(impl.options_.setup_timeout, [&](Call& call, uint64_t offset) {
+        call.request.set_fingerprint(impl.fingerprint_);
+        call.request.set_offset(offset);
+        call.request.set_count(call.count);
+        call.request.set_wait_for_init(wait_for_init);
+      });
+  RETURN_IF_ERROR(
+      RunAll(calls, "PullModel from", impl.addresses_, &impl.wait_nanos_, [&](Call& c, auto done) {
+        impl.stubs_[c.shard]->async()->PullModel(&c.context, &c.request, &c.response,
+                                                 std::move(done));
+      }));
   for (const auto& call : calls) {
-    s.total_.AddReply(call->response.ByteSizeLong());
+    impl.total_.AddReply(call->response.ByteSizeLong());
     RETURN_IF_ERROR(BytesToFloats(call->response.values(),
                                   model.subspan(call->request.offset(), call->count),
                                   absl::StrCat("PullModel reply from shard ", call->shard)));
@@ -599,37 +603,38 @@ absl::Status PsClient::PullModel(absl::Span<float> model, bool wait_for_init) {
   return absl::OkStatus();
 }
 
-absl::Status PsClient::AsyncPushPull(uint64_t step, float lr,
-                                     absl::Span<const float> grad,
+absl::Status PsClient::AsyncPushPull(uint64_t step, float lr, absl::Span<const float> grad,
                                      absl::Span<float> model) {
-  Impl& s = *impl_;
-  RETURN_IF_ERROR(CheckModelSize("AsyncPushPull: gradient", grad.size(), s.layout_.num_params()));
-  RETURN_IF_ERROR(CheckModelSize("AsyncPushPull: model", model.size(), s.layout_.num_params()));
+  Impl& impl = *impl_;
+  RETURN_IF_ERROR(
+      CheckModelSize("AsyncPushPull: gradient", grad.size(), impl.layout_.num_params()));
+  RETURN_IF_ERROR(CheckModelSize("AsyncPushPull: model", model.size(), impl.layout_.num_params()));
   using Call = ShardCall<v1::AsyncPushPullRequest, v1::AsyncPushPullResponse>;
   // A held-back push waits at most until the slowest rank is declared dead,
   // round_timeout_s after it went silent.
   const absl::Duration timeout =
-      absl::Seconds(s.config_.cluster().round_timeout_s()) + s.options_.rpc_slack;
-  const auto calls = s.ChunkCalls<Call>(timeout, [&](Call& call, uint64_t offset) {
-    call.request.set_fingerprint(s.fingerprint_);
-    call.request.set_rank(s.rank_);
+      absl::Seconds(impl.config_.cluster().round_timeout_s()) + impl.options_.rpc_slack;
+  const auto calls = impl.ChunkCalls<Call>(timeout, [&](Call& call, uint64_t offset) {
+    call.request.set_fingerprint(impl.fingerprint_);
+    call.request.set_rank(impl.rank_);
     call.request.set_step(step);
     call.request.set_lr(lr);
     call.request.set_offset(offset);
     AppendFloats(grad.subspan(offset, call.count), call.request.mutable_gradient());
-    s.total_.AddRequest(call.request.ByteSizeLong());
-    s.async_.AddRequest(call.request.ByteSizeLong(), call.count);
+    impl.total_.AddRequest(call.request.ByteSizeLong());
+    impl.async_.AddRequest(call.request.ByteSizeLong(), call.count);
   });
-  RETURN_IF_ERROR(RunAll(calls, "AsyncPushPull to", s.addresses_, &s.wait_nanos_, [&](Call& c, auto done) {
-    s.async_stubs_[c.shard]->async()->AsyncPushPull(&c.context, &c.request, &c.response,
-                                                    std::move(done));
-  }));
+  RETURN_IF_ERROR(RunAll(calls, "AsyncPushPull to", impl.addresses_, &impl.wait_nanos_,
+                         [&](Call& c, auto done) {
+                           impl.async_stubs_[c.shard]->async()->AsyncPushPull(
+                               &c.context, &c.request, &c.response, std::move(done));
+                         }));
   for (const auto& call : calls) {
-    s.total_.AddReply(call->response.ByteSizeLong());
-    s.async_.AddReply(call->response.ByteSizeLong());
-    RETURN_IF_ERROR(BytesToFloats(
-        call->response.model(), model.subspan(call->request.offset(), call->count),
-        absl::StrCat("AsyncPushPull reply from shard ", call->shard)));
+    impl.total_.AddReply(call->response.ByteSizeLong());
+    impl.async_.AddReply(call->response.ByteSizeLong());
+    RETURN_IF_ERROR(BytesToFloats(call->response.model(),
+                                  model.subspan(call->request.offset(), call->count),
+                                  absl::StrCat("AsyncPushPull reply from shard ", call->shard)));
   }
   return absl::OkStatus();
 }
@@ -639,8 +644,7 @@ absl::Status PsClient::ExchangeSparse(uint64_t step, const SparseVector& local,
   const uint64_t d = impl_->layout_.num_params();
   if (local.indices.size() != local.values.size()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "ExchangeSparse: ", local.indices.size(), " indices but ",
-        local.values.size(), " values"));
+        "ExchangeSparse: ", local.indices.size(), " indices but ", local.values.size(), " values"));
   }
   using Call = ShardCall<v1::SparsePushPullRequest, v1::SparsePushPullResponse>;
   const uint64_t k = SparseK(impl_->config_.algorithm(), d);
@@ -650,7 +654,8 @@ absl::Status PsClient::ExchangeSparse(uint64_t step, const SparseVector& local,
     const uint64_t size = impl_->layout_.ShardSize(s);
     if (size == 0) continue;
     const size_t begin = pos;
-    while (pos < local.indices.size() && local.indices[pos] < impl_->layout_.ShardEndFloat(s)) ++pos;
+    while (pos < local.indices.size() && local.indices[pos] < impl_->layout_.ShardEndFloat(s))
+      ++pos;
     if (!impl_->TalksTo(s)) continue;
     auto call = std::make_unique<Call>();
     call->shard = s;
@@ -659,27 +664,26 @@ absl::Status PsClient::ExchangeSparse(uint64_t step, const SparseVector& local,
     request.set_rank(impl_->rank_);
     request.set_step(step);
     request.set_k(ShardSparseK(k, size, d));
-    request.mutable_indices()->assign(
-        reinterpret_cast<const char*>(local.indices.data() + begin),
-        (pos - begin) * sizeof(uint32_t));
-    request.mutable_values()->assign(
-        reinterpret_cast<const char*>(local.values.data() + begin),
-        (pos - begin) * sizeof(float));
+    request.mutable_indices()->assign(reinterpret_cast<const char*>(local.indices.data() + begin),
+                                      (pos - begin) * sizeof(uint32_t));
+    request.mutable_values()->assign(reinterpret_cast<const char*>(local.values.data() + begin),
+                                     (pos - begin) * sizeof(float));
     impl_->total_.AddRequest(request.ByteSizeLong());
     impl_->sparse_.AddRequest(request.ByteSizeLong(), pos - begin);
-    SetDeadline(&call->context,
-                absl::Seconds(impl_->config_.cluster().round_timeout_s()) + impl_->options_.rpc_slack);
+    SetDeadline(&call->context, absl::Seconds(impl_->config_.cluster().round_timeout_s()) +
+                                    impl_->options_.rpc_slack);
     calls.push_back(std::move(call));
   }
   if (pos != local.indices.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "ExchangeSparse: index ", local.indices[pos], " at position ", pos,
-        " is not below the model size ", d, " or the indices are not ascending"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("ExchangeSparse: index ", local.indices[pos], " at position ", pos,
+                     " is not below the model size ", d, " or the indices are not ascending"));
   }
-  RETURN_IF_ERROR(RunAll(calls, "SparsePushPull to", impl_->addresses_, &impl_->wait_nanos_, [&](auto& c, auto done) {
-    impl_->sparse_stubs_[c.shard]->async()->SparsePushPull(&c.context, &c.request, &c.response,
-                                                    std::move(done));
-  }));
+  RETURN_IF_ERROR(RunAll(calls, "SparsePushPull to", impl_->addresses_, &impl_->wait_nanos_,
+                         [&](auto& c, auto done) {
+                           impl_->sparse_stubs_[c.shard]->async()->SparsePushPull(
+                               &c.context, &c.request, &c.response, std::move(done));
+                         }));
   result->indices.clear();
   result->values.clear();
   for (const auto& call : calls) {
@@ -688,9 +692,9 @@ absl::Status PsClient::ExchangeSparse(uint64_t step, const SparseVector& local,
     impl_->total_.AddReply(call->response.ByteSizeLong());
     impl_->sparse_.AddReply(call->response.ByteSizeLong());
     if (indices.size() % 4 != 0 || indices.size() != values.size()) {
-      return absl::DataLossError(absl::StrCat(
-          "shard ", call->shard, " answered sparse step ", step, " with ",
-          indices.size(), " index bytes and ", values.size(), " value bytes"));
+      return absl::DataLossError(absl::StrCat("shard ", call->shard, " answered sparse step ", step,
+                                              " with ", indices.size(), " index bytes and ",
+                                              values.size(), " value bytes"));
     }
     const size_t n = indices.size() / 4;
     const size_t at = result->indices.size();

@@ -72,7 +72,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
   std::unique_ptr<Trainer> trainer(
       new Trainer(config, link, std::move(plan), train, test, std::move(backend)));
   trainer->metrics_ = metrics;
-  RETURN_IF_ERROR(trainer->Init());
+  RETURN_IF_ERROR(trainer->Shared(trainer->Init(), "trainer set-up"));
   return trainer;
 }
 
@@ -119,16 +119,22 @@ absl::Status Trainer::InitializeModel() {
   return ops_.Upload(x, x_.data());
 }
 
-absl::Status Trainer::EndCompute(absl::Time compute_start, float loss) {
-  if (slowdown_ > 1.0f) absl::SleepFor((slowdown_ - 1.0f) * (absl::Now() - compute_start));
-  absl::Status status;
-  if (!std::isfinite(loss)) {
+absl::Status Trainer::Shared(const absl::Status& mine, absl::string_view what) {
+  if (link_.group == nullptr) return mine;
+  return ShareStatus(*link_.group, mine, what);
+}
+
+absl::Status Trainer::EndCompute(absl::Time compute_start, const absl::StatusOr<float>& loss) {
+  absl::Status status = loss.status();
+  if (status.ok() && slowdown_ > 1.0f) {
+    absl::SleepFor((slowdown_ - 1.0f) * (absl::Now() - compute_start));
+  }
+  if (status.ok() && !std::isfinite(*loss)) {
     status = absl::InternalError(absl::StrCat("rank ", plan_.rank, " step ", step_,
-                                              ": training loss is ", loss,
+                                              ": training loss is ", *loss,
                                               " (diverged: lower optimizer.lr?)"));
   }
-  if (link_.group == nullptr) return status;
-  return ShareStatus(*link_.group, status, absl::StrCat("step ", step_));
+  return Shared(status, absl::StrCat("step ", step_));
 }
 
 absl::StatusOr<float> Trainer::Step() {
@@ -138,9 +144,10 @@ absl::StatusOr<float> Trainer::Step() {
   const absl::Time compute_start = absl::Now();
   // Waiting for the loss costs little: the gather waits for the gradient
   // anyway, and a diverged loss stops the step before it is pushed.
-  ASSIGN_OR_RETURN(const float loss,
-                   backend_->LossAndGradient(x_.data(), batch, grad_.data()));
-  RETURN_IF_ERROR(EndCompute(compute_start, loss));
+  const absl::StatusOr<float> computed =
+      backend_->LossAndGradient(x_.data(), batch, grad_.data());
+  RETURN_IF_ERROR(EndCompute(compute_start, computed));
+  const float loss = *computed;
   const absl::Time algorithm_start = absl::Now();
   const absl::Duration waited_before = client_->wait_time();
   const float lr = schedule_.At(step_);
@@ -176,7 +183,9 @@ absl::StatusOr<EvalSums> Trainer::Evaluate(const float* params) {
 }
 
 absl::StatusOr<EvalSums> Trainer::EvaluateTest() {
-  ASSIGN_OR_RETURN(const EvalSums sums, Evaluate(x_.data()));
+  const absl::StatusOr<EvalSums> evaluated = Evaluate(x_.data());
+  RETURN_IF_ERROR(Shared(evaluated.status(), "test evaluation"));
+  const EvalSums sums = *evaluated;
   if (metrics_ != nullptr) metrics_->SetTestAccuracy(/*global=*/false, Accuracy(sums));
   return sums;
 }

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "common/metrics.h"
 #include "cserps/v1/config.pb.h"
 #include "worker/algorithms/algorithm.h"
@@ -57,7 +58,8 @@ class Trainer {
   absl::Status InitializeModel();
   // Runs the next step; returns its training loss.
   absl::StatusOr<float> Step();
-  // Loss and accuracy of the local model on the test set.
+  // Loss and accuracy of the local model on the test set. On a node a
+  // collective: every local rank evaluates at the same point.
   absl::StatusOr<EvalSums> EvaluateTest();
   // After the last step: measures the local model, runs the algorithm's
   // final average and measures the servers' (global) model.
@@ -88,10 +90,13 @@ class Trainer {
   double AchievedCompression() const;
   // Sleeps (slowdown - 1) x the compute time for a data.rank_slowdown of
   // more than 1, and refuses a diverged (non-finite) loss naming the rank
-  // and step. In a node the local ranks share that verdict (a collective
-  // every step), so that the peers of a diverged local rank fail with it at
-  // once instead of waiting for it in the step's first average.
-  absl::Status EndCompute(absl::Time compute_start, float loss);
+  // and step; passes on the backend's error.
+  absl::Status EndCompute(absl::Time compute_start, const absl::StatusOr<float>& loss);
+  // `mine`, or in a node the verdict of every local rank (ShareStatus, a
+  // collective), so that the peers of a local rank that failed on its own
+  // fail with it at once instead of waiting for it in their next collective
+  // until the group's timeout.
+  absl::Status Shared(const absl::Status& mine, absl::string_view what);
   // The epochs' steps, progress lines and evaluations (Run).
   absl::Status RunEpochs(absl::Time start);
 

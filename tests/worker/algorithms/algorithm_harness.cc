@@ -77,7 +77,8 @@ std::vector<float> InitialModel(uint64_t seed, size_t num_params) {
 }
 
 absl::StatusOr<std::unique_ptr<RankAlgorithm>> RankAlgorithm::Create(
-    const v1::JobConfig& config, Communicator* comm, float weight, LocalGroup* group) {
+    const v1::JobConfig& config, Communicator* comm, float weight, LocalGroup* group,
+    uint64_t steps_per_epoch) {
   std::unique_ptr<RankAlgorithm> rank(
       new RankAlgorithm(comm->layout().num_params(), config.algorithm().block_size()));
   ASSIGN_OR_RETURN(rank->x_, rank->ops_.Allocate());
@@ -88,6 +89,7 @@ absl::StatusOr<std::unique_ptr<RankAlgorithm>> RankAlgorithm::Create(
   context.ops = &rank->ops_;
   context.group = group;
   context.weight = weight;
+  context.steps_per_epoch = steps_per_epoch;
   ASSIGN_OR_RETURN(rank->algorithm_, MakeAlgorithm(context));
   return rank;
 }

@@ -85,11 +85,11 @@ struct ClusterRun {
 // host memory (HostDeviceOps), stepped with host vectors.
 class RankAlgorithm {
  public:
-  // `comm` (and `group`, for a local rank of a node) outlive it.
-  static absl::StatusOr<std::unique_ptr<RankAlgorithm>> Create(const v1::JobConfig& config,
-                                                               Communicator* comm,
-                                                               float weight,
-                                                               LocalGroup* group = nullptr);
+  // `comm` (and `group`, for a local rank of a node) outlive it;
+  // `steps_per_epoch` is the AlgorithmContext's.
+  static absl::StatusOr<std::unique_ptr<RankAlgorithm>> Create(
+      const v1::JobConfig& config, Communicator* comm, float weight,
+      LocalGroup* group = nullptr, uint64_t steps_per_epoch = 0);
   // Algorithm::Step(t, lr, g, x) with g and x copied to and from the ops.
   absl::Status Step(uint64_t t, float lr, absl::Span<const float> g,
                     std::vector<float>* x);

@@ -100,7 +100,7 @@ absl::Status RunByHand(const v1::JobConfig& config, TrainerLink link, const Data
   ASSIGN_OR_RETURN(std::unique_ptr<testing::RankAlgorithm> algorithm,
                    testing::RankAlgorithm::Create(config, link.client,
                                                   static_cast<float>(batch_sizes[partition]),
-                                                  link.group));
+                                                  link.group, steps_per_epoch));
   for (int t = 0; t < kSteps; ++t) {
     if (t % steps_per_epoch == 0) batcher.StartEpoch(t / steps_per_epoch);
     ASSIGN_OR_RETURN(const float loss, model->LossAndGradient(
@@ -215,7 +215,11 @@ INSTANTIATE_TEST_SUITE_P(
              "lr: 0.05 momentum: 0.9 momentum_kind: HEAVY_BALL"},
         Case{"ef_sgd", R"(name: "ef-sgd" ratio: 4)", "lr: 0.05"},
         Case{"qsparse_local_sgd", R"(name: "qsparse-local-sgd" period: 2 ratio: 2)",
-             "lr: 0.05"}),
+             "lr: 0.05"},
+        // The warm-up (k = 1 for the first epoch) covers every step: a
+        // trainer that lost the steps per epoch would sync every third.
+        Case{"cocod_sgd_warmup", R"(name: "cocod-sgd" period: 3 period_warmup_epochs: 1)",
+             "lr: 0.05 momentum: 0.9 momentum_kind: HEAVY_BALL"}),
     [](const ::testing::TestParamInfo<Case>& info) { return info.param.label; });
 
 // The sparse methods run flat only.

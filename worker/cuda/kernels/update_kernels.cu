@@ -13,7 +13,7 @@ namespace {
 
 enum class Kind { kNone, kHeavyBall, kNesterov };
 
-// p for element i, advancing m[i]; the rounding order of Direction::Compute.
+// p for element i, advancing m[i]; the rounding order of ComputeDirection.
 template <Kind kKind>
 __device__ __forceinline__ float DirectionAt(size_t i, float beta,
                                              float lambda, const float* grad,

@@ -28,7 +28,7 @@ namespace cserps {
 namespace cuda {
 
 // direction = p(grad, params), advancing `momentum` (unused, may be null,
-// for NONE). `direction` may alias `grad`, as in Direction::Compute.
+// for NONE). `direction` may alias `grad`, as in ComputeDirection.
 absl::Status LaunchDirection(const DirectionRule& rule, size_t n,
                              const float* grad, const float* params,
                              float* momentum, float* direction,
