@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Trains every algorithm with two builds of cserps and compares what they
-# learned: a 2-worker job (2 servers, the quickstart MLP, one epoch, a fixed
-# seed) per algorithm, whose learning curve (worker CSV: epoch, step, train
-# loss, test loss, test accuracy) and final accuracies (worker JSON) must be
-# identical between the builds. With 2 members the servers' double sum does
-# not depend on arrival order, so the synchronous algorithms are
-# deterministic; async SGD is not, and its final accuracy may differ by at
-# most 0.5 points.
+# learned: a 2-member job (2 servers, the quickstart MLP, two epochs, a fixed
+# seed) per algorithm, flat and for S-SGD and CSER also as 2 nodes of 2
+# local ranks. Every worker process's training loss of every 10th step (its
+# progress lines, 4 decimals), its learning curve (CSV: epoch, step, train
+# loss, test loss, test accuracy, 6 decimals) and its final local and global
+# accuracies (JSON) must be the same with both builds. With 2 members the
+# servers' double sum does not depend on arrival order, so the synchronous
+# algorithms are deterministic; async SGD is not, and its final accuracy
+# may differ by at most 0.5 points.
 #   tools/check_same_curves.sh OLD_BUILD NEW_BUILD [OUT_DIR]
 # OLD_BUILD and NEW_BUILD are build directories holding bin/cserps-launch,
 # cserps-server and cserps-worker. Prints one row per algorithm and exits 1
@@ -37,8 +39,10 @@ cases=(
   "topk-ssgd|algorithm.name=topk-ssgd;algorithm.density=0.01"
   "cocod-sgd|algorithm.name=cocod-sgd;algorithm.period=4;algorithm.period_warmup_epochs=0"
   "pipe-sgd|algorithm.name=pipe-sgd"
+  "ssgd-nodes|algorithm.name=ssgd;cluster.local_size=2"
+  "cser-nodes|algorithm.name=cser;algorithm.period=4;algorithm.ratio_c1=4;algorithm.ratio_c2=16;optimizer.lr=0.05;cluster.local_size=2"
 )
-common="cluster.num_workers=2;epochs=1;algorithm.block_size=32;log_every_steps=100000"
+common="cluster.num_workers=2;epochs=2;algorithm.block_size=32;log_every_steps=10"
 
 run() {  # build name overrides dir
   rm -rf "$4"
@@ -58,18 +62,35 @@ for c in "${cases[@]}"; do
   run "$old" "$name" "$overrides" "$out/$name.old" || { failed=1; continue; }
   run "$new" "$name" "$overrides" "$out/$name.new" || { failed=1; continue; }
   if ! python3 - "$out/$name.old" "$out/$name.new" "$name" <<'PY'; then failed=1; fi
-import csv, json, sys
+import csv, glob, json, os, re, sys
 old, new, name = sys.argv[1:4]
-def curves(d, rank):
-    with open(f"{d}/worker_{rank}.csv") as f:
+# Every worker process's summary files, by base name (worker_<rank>[_<local>]).
+def bases(d):
+    return sorted(os.path.basename(p)[:-5] for p in glob.glob(f"{d}/worker_*.json"))
+def curves(d, base):
+    with open(f"{d}/{base}.csv") as f:
         return [r[:5] for r in csv.reader(f)]
-def accuracy(d, rank):
-    with open(f"{d}/worker_{rank}.json") as f:
+def accuracy(d, base):
+    with open(f"{d}/{base}.json") as f:
         j = json.load(f)
     return j["test_accuracy_local"], j["test_accuracy_global"]
-same = all(curves(old, r) == curves(new, r) for r in (0, 1))
-acc_old = [accuracy(old, r) for r in (0, 1)]
-acc_new = [accuracy(new, r) for r in (0, 1)]
+# The progress lines' losses: (worker prefix, local rank prefix, step) -> loss.
+def losses(d):
+    found = {}
+    for line in open(f"{d}.log"):
+        m = re.match(r"\[(worker \d+)\] .*\] (local rank \d+: )?step (\d+) epoch \d+ loss (\S+)", line)
+        if m:
+            found[(m.group(1), m.group(2), int(m.group(3)))] = m.group(4)
+    return found
+names = bases(old)
+if not names or names != bases(new):
+    print(f"{name:<22} summaries differ: {names} against {bases(new)}")
+    sys.exit(1)
+same = all(curves(old, b) == curves(new, b) for b in names)
+steps = losses(old)
+same = same and bool(steps) and steps == losses(new)
+acc_old = [accuracy(old, b) for b in names]
+acc_new = [accuracy(new, b) for b in names]
 if name == "async-sgd":
     gap = max(abs(a - b) for o, n in zip(acc_old, acc_new) for a, b in zip(o, n))
     ok = gap <= 0.005
