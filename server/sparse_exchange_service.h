@@ -95,8 +95,8 @@ class SparseExchangeService final : public v1::SparseExchange::CallbackService {
   const bool uses_momentum_;  // HEAVY_BALL or NESTEROV
   const float beta_;
 
-  // Guards the shard's momentum buffer, and keeps the order of its updates
-  // that of the model's.
+  // Guards the shard's momentum buffer. Rounds complete in step order, so
+  // the momentum's updates follow the model's.
   absl::Mutex apply_mu_;
   std::vector<float> momentum_ ABSL_GUARDED_BY(apply_mu_);
 
