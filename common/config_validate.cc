@@ -134,13 +134,14 @@ absl::Status ValidateModel(const v1::ModelConfig& model) {
       }
       break;
     case v1::ModelConfig::CNN:
-      break;  // MakeModelSpec below checks the conv fields
+    case v1::ModelConfig::FLAT:
+      break;  // MakeModelSpec below checks their fields
     case v1::ModelConfig::KIND_UNSPECIFIED:
-      return Invalid("model.kind", "must be set to SOFTMAX, MLP or CNN");
+      return Invalid("model.kind", "must be set to SOFTMAX, MLP, CNN or FLAT");
     default:
       return Invalid("model.kind",
                      absl::StrCat("unknown value ", model.kind(),
-                                  "; must be SOFTMAX, MLP or CNN"));
+                                  "; must be SOFTMAX, MLP, CNN or FLAT"));
   }
   if (model.input_dim() < 1) {
     return Invalid("model.input_dim", "must be >= 1 (got 0)");

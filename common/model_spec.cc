@@ -38,6 +38,8 @@ const char* KindName(v1::ModelConfig::Kind kind) {
       return "SOFTMAX";
     case v1::ModelConfig::MLP:
       return "MLP";
+    case v1::ModelConfig::FLAT:
+      return "FLAT";
     default:
       return "not CNN";
   }
@@ -147,9 +149,22 @@ absl::StatusOr<ModelSpec> MakeModelSpec(const v1::ModelConfig& config) {
   ModelSpec spec;
   spec.input_dim = config.input_dim() == 0 ? 784 : config.input_dim();
   spec.num_classes = config.num_classes() == 0 ? 10 : config.num_classes();
+  if (config.kind() != v1::ModelConfig::FLAT && config.num_params() != 0) {
+    return Invalid("model.num_params",
+                   absl::StrCat("only a FLAT model has it (kind is ",
+                                v1::ModelConfig::Kind_Name(config.kind()), ")"));
+  }
   size_t offset = 0;
   std::vector<size_t> widths;
   switch (config.kind()) {
+    case v1::ModelConfig::FLAT:
+      if (config.hidden_size() != 0) {
+        return Invalid("model.hidden", "a FLAT model has no layers cserps knows");
+      }
+      RETURN_IF_ERROR(CheckNoCnnFields(config));
+      if (config.num_params() < 1) return Invalid("model.num_params", "must be >= 1 (got 0)");
+      spec.num_params = config.num_params();
+      return spec;
     case v1::ModelConfig::SOFTMAX:
       if (config.hidden_size() != 0) {
         return absl::InvalidArgumentError(
@@ -181,7 +196,7 @@ absl::StatusOr<ModelSpec> MakeModelSpec(const v1::ModelConfig& config) {
     }
     default:
       return absl::InvalidArgumentError(
-          "model.kind: must be SOFTMAX, MLP or CNN");
+          "model.kind: must be SOFTMAX, MLP, CNN or FLAT");
   }
   widths.push_back(spec.num_classes);
   for (size_t l = 0; l + 1 < widths.size(); ++l) {

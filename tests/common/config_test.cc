@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "common/model_spec.h"
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/unknown_field_set.h"
@@ -537,6 +538,36 @@ TEST(ValidateJobConfigTest, EachRuleNamesItsField) {
     ASSERT_FALSE(status.ok());
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
     EXPECT_THAT(std::string(status.message()), StartsWith(c.field + ": "));
+  }
+}
+
+TEST(ValidateJobConfigTest, FlatModelHasOnlyItsSize) {
+  v1::JobConfig config = ValidConfig();
+  v1::ModelConfig* model = config.mutable_model();
+  model->clear_hidden();
+  model->set_kind(v1::ModelConfig::FLAT);
+  model->set_num_params(12345);
+  ASSERT_TRUE(ValidateJobConfig(config).ok()) << ValidateJobConfig(config);
+  absl::StatusOr<ModelSpec> spec = MakeModelSpec(*model);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->num_params, 12345u);
+  EXPECT_TRUE(spec->layers.empty());
+
+  const std::vector<std::pair<std::function<void(v1::ModelConfig*)>, std::string>> cases = {
+      {[](v1::ModelConfig* m) { m->set_num_params(0); }, "model.num_params: must be >= 1"},
+      {[](v1::ModelConfig* m) { m->add_hidden(8); }, "model.hidden: a FLAT model"},
+      {[](v1::ModelConfig* m) { m->set_kernel_size(3); }, "model.kernel_size"},
+      {[](v1::ModelConfig* m) {
+         m->set_kind(v1::ModelConfig::SOFTMAX);
+       },
+       "model.num_params: only a FLAT model has it (kind is SOFTMAX)"},
+  };
+  for (const auto& [mutate, message] : cases) {
+    v1::JobConfig bad = config;
+    mutate(bad.mutable_model());
+    const absl::Status status = ValidateJobConfig(bad);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << message;
+    EXPECT_THAT(std::string(status.message()), StartsWith(message));
   }
 }
 

@@ -23,6 +23,11 @@ MaxPoolShape PoolShape(const ConvLayerSpec& conv, size_t images) {
 absl::StatusOr<std::unique_ptr<Model>> MakeCpuModel(
     const v1::ModelConfig& config) {
   ASSIGN_OR_RETURN(ModelSpec spec, MakeModelSpec(config));
+  if (config.kind() == v1::ModelConfig::FLAT) {
+    return absl::InvalidArgumentError(
+        "model.kind: a FLAT model is computed by the front that trains it (the PyTorch "
+        "front, docs/torch.md), not by cserps-worker");
+  }
   return std::unique_ptr<Model>(new CpuModel(std::move(spec)));
 }
 

@@ -68,7 +68,7 @@ class Model {
 };
 
 // The CPU (OpenBLAS) backend for `config`; InvalidArgument naming the field
-// when the config describes no valid model.
+// when the config describes no valid model or a FLAT one.
 absl::StatusOr<std::unique_ptr<Model>> MakeCpuModel(
     const v1::ModelConfig& config);
 

@@ -245,6 +245,18 @@ TEST(CpuModelTest, InvalidConfigNamesTheField) {
   EXPECT_NE(model.status().message().find("model.kind"), std::string::npos);
 }
 
+TEST(CpuModelTest, FlatModelIsRefused) {
+  v1::ModelConfig config;
+  config.set_kind(v1::ModelConfig::FLAT);
+  config.set_num_params(100);
+  absl::StatusOr<std::unique_ptr<Model>> model = MakeCpuModel(config);
+  ASSERT_FALSE(model.ok());
+  EXPECT_EQ(model.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(model.status().message().find("FLAT model is computed by the front"),
+            std::string::npos)
+      << model.status();
+}
+
 TEST(CpuModelTest, SoftmaxGradientMatchesFiniteDifferences) {
   std::unique_ptr<Model> model = MakeModel(v1::ModelConfig::SOFTMAX, {});
   const OwnedBatch batch = RandomBatch(11, 6, 7, 3);
