@@ -30,6 +30,7 @@ LAYERS = {
     "tools/cluster": 8,
     "tools/bench": 9,
     "tools/launch": 9,
+    "python/native": 9,
 }
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
 SOURCES = (".h", ".cc", ".cu")
@@ -48,7 +49,7 @@ def main():
     root = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..")
     bad = []
     checked = 0
-    for top in ("common", "server", "worker", "tools"):
+    for top in ("common", "server", "worker", "tools", "python"):
         for dirpath, _, files in os.walk(os.path.join(root, top)):
             for name in files:
                 if not name.endswith(SOURCES):

@@ -18,7 +18,8 @@ build=(
   zlib1g-dev
   libspdlog-dev
 )
-tests=(clang python3 prometheus docker-compose dataset-fashion-mnist)
+tests=(clang python3 prometheus docker-compose dataset-fashion-mnist
+  python3-dev pybind11-dev python3-torch python3-torchvision python3-pytest)
 docker=(docker.io docker-compose debootstrap)
 
 case "${1:-}" in

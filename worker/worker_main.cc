@@ -10,7 +10,6 @@
 #include <cstdlib>
 #include <functional>
 #include <memory>
-#include <random>
 #include <string>
 #include <thread>
 #include <utility>
@@ -35,6 +34,7 @@
 #include "worker/group/thread_group.h"
 #include "worker/ps/node_client.h"
 #include "worker/ps/ps_client.h"
+#include "worker/ps/worker_id.h"
 #include "worker/trainer/trainer.h"
 #ifdef CSERPS_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -82,16 +82,6 @@ ABSL_FLAG(std::string, group_dir, "",
           "/dev/shm/cserps-<job name>-<worker id>.");
 
 namespace {
-
-// host:pid alone is not unique: containers on the host's network share its
-// hostname and each runs its worker as pid 1.
-std::string DefaultWorkerId() {
-  char host[256] = {0};
-  gethostname(host, sizeof(host) - 1);
-  std::random_device random;
-  const uint64_t nonce = (uint64_t{random()} << 32) | random();
-  return absl::StrCat(host, ":", getpid(), ":", absl::Hex(nonce, absl::kZeroPad16));
-}
 
 // The node id every process of a node computes alike (no pid, no nonce).
 std::string DefaultNodeId(int requested_rank) {
@@ -353,7 +343,7 @@ absl::Status RunWorker() {
   if (worker_id.empty()) {
     worker_id = backend == "cuda" && local_size > 1
                     ? DefaultNodeId(absl::GetFlag(FLAGS_rank))
-                    : DefaultWorkerId();
+                    : cserps::DefaultWorkerId();
   }
   ASSIGN_OR_RETURN(job.metrics, StartMetrics());
 

@@ -39,6 +39,23 @@ Result Launch(const std::string& overrides, const std::string& flags = "") {
   return result;
 }
 
+// cserps-launch on configs/tiny.textproto (2 workers) with `flags`, the
+// workers being `command` (after "--").
+Result LaunchCommand(const std::string& flags, const std::string& command) {
+  const std::string line = absl::StrCat(CSERPS_LAUNCH_BIN, " --config=", CSERPS_SOURCE_DIR,
+                                        "/configs/tiny.textproto --timeout_s=60 ", flags,
+                                        " -- ", command, " 2>&1");
+  Result result;
+  FILE* pipe = popen(line.c_str(), "r");
+  if (pipe == nullptr) return result;
+  char buffer[4096];
+  size_t n;
+  while ((n = fread(buffer, 1, sizeof(buffer), pipe)) > 0) result.output.append(buffer, n);
+  const int status = pclose(pipe);
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return result;
+}
+
 class LaunchTest : public testing::Test {
  protected:
   void SetUp() override {
@@ -139,6 +156,51 @@ TEST_F(LaunchTest, FailingWorkerStopsTheClusterWithAnError) {
   EXPECT_NE(r.output.find("exited with code 1"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("[launch] failed:"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("[server 0]"), std::string::npos) << r.output;
+}
+
+// --nproc: the command's processes are the workers, each told its place as
+// torchrun tells it, and the job's servers.
+TEST(LaunchCommandTest, ProcessesGetTorchrunsAndTheJobsVariables) {
+  const Result r = LaunchCommand(
+      "--nproc=2", "sh -c 'echo place $RANK/$WORLD_SIZE local $LOCAL_RANK/$LOCAL_WORLD_SIZE "
+                   "master $MASTER_ADDR servers $CSERPS_SERVERS job $CSERPS_JOB'");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("[worker 0] place 0/2 local 0/2 master 127.0.0.1 servers 127.0.0.1:"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("[worker 1] place 1/2 local 1/2 master 127.0.0.1 servers 127.0.0.1:"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find(absl::StrCat("job ", CSERPS_SOURCE_DIR, "/configs/tiny.textproto")),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("[launch] 2 processes of /"), std::string::npos) << r.output;
+}
+
+TEST(LaunchCommandTest, AFailingProcessFailsTheJob) {
+  const Result r = LaunchCommand("--nproc=2", "sh -c 'exit $((3 * RANK))'");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("worker 1 exited with code 3"), std::string::npos) << r.output;
+}
+
+TEST(LaunchCommandTest, MismatchesAreRefusedBeforeAnythingStarts) {
+  const struct {
+    const char* flags;
+    const char* command;
+    const char* message;
+  } cases[] = {
+      {"--nproc=3", "true", "--nproc=3 but the job has cluster.num_workers 2"},
+      {"", "true", "a command after \"--\" needs --nproc >= 1 (got 0)"},
+      {"--nproc=2", "no-such-program-here", "\"no-such-program-here\" is not a program on PATH"},
+      {"--nproc=2 --set=cluster.local_size=2", "true",
+       "--nproc: the job has cluster.local_size 2"},
+  };
+  for (const auto& c : cases) {
+    const Result r = LaunchCommand(c.flags, c.command);
+    EXPECT_EQ(r.exit_code, 2) << c.flags << " " << r.output;
+    EXPECT_NE(r.output.find(c.message), std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find("[server 0]"), std::string::npos) << r.output;
+  }
 }
 
 }  // namespace

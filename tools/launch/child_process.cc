@@ -27,8 +27,19 @@ absl::StatusOr<ChildProcess> ChildProcess::Start(
   std::vector<char*> args;
   for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
+  // An inherited variable that extra_env sets again is left out: getenv
+  // would find the first of the two.
+  auto overridden = [&extra_env](const char* entry) {
+    for (const std::string& e : extra_env) {
+      const size_t name = e.find('=') + 1;
+      if (std::strncmp(entry, e.c_str(), name) == 0) return true;
+    }
+    return false;
+  };
   std::vector<char*> env;
-  for (char** e = environ; *e != nullptr; ++e) env.push_back(*e);
+  for (char** e = environ; *e != nullptr; ++e) {
+    if (!overridden(*e)) env.push_back(*e);
+  }
   for (const std::string& e : extra_env) env.push_back(const_cast<char*>(e.c_str()));
   env.push_back(nullptr);
   const pid_t parent = getpid();

@@ -17,7 +17,8 @@ namespace cserps {
 class ChildProcess {
  public:
   // Starts `argv` (argv[0] is the program's path) in its own process group
-  // with `extra_env` ("NAME=value") added to the environment.
+  // with `extra_env` ("NAME=value") added to the environment (replacing
+  // the variables of those names it inherits).
   static absl::StatusOr<ChildProcess> Start(const std::string& name,
                                             const std::vector<std::string>& argv,
                                             const std::vector<std::string>& extra_env);

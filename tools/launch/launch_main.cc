@@ -5,13 +5,22 @@
 // With cluster.local_size L > 1 each worker is a node of L local ranks
 // (docs/node_groups.md): one process running L threads (--backend=cpu), or
 // L processes, one per GPU (--backend=cuda).
+//
+// With --nproc=N and a command after "--" the workers are N processes of
+// that command (a PyTorch script, docs/torch.md) instead of cserps-workers,
+// each given torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK,
+// LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT) and the job's (CSERPS_JOB,
+// CSERPS_SERVERS, CSERPS_SET).
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/signalfd.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -27,6 +36,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/algorithm_catalog.h"
 #include "common/config_load.h"
@@ -53,6 +63,10 @@ ABSL_FLAG(std::string, backend, "cpu",
           "The workers' --backend. With cluster.local_size L > 1: cpu starts one "
           "process per node (its L local ranks are threads), cuda starts L per node "
           "(--local_rank 0..L-1, one GPU each).");
+ABSL_FLAG(int, nproc, 0,
+          "Run the command after \"--\" as the job's workers, this many processes "
+          "(cluster.num_workers), with torchrun's environment variables; 0: the "
+          "workers are cserps-workers.");
 
 namespace {
 
@@ -64,6 +78,36 @@ std::string SelfDir() {
   std::error_code error;
   const auto self = std::filesystem::read_symlink("/proc/self/exe", error);
   return error ? "." : self.parent_path().string();
+}
+
+// `program` as execve needs it: a path as given, a bare name found on PATH.
+absl::StatusOr<std::string> FindProgram(const std::string& program) {
+  if (program.find('/') != std::string::npos) return program;
+  const char* path = std::getenv("PATH");
+  for (absl::string_view dir : absl::StrSplit(path == nullptr ? "" : path, ':')) {
+    if (dir.empty()) continue;
+    const std::string candidate = absl::StrCat(dir, "/", program);
+    if (access(candidate.c_str(), X_OK) == 0) return candidate;
+  }
+  return absl::NotFoundError(absl::StrCat("\"", program, "\" is not a program on PATH"));
+}
+
+// A port of 127.0.0.1 free now, for MASTER_PORT (a script that also joins
+// torch.distributed binds it; cserps does not).
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return 0;
+  sockaddr_in address = {};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t size = sizeof(address);
+  int port = 0;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&address), &size) == 0) {
+    port = ntohs(address.sin_port);
+  }
+  close(fd);
+  return port;
 }
 
 // A value of a flat JSON object written by the worker ("key": value).
@@ -134,12 +178,14 @@ void PrintSummary(const cserps::v1::JobConfig& config) {
 
 class Cluster {
  public:
+  // `command` (its program resolved) empty: the workers are cserps-workers.
   Cluster(cserps::v1::JobConfig config, std::string config_path, std::string overrides,
-          std::string bin_dir)
+          std::string bin_dir, std::vector<std::string> command)
       : config_(std::move(config)),
         config_path_(std::move(config_path)),
         overrides_(std::move(overrides)),
-        bin_dir_(std::move(bin_dir)) {}
+        bin_dir_(std::move(bin_dir)),
+        command_(std::move(command)) {}
 
   int Run(int signal_fd) {
     const int num_servers = config_.cluster().servers_size();
@@ -187,9 +233,16 @@ class Cluster {
       argv.push_back(absl::StrCat("--metrics_address=127.0.0.1:", port));
     }
     argv.insert(argv.end(), args.begin(), args.end());
-    // One BLAS thread per process: several share this machine's cores.
-    absl::StatusOr<ChildProcess> child =
-        ChildProcess::Start(name, argv, {"OPENBLAS_NUM_THREADS=1"});
+    return Start(name, argv, {});
+  }
+
+  bool Start(const std::string& name, const std::vector<std::string>& argv,
+             std::vector<std::string> env) {
+    // One BLAS (and OpenMP) thread per process: several share this
+    // machine's cores.
+    env.push_back("OPENBLAS_NUM_THREADS=1");
+    env.push_back("OMP_NUM_THREADS=1");
+    absl::StatusOr<ChildProcess> child = ChildProcess::Start(name, argv, env);
     if (!child.ok()) {
       Fail(absl::StrCat("cannot start ", name, ": ", child.status().message()));
       return false;
@@ -198,8 +251,38 @@ class Cluster {
     return true;
   }
 
+  // The command's N processes, each with torchrun's variables and the job's.
+  void StartCommand() {
+    const uint32_t n = config_.cluster().num_workers();
+    const std::string servers = absl::StrJoin(server_addresses_, ",");
+    std::printf("[launch] servers at %s; starting %u processes of %s\n",
+                absl::StrJoin(server_addresses_, ", ").c_str(), n, command_[0].c_str());
+    std::fflush(stdout);
+    std::vector<std::string> common = {
+        absl::StrCat("WORLD_SIZE=", n), absl::StrCat("LOCAL_WORLD_SIZE=", n),
+        "MASTER_ADDR=127.0.0.1", absl::StrCat("MASTER_PORT=", FreePort()),
+        absl::StrCat("CSERPS_JOB=", std::filesystem::absolute(config_path_).string()),
+        absl::StrCat("CSERPS_SERVERS=", servers), absl::StrCat("CSERPS_SET=", overrides_)};
+    // The Python package of this build (build/python beside build/bin).
+    const std::filesystem::path package = std::filesystem::path(bin_dir_) / ".." / "python";
+    if (std::filesystem::exists(package / "cserps")) {
+      const char* inherited = std::getenv("PYTHONPATH");
+      std::string path = std::filesystem::weakly_canonical(package).string();
+      if (inherited != nullptr && inherited[0] != '\0') absl::StrAppend(&path, ":", inherited);
+      common.push_back(absl::StrCat("PYTHONPATH=", path));
+    }
+    for (uint32_t r = 0; r < n; ++r) {
+      std::vector<std::string> env = common;
+      env.push_back(absl::StrCat("RANK=", r));
+      env.push_back(absl::StrCat("LOCAL_RANK=", r));
+      if (!Start(absl::StrCat("worker ", r), command_, env)) return;
+      ++workers_;
+    }
+  }
+
   void StartWorkers() {
     workers_started_ = true;
+    if (!command_.empty()) return StartCommand();
     std::string overrides = overrides_;
     if (!overrides.empty()) overrides += ";";
     overrides += absl::StrCat("cluster.servers=", absl::StrJoin(server_addresses_, ","));
@@ -241,8 +324,9 @@ class Cluster {
   // per local rank.
   uint32_t ExpectedWorkerProcesses() const {
     const uint32_t nodes = config_.cluster().num_workers();
-    return absl::GetFlag(FLAGS_backend) == "cuda" ? nodes * config_.cluster().local_size()
-                                                  : nodes;
+    return absl::GetFlag(FLAGS_backend) == "cuda" && command_.empty()
+               ? nodes * config_.cluster().local_size()
+               : nodes;
   }
 
   void Poll(int signal_fd) {
@@ -367,7 +451,11 @@ class Cluster {
       }
     }
     if (succeeded_) {
-      PrintSummary(config_);
+      if (command_.empty()) {
+        PrintSummary(config_);
+      } else {
+        std::printf("[launch] %u processes of %s finished\n", workers_, command_[0].c_str());
+      }
       return 0;
     }
     std::printf("[launch] failed: %s\n", failure_.c_str());
@@ -378,6 +466,7 @@ class Cluster {
   const std::string config_path_;
   const std::string overrides_;
   const std::string bin_dir_;
+  const std::vector<std::string> command_;
   std::vector<ChildProcess> children_;
   std::vector<std::string> server_addresses_;
   std::map<std::string, std::string> metrics_targets_;  // process name -> host:port
@@ -396,8 +485,10 @@ class Cluster {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "cserps-launch --config=configs/quickstart.textproto [--set='field=value;...']");
-  absl::ParseCommandLine(argc, argv);
+      "cserps-launch --config=configs/quickstart.textproto [--set='field=value;...']\n"
+      "  cserps-launch --config=JOB --nproc=N [--set=...] -- python3 script.py [ARGS...]");
+  const std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
+  std::vector<std::string> command(positional.begin() + 1, positional.end());
   sigset_t mask;
   sigemptyset(&mask);
   sigaddset(&mask, SIGINT);
@@ -422,8 +513,36 @@ int main(int argc, char** argv) {
                  backend.c_str());
     return 2;
   }
+  const int nproc = absl::GetFlag(FLAGS_nproc);
+  if (nproc != 0 || !command.empty()) {
+    std::string problem;
+    if (command.empty()) {
+      problem = "--nproc needs the workers' command after \"--\"";
+    } else if (nproc < 1) {
+      problem = absl::StrCat("a command after \"--\" needs --nproc >= 1 (got ", nproc, ")");
+    } else if (static_cast<uint32_t>(nproc) != config->cluster().num_workers()) {
+      problem = absl::StrCat("--nproc=", nproc, " but the job has cluster.num_workers ",
+                             config->cluster().num_workers(), ": give the same number");
+    } else if (config->cluster().local_size() != 1) {
+      problem = absl::StrCat("--nproc: the job has cluster.local_size ",
+                             config->cluster().local_size(),
+                             "; the command's processes are workers of their own (1)");
+    }
+    if (problem.empty()) {
+      absl::StatusOr<std::string> program = FindProgram(command[0]);
+      if (program.ok()) {
+        command[0] = *program;
+      } else {
+        problem = std::string(program.status().message());
+      }
+    }
+    if (!problem.empty()) {
+      std::fprintf(stderr, "cserps-launch: %s\n", problem.c_str());
+      return 2;
+    }
+  }
   std::string bin_dir = absl::GetFlag(FLAGS_bin_dir);
   if (bin_dir.empty()) bin_dir = SelfDir();
-  Cluster cluster(*config, path, overrides, bin_dir);
+  Cluster cluster(*config, path, overrides, bin_dir, std::move(command));
   return cluster.Run(signal_fd);
 }

@@ -1,0 +1,248 @@
+"""cserps.torch.Optimizer: a torch.optim.Optimizer whose step() is a cserps
+algorithm (its direction, local update and exchanges with the servers), run
+by the worker library on the parameters in place."""
+
+import torch
+
+from cserps import _native
+from cserps import place as _place
+from cserps.torch import settings
+
+# The hyperparameters torch's param_groups hold; the job fixes all but lr.
+_FIXED = ("momentum", "nesterov", "weight_decay")
+
+
+def _value(value):
+    """`value` as an override's right-hand side."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, (list, tuple)):
+        return ",".join(_value(v) for v in value)
+    return str(value)
+
+
+def _hyperparameter_overrides(algorithm, lr, momentum, nesterov, weight_decay,
+                              algorithm_params, job_momentum):
+    overrides = []
+    if algorithm is not None:
+        overrides.append(f"algorithm.name={algorithm}")
+    for key, value in algorithm_params.items():
+        overrides.append(f"algorithm.{key}={_value(value)}")
+    if lr is not None:
+        overrides.append(f"optimizer.lr={_value(float(lr))}")
+    if weight_decay is not None:
+        overrides.append(f"optimizer.weight_decay={_value(float(weight_decay))}")
+    if momentum is not None or nesterov is not None:
+        beta = float(momentum) if momentum is not None else job_momentum
+        if beta == 0.0:
+            if nesterov:
+                raise ValueError("nesterov=True needs a momentum > 0")
+            kind = "NONE"
+        else:
+            kind = "NESTEROV" if nesterov else "HEAVY_BALL"
+        overrides += [f"optimizer.momentum={_value(beta)}", f"optimizer.momentum_kind={kind}"]
+    return overrides
+
+
+class Optimizer(torch.optim.Optimizer):
+    """Runs the job's cserps algorithm on `params` at every step().
+
+    The parameters (float32, on the CPU, all trainable, one group) are moved
+    at construction into one contiguous buffer, and their gradients into a
+    second one, as fused optimizers do: each parameter and its .grad become
+    views of them, so a step copies nothing between torch and cserps. The
+    buffers follow the order of `params`, each tensor flattened row-major
+    (docs/protocol.md, "Model layout").
+
+    The job config (job=, or cserps.torch.init, or CSERPS_JOB) is the one the
+    servers run; the arguments that are not None override its fields: the
+    algorithm's name, optimizer.lr, momentum (optimizer.momentum, with
+    momentum_kind HEAVY_BALL, or NESTEROV with nesterov=True, or NONE for
+    0), weight_decay, and algorithm_params as algorithm.<key>=<value>
+    (ratio_c1=256, period=4, ...). A worker whose job differs from the
+    servers' is refused at registration, naming the first differing field.
+
+    The learning rate of each step is param_groups[0]["lr"], so
+    torch.optim.lr_scheduler drives it; every worker must use the same
+    schedule: the servers apply the lr of a round's first push.
+
+    Construction registers with the servers (rank: RANK or SLURM_PROCID when
+    set, else assigned) and starts every worker from the same model: rank
+    0's parameters, pushed to the servers and pulled by all.
+    """
+
+    def __init__(self, params, algorithm=None, lr=None, momentum=None, nesterov=None,
+                 weight_decay=None, *, job=None, servers=None, set=None,
+                 steps_per_epoch=0, setup_timeout=120.0, rpc_slack=30.0,
+                 **algorithm_params):
+        super().__init__(params, dict(lr=lr, momentum=momentum, nesterov=nesterov,
+                                      weight_decay=weight_decay))
+        if len(self.param_groups) != 1:
+            raise ValueError(
+                f"cserps averages one model with one learning rate: got "
+                f"{len(self.param_groups)} parameter groups, give one")
+        self._params = list(self.param_groups[0]["params"])
+        self._check_params(self._params)
+        self._num_params = sum(p.numel() for p in self._params)
+
+        path, overrides = settings.resolve(job, servers, set)
+        base = _native.Job(path, overrides)
+        overrides += _hyperparameter_overrides(algorithm, lr, momentum, nesterov,
+                                               weight_decay, algorithm_params, base.momentum)
+        self._job = _native.Job(path, overrides)
+        if self._job.num_params != self._num_params:
+            raise ValueError(
+                f"the parameters have {self._num_params} floats but the job's model "
+                f"({self._job.model_kind}) has {self._job.num_params}: a PyTorch model "
+                f"needs model {{ kind: FLAT num_params: {self._num_params} }} in the job")
+        group = self.param_groups[0]
+        group["lr"] = self._job.lr
+        group["momentum"] = self._job.momentum
+        group["nesterov"] = self._job.momentum_kind == "NESTEROV"
+        group["weight_decay"] = self._job.weight_decay
+        self._fixed = {key: group[key] for key in _FIXED}
+
+        self._place = _place.from_environment()
+        if self._place.world_size and self._place.world_size != self._job.num_workers:
+            raise ValueError(
+                f"the launcher ({self._place.source}) started {self._place.world_size} "
+                f"workers but the job has cluster.num_workers {self._job.num_workers}")
+        self._flatten()
+        self._trainer = _native.Trainer(
+            self._job, rank=self._place.rank, setup_timeout_s=float(setup_timeout),
+            rpc_slack_s=float(rpc_slack), steps_per_epoch=int(steps_per_epoch))
+        self._trainer.initialize_model(self._flat.data_ptr(), self._num_params)
+        self._finished = False
+
+    @staticmethod
+    def _check_params(params):
+        seen = set()
+        for i, p in enumerate(params):
+            what = f"parameter {i} ({tuple(p.shape)})"
+            if id(p) in seen:
+                raise ValueError(f"{what} is given twice")
+            seen.add(id(p))
+            if p.dtype != torch.float32:
+                raise ValueError(f"{what} is {p.dtype}; cserps trains float32 models")
+            if p.device.type != "cpu":
+                raise ValueError(f"{what} is on {p.device}; this cserps front trains "
+                                 "parameters on the CPU")
+            if p.is_sparse:
+                raise ValueError(f"{what} is sparse; cserps trains dense parameters")
+            if not p.requires_grad:
+                raise ValueError(f"{what} does not require a gradient; give the "
+                                 "Optimizer only the parameters it trains")
+
+    def _flatten(self):
+        self._flat = torch.empty(self._num_params, dtype=torch.float32)
+        self._flat_grad = torch.zeros(self._num_params, dtype=torch.float32)
+        self._slices = []
+        offset = 0
+        with torch.no_grad():
+            for p in self._params:
+                n = p.numel()
+                self._flat[offset:offset + n].copy_(p.reshape(-1))
+                self._slices.append((offset, n))
+                offset += n
+        self._repoint()
+
+    def _view(self, flat, p, offset, n):
+        return flat[offset:offset + n].view_as(p)
+
+    def _repoint(self):
+        """Makes every parameter and gradient a view of the flat buffers again,
+        copying in what was put elsewhere (a parameter's .data replaced, a
+        .grad set to None or to a new tensor)."""
+        flat_ptr, grad_ptr = self._flat.data_ptr(), self._flat_grad.data_ptr()
+        with torch.no_grad():
+            for p, (offset, n) in zip(self._params, self._slices):
+                if p.data_ptr() != flat_ptr + 4 * offset or not p.is_contiguous():
+                    self._flat[offset:offset + n].copy_(p.reshape(-1))
+                    p.data = self._view(self._flat, p, offset, n)
+                g = p.grad
+                if g is not None and g.data_ptr() == grad_ptr + 4 * offset and g.is_contiguous():
+                    continue
+                if g is None:
+                    self._flat_grad[offset:offset + n].zero_()
+                else:
+                    self._flat_grad[offset:offset + n].copy_(g.reshape(-1))
+                p.grad = self._view(self._flat_grad, p, offset, n)
+
+    def zero_grad(self, set_to_none=False):
+        """Zeroes the gradients in place (set_to_none is ignored: they stay
+        views of the flat gradient buffer)."""
+        with torch.no_grad():
+            self._flat_grad.zero_()
+        self._repoint()
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        """One step of the algorithm at lr = param_groups[0]["lr"]. Blocks for
+        the step's exchanges with the servers (TimeoutError when they do not
+        answer within cluster.round_timeout_s plus rpc_slack)."""
+        if self._finished:
+            raise ValueError("step() after finish(): the job's training is over")
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        group = self.param_groups[0]
+        for key, value in self._fixed.items():
+            if group[key] != value:
+                raise ValueError(
+                    f"param_groups[0][{key!r}] changed from {value} to {group[key]}: "
+                    "the job fixes it for every worker and the servers (only lr may change)")
+        self._repoint()
+        self._trainer.step(float(group["lr"]), self._flat_grad.data_ptr(),
+                           self._flat.data_ptr(), self._num_params)
+        return loss
+
+    def finish(self):
+        """After the last step: the algorithm's final average, after which every
+        worker's parameters and the servers' model are the same global model."""
+        if self._finished:
+            return
+        self._repoint()
+        self._trainer.finish(self._flat.data_ptr(), self._num_params)
+        self._finished = True
+
+    def server_model(self):
+        """A copy of the servers' model, as one flat tensor."""
+        out = torch.empty(self._num_params, dtype=torch.float32)
+        self._trainer.pull_model(out.data_ptr(), self._num_params)
+        return out
+
+    def add_param_group(self, param_group):
+        if hasattr(self, "_trainer"):
+            raise ValueError("cserps trains the model the Optimizer was made with: "
+                             "it cannot add parameter groups")
+        super().add_param_group(param_group)
+
+    @property
+    def rank(self):
+        return self._trainer.rank
+
+    @property
+    def steps(self):
+        """Steps taken so far."""
+        return self._trainer.step_count
+
+    @property
+    def achieved_compression(self):
+        """Steps times the model's floats over the training floats pushed."""
+        return self._trainer.achieved_compression
+
+    @property
+    def bytes_pushed(self):
+        return self._trainer.bytes_pushed
+
+    @property
+    def bytes_pulled(self):
+        return self._trainer.bytes_pulled
+
+    @property
+    def flat_params(self):
+        """The parameters' flat buffer (a view: the parameters are in it)."""
+        return self._flat

@@ -1,0 +1,241 @@
+// cserps._native: the worker library as the Python package sees it (python/
+// cserps). A Job is a loaded, validated job config; a Trainer is an
+// ExternalTrainer (worker/trainer/external_trainer.h) on buffers the caller
+// owns, passed as (address, float count): the Python side checks that they
+// are contiguous float32 host tensors that live as long as the trainer.
+//
+// Errors become Python exceptions carrying the C++ message: ValueError for
+// bad arguments and configs (FileNotFoundError for a missing job file),
+// ConnectionError for unreachable servers, TimeoutError for an exchange the
+// servers did not answer in time, RuntimeError for the rest. The GIL is
+// released while a call waits for the servers.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "common/config_fingerprint.h"
+#include "common/config_load.h"
+#include "common/model_spec.h"
+#include "common/rank_batch_sizes.h"
+#include "common/algorithm_catalog.h"
+#include "google/protobuf/text_format.h"
+#include "worker/data/dataset.h"
+#include "worker/trainer/external_trainer.h"
+
+namespace py = pybind11;
+
+namespace cserps {
+namespace {
+
+[[noreturn]] void Raise(PyObject* type, const absl::Status& status) {
+  PyErr_SetString(type, std::string(status.message()).c_str());
+  throw py::error_already_set();
+}
+
+// Throws the exception of `status` unless it is OK. `not_found` is the type
+// NOT_FOUND maps to (a missing file, or an unknown name).
+void ThrowIfError(const absl::Status& status, PyObject* not_found = PyExc_ValueError) {
+  switch (status.code()) {
+    case absl::StatusCode::kOk:
+      return;
+    case absl::StatusCode::kNotFound:
+      Raise(not_found, status);
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kOutOfRange:
+    case absl::StatusCode::kAlreadyExists:
+      Raise(PyExc_ValueError, status);
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kAborted:
+      Raise(PyExc_ConnectionError, status);
+    case absl::StatusCode::kDeadlineExceeded:
+      Raise(PyExc_TimeoutError, status);
+    default:
+      Raise(PyExc_RuntimeError, status);
+  }
+}
+
+absl::Span<float> Floats(uintptr_t address, size_t count) {
+  return absl::MakeSpan(reinterpret_cast<float*>(address), count);
+}
+
+struct Job {
+  v1::JobConfig config;
+  uint64_t num_params = 0;
+};
+
+std::shared_ptr<Job> LoadJob(const std::string& path, const std::vector<std::string>& overrides) {
+  absl::StatusOr<v1::JobConfig> config = LoadJobWithOverrides(path, overrides);
+  ThrowIfError(config.status(), PyExc_FileNotFoundError);
+  absl::StatusOr<ModelSpec> spec = MakeModelSpec(config->model());
+  ThrowIfError(spec.status());
+  auto job = std::make_shared<Job>();
+  job->config = *std::move(config);
+  job->num_params = spec->num_params;
+  return job;
+}
+
+std::string JobText(const Job& job) {
+  std::string text;
+  google::protobuf::TextFormat::PrintToString(job.config, &text);
+  return text;
+}
+
+// (features, labels, size, dim) of a split, as cserps-worker reads it:
+// features float32 bytes, standardised; labels uint8 bytes.
+py::tuple LoadSplit(const std::string& dir, bool train, size_t limit) {
+  absl::StatusOr<Dataset> data;
+  {
+    py::gil_scoped_release release;
+    data = LoadMnistSplit(dir, train ? Split::kTrain : Split::kTest, limit);
+  }
+  ThrowIfError(data.status(), PyExc_FileNotFoundError);
+  return py::make_tuple(
+      py::bytes(reinterpret_cast<const char*>(data->features.data()),
+                data->features.size() * sizeof(float)),
+      py::bytes(reinterpret_cast<const char*>(data->labels.data()), data->labels.size()),
+      data->size, data->dim);
+}
+
+// ExternalTrainer with a mutex: the GIL is released during its calls, so
+// two Python threads could otherwise enter it at once.
+class Trainer {
+ public:
+  Trainer(std::shared_ptr<Job> job, int requested_rank, const std::string& worker_id,
+          double setup_timeout_s, double rpc_slack_s, uint64_t steps_per_epoch)
+      : job_(std::move(job)) {
+    ExternalTrainerOptions options;
+    options.requested_rank = requested_rank;
+    options.worker_id = worker_id;
+    options.setup_timeout = absl::Seconds(setup_timeout_s);
+    options.rpc_slack = absl::Seconds(rpc_slack_s);
+    options.steps_per_epoch = steps_per_epoch;
+    absl::StatusOr<std::unique_ptr<ExternalTrainer>> trainer;
+    {
+      py::gil_scoped_release release;
+      trainer = ExternalTrainer::Create(job_->config, options);
+    }
+    ThrowIfError(trainer.status());
+    trainer_ = *std::move(trainer);
+  }
+
+  void InitializeModel(uintptr_t params, size_t count) {
+    Call([&] { return trainer_->InitializeModel(Floats(params, count)); });
+  }
+  void Step(float lr, uintptr_t grad, uintptr_t params, size_t count) {
+    Call([&] { return trainer_->Step(lr, Floats(grad, count), Floats(params, count)); });
+  }
+  void Finish(uintptr_t params, size_t count) {
+    Call([&] { return trainer_->Finish(Floats(params, count)); });
+  }
+  void PullModel(uintptr_t out, size_t count) {
+    Call([&] { return trainer_->PullModel(Floats(out, count)); });
+  }
+
+  uint32_t rank() const { return trainer_->rank(); }
+  uint64_t step() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return trainer_->step();
+  }
+  float weight() const { return trainer_->weight(); }
+  double achieved_compression() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return trainer_->achieved_compression();
+  }
+  uint64_t bytes_pushed() const { return trainer_->client().bytes_pushed(); }
+  uint64_t bytes_pulled() const { return trainer_->client().bytes_pulled(); }
+
+ private:
+  template <typename F>
+  void Call(F&& f) {
+    absl::Status status;
+    {
+      py::gil_scoped_release release;
+      std::lock_guard<std::mutex> lock(mu_);
+      status = f();
+    }
+    ThrowIfError(status);
+  }
+
+  const std::shared_ptr<Job> job_;  // its config outlives trainer_'s use of it
+  std::mutex mu_;                   // guards the calls into trainer_
+  std::unique_ptr<ExternalTrainer> trainer_;
+};
+
+}  // namespace
+}  // namespace cserps
+
+PYBIND11_MODULE(_native, m) {
+  using cserps::Job;
+  using cserps::Trainer;
+  namespace v1 = cserps::v1;
+  m.doc() = "The cserps worker library (python/cserps uses it; not a public API).";
+
+  py::class_<Job, std::shared_ptr<Job>>(m, "Job")
+      .def(py::init(&cserps::LoadJob), py::arg("path"), py::arg("overrides"),
+           "Loads the job config at `path`, applies the 'field.path=value' overrides, "
+           "the defaults and validation.")
+      .def_property_readonly("num_params", [](const Job& j) { return j.num_params; })
+      .def_property_readonly("num_workers",
+                             [](const Job& j) { return j.config.cluster().num_workers(); })
+      .def_property_readonly("local_size",
+                             [](const Job& j) { return j.config.cluster().local_size(); })
+      .def_property_readonly("algorithm",
+                             [](const Job& j) { return j.config.algorithm().name(); })
+      .def_property_readonly("block_size",
+                             [](const Job& j) { return j.config.algorithm().block_size(); })
+      .def_property_readonly("lr", [](const Job& j) { return j.config.optimizer().lr(); })
+      .def_property_readonly("momentum",
+                             [](const Job& j) { return j.config.optimizer().momentum(); })
+      .def_property_readonly("momentum_kind",
+                             [](const Job& j) {
+                               return v1::OptimizerConfig::Momentum_Name(
+                                   j.config.optimizer().momentum_kind());
+                             })
+      .def_property_readonly("weight_decay",
+                             [](const Job& j) { return j.config.optimizer().weight_decay(); })
+      .def_property_readonly("model_kind",
+                             [](const Job& j) {
+                               return v1::ModelConfig::Kind_Name(j.config.model().kind());
+                             })
+      .def_property_readonly("batch_sizes",
+                             [](const Job& j) { return cserps::RankBatchSizes(j.config); })
+      .def_property_readonly("overall_ratio",
+                             [](const Job& j) { return cserps::OverallRatio(j.config.algorithm()); })
+      .def_property_readonly("description",
+                             [](const Job& j) {
+                               return cserps::DescribeAlgorithm(j.config.algorithm());
+                             })
+      .def_property_readonly("fingerprint", [](const Job& j) { return cserps::JobFingerprint(j.config); })
+      .def_property_readonly("text", &cserps::JobText);
+
+  m.def("load_split", &cserps::LoadSplit, py::arg("dir"), py::arg("train"),
+        py::arg("limit") = 0,
+        "(features, labels, size, dim) of an MNIST-format split in `dir`, "
+        "standardised as cserps-worker does.");
+
+  py::class_<Trainer>(m, "Trainer")
+      .def(py::init<std::shared_ptr<Job>, int, const std::string&, double, double, uint64_t>(),
+           py::arg("job"), py::arg("rank") = -1, py::arg("worker_id") = "",
+           py::arg("setup_timeout_s") = 120.0, py::arg("rpc_slack_s") = 30.0,
+           py::arg("steps_per_epoch") = 0)
+      .def("initialize_model", &Trainer::InitializeModel, py::arg("params"), py::arg("count"))
+      .def("step", &Trainer::Step, py::arg("lr"), py::arg("grad"), py::arg("params"),
+           py::arg("count"))
+      .def("finish", &Trainer::Finish, py::arg("params"), py::arg("count"))
+      .def("pull_model", &Trainer::PullModel, py::arg("out"), py::arg("count"))
+      .def_property_readonly("rank", &Trainer::rank)
+      .def_property_readonly("step_count", &Trainer::step)
+      .def_property_readonly("weight", &Trainer::weight)
+      .def_property_readonly("achieved_compression", &Trainer::achieved_compression)
+      .def_property_readonly("bytes_pushed", &Trainer::bytes_pushed)
+      .def_property_readonly("bytes_pulled", &Trainer::bytes_pulled);
+}

@@ -1,0 +1,116 @@
+"""Jobs of several worker processes: PyTorch workers started by
+cserps-launch --nproc with torchrun's variables, and a PyTorch worker next
+to a C++ cserps-worker."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import cluster
+from cserps import _native
+from cserps.data import fashion_mnist
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKER = os.path.join(HERE, "torch_worker.py")
+JOB_TIMEOUT_S = 240
+
+
+def launch(job, nproc, out, *worker_args):
+    """cserps-launch with `nproc` torch_worker.py processes; their results."""
+    command = [os.path.join(cluster.BIN_DIR, "cserps-launch"), f"--config={job}",
+               f"--nproc={nproc}", f"--timeout_s={JOB_TIMEOUT_S}", "--",
+               sys.executable, WORKER, f"--out={out}", *worker_args]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=JOB_TIMEOUT_S + 30)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"{nproc} processes of {sys.executable} finished" in done.stdout
+    return [torch.load(os.path.join(out, f"worker_{r}.pt")) for r in range(nproc)]
+
+
+def test_two_ssgd_workers_stay_bit_identical(tmp_path):
+    d = 20 * 16 + 16 + 16 * 4 + 4
+    job = cluster.write_job(tmp_path, cluster.job_text(d, num_workers=2))
+    first, second = launch(job, 2, tmp_path, "--steps=20")
+    assert (first["rank"], second["rank"]) == (0, 1)
+    for t, (a, b) in enumerate(zip(first["history"], second["history"])):
+        assert torch.equal(a, b), f"step {t}"
+    assert torch.equal(first["final"], first["servers"])
+    # They trained: each rank's data differs, and the model moved.
+    assert not torch.equal(first["history"][0], first["history"][-1])
+
+
+def test_cser_achieves_the_configured_compression(tmp_path):
+    # 63 -> 64 is 4096 floats, 256 blocks of 16: every GRBS round selects
+    # exactly 1/R of them, so the ratio is the formula's.
+    fields = "period: 4 ratio_c1: 2 ratio_c2: 8"
+    job = cluster.write_job(tmp_path, cluster.job_text(4096, num_workers=2, algorithm="cser",
+                                                       block_size=16, extra_algorithm=fields))
+    results = launch(job, 2, tmp_path, "--steps=20", "--model=63,64")
+    expected = _native.Job(job, ["cluster.servers=127.0.0.1:1,127.0.0.1:2"]).overall_ratio
+    for result in results:
+        assert result["compression"] == pytest.approx(expected, rel=1e-12)
+    # The final average leaves every worker with the servers' model.
+    for result in results:
+        assert torch.equal(result["final"], results[0]["servers"])
+
+
+def evaluate(flat, hidden, images, labels):
+    model = torch.nn.Sequential(torch.nn.Linear(784, hidden), torch.nn.ReLU(),
+                                torch.nn.Linear(hidden, 10))
+    torch.nn.utils.vector_to_parameters(flat, model.parameters())
+    with torch.no_grad():
+        return (model(images).argmax(dim=1) == labels).double().mean().item()
+
+
+def test_a_pytorch_worker_and_a_cpp_worker_train_one_job(tmp_path, start_servers):
+    # The C++ worker's MLP job (docs/protocol.md's layout): the PyTorch MLP of
+    # the same layers has the same d, so it joins as rank 0, and the model
+    # both end with must mean the same to each: the C++ worker's accuracy of
+    # the servers' model is torch's.
+    hidden = 32
+    text = f"""name: "mixed"
+seed: 3
+cluster {{ servers: "127.0.0.1:0" servers: "127.0.0.1:0" num_workers: 2 }}
+model {{ kind: MLP hidden: {hidden} }}
+data {{ batch_size: 32 train_limit: 2000 test_limit: 1000 }}
+optimizer {{ lr: 0.05 momentum_kind: HEAVY_BALL momentum: 0.9 }}
+algorithm {{ name: "ssgd" block_size: 256 }}
+epochs: 1
+output_dir: "{tmp_path}/out"
+"""
+    job = cluster.write_job(tmp_path, text)
+    servers = start_servers(job, 2)
+    steps = 2000 // (2 * 32)
+    env = dict(os.environ, RANK="0", WORLD_SIZE="2", CSERPS_JOB=job,
+               CSERPS_SERVERS=servers.servers, OMP_NUM_THREADS="1")
+    python_worker = subprocess.Popen(
+        [sys.executable, WORKER, f"--out={tmp_path}", f"--steps={steps}", "--batch=32",
+         f"--fashion-mnist={hidden}"], env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True)
+    cpp_worker = subprocess.Popen(
+        [os.path.join(cluster.BIN_DIR, "cserps-worker"), f"--config={job}", "--rank=1",
+         f"--set=cluster.servers={servers.servers}"],
+        env=dict(os.environ, OPENBLAS_NUM_THREADS="1"), stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True)
+    try:
+        outputs = [p.communicate(timeout=JOB_TIMEOUT_S)[0] for p in (python_worker, cpp_worker)]
+    finally:
+        for p in (python_worker, cpp_worker):
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=10)
+    assert python_worker.returncode == 0, outputs[0]
+    assert cpp_worker.returncode == 0, outputs[1]
+    result = torch.load(os.path.join(tmp_path, "worker_0.pt"))
+    assert torch.equal(result["final"], result["servers"])
+    with open(os.path.join(tmp_path, "out", "worker_1.json")) as f:
+        summary = json.load(f)
+    assert summary["steps"] == steps
+    images, labels = fashion_mnist(train=False, limit=1000)
+    accuracy = evaluate(result["servers"], hidden, images, labels)
+    assert accuracy > 0.6
+    # Printed with 6 decimals; 1000 examples make steps of 0.001.
+    assert accuracy == pytest.approx(summary["test_accuracy_global"], abs=1e-6)

@@ -1,0 +1,205 @@
+"""cserps.torch.Optimizer with one worker in this process, against
+torch.optim.SGD, and its refusals of bad arguments."""
+
+import copy
+
+import pytest
+import torch
+
+import cluster
+import cserps.torch
+from cserps import _native
+
+
+def mlp(seed, widths=(20, 16, 4)):
+    torch.manual_seed(seed)
+    layers = []
+    for i in range(len(widths) - 1):
+        layers.append(torch.nn.Linear(widths[i], widths[i + 1]))
+        if i + 2 < len(widths):
+            layers.append(torch.nn.ReLU())
+    return torch.nn.Sequential(*layers)
+
+
+def num_params(model):
+    return sum(p.numel() for p in model.parameters())
+
+
+def batches(steps, batch=8, dim=20, classes=4):
+    generator = torch.Generator().manual_seed(5)
+    return [(torch.randn(batch, dim, generator=generator),
+             torch.randint(0, classes, (batch,), generator=generator)) for _ in range(steps)]
+
+
+def train_step(model, optimizer, x, y):
+    optimizer.zero_grad()
+    loss = torch.nn.functional.cross_entropy(model(x), y)
+    loss.backward()
+    optimizer.step()
+    return loss
+
+
+CASES = [
+    # (algorithm, momentum_kind, algorithm fields, torch's SGD arguments)
+    ("ssgd", "HEAVY_BALL", "", dict(momentum=0.9, weight_decay=1e-4)),
+    ("ssgd", "NESTEROV", "", dict(momentum=0.9, nesterov=True, weight_decay=1e-4)),
+    ("ssgd", "NONE", "", dict(weight_decay=1e-4)),
+    ("cser", "HEAVY_BALL", "period: 4 ratio_c1: 2 ratio_c2: 8",
+     dict(momentum=0.9, weight_decay=1e-4)),
+    ("m-cser", "NESTEROV", "period: 4 ratio_c1: 2 ratio_c2: 8",
+     dict(momentum=0.9, nesterov=True, weight_decay=1e-4)),
+]
+
+
+@pytest.mark.parametrize("algorithm,momentum_kind,fields,sgd", CASES,
+                         ids=[f"{c[0]}-{c[1]}" for c in CASES])
+def test_one_worker_is_torch_sgd_bit_for_bit(tmp_path, start_servers, algorithm,
+                                             momentum_kind, fields, sgd):
+    # A single worker has no compression error: every average is its own
+    # values, so each step must be torch's SGD step, with the lr that a
+    # torch scheduler sets.
+    model = mlp(1)
+    reference = copy.deepcopy(model)
+    job = cluster.write_job(tmp_path, cluster.job_text(
+        num_params(model), algorithm=algorithm, momentum_kind=momentum_kind,
+        extra_algorithm=fields))
+    servers = start_servers(job, 2)
+    optimizer = cserps.torch.Optimizer(model.parameters(), job=job, servers=servers.servers)
+    torch_sgd = torch.optim.SGD(reference.parameters(), lr=0.05, **sgd)
+    schedules = [torch.optim.lr_scheduler.StepLR(o, step_size=10, gamma=0.5)
+                 for o in (optimizer, torch_sgd)]
+    for t, (x, y) in enumerate(batches(30)):
+        train_step(model, optimizer, x, y)
+        train_step(reference, torch_sgd, x, y)
+        for schedule in schedules:
+            schedule.step()
+        for a, b in zip(model.parameters(), reference.parameters()):
+            assert torch.equal(a, b), f"step {t}"
+    assert optimizer.steps == 30
+    moved = max((a - b).abs().max().item()
+                for a, b in zip(model.parameters(), mlp(1).parameters()))
+    assert moved > 1e-2
+
+
+def test_parameters_and_gradients_are_views_of_the_flat_buffers(tmp_path, start_servers):
+    model = mlp(2)
+    job = cluster.write_job(tmp_path, cluster.job_text(num_params(model), servers=1))
+    servers = start_servers(job, 1)
+    optimizer = cserps.torch.Optimizer(model.parameters(), job=job, servers=servers.servers)
+    flat = optimizer.flat_params
+    offset = 0
+    for p in model.parameters():
+        assert p.data_ptr() == flat.data_ptr() + 4 * offset
+        offset += p.numel()
+    x, y = batches(1)[0]
+    train_step(model, optimizer, x, y)
+    grads = [p.grad.data_ptr() for p in model.parameters()]
+    # A gradient set to None or replaced is copied back in at the next step.
+    first = next(model.parameters())
+    first.grad = None
+    optimizer.step()
+    assert [p.grad.data_ptr() for p in model.parameters()] == grads
+
+
+def test_unknown_algorithm_lists_the_known_ones(tmp_path):
+    job = cluster.write_job(tmp_path, cluster.job_text(100))
+    with pytest.raises(ValueError, match=r"unknown algorithm \"sgd\"; known: .*cser.*ssgd"):
+        cserps.torch.Optimizer(mlp(3).parameters(), algorithm="sgd", job=job,
+                               servers="127.0.0.1:1")
+
+
+def test_model_of_another_size_names_both_and_the_fix(tmp_path):
+    model = mlp(3)
+    job = cluster.write_job(tmp_path, cluster.job_text(num_params(model) + 1))
+    with pytest.raises(ValueError, match=rf"have {num_params(model)} floats but the job's "
+                       rf"model \(FLAT\) has {num_params(model) + 1}.*num_params: "
+                       rf"{num_params(model)}"):
+        cserps.torch.Optimizer(model.parameters(), job=job, servers="127.0.0.1:1")
+
+
+def test_bad_arguments_are_value_errors(tmp_path):
+    model = mlp(3)
+    job = cluster.write_job(tmp_path, cluster.job_text(num_params(model)))
+    layers = list(model.parameters())
+    nowhere = "127.0.0.1:1,127.0.0.1:2"  # never reached: the arguments are refused first
+    with pytest.raises(ValueError, match="2 parameter groups"):
+        cserps.torch.Optimizer([{"params": layers[:2]}, {"params": layers[2:]}], job=job)
+    with pytest.raises(ValueError, match="torch.float64; cserps trains float32"):
+        cserps.torch.Optimizer(mlp(3).double().parameters(), job=job)
+    frozen = mlp(3)
+    next(frozen.parameters()).requires_grad_(False)
+    with pytest.raises(ValueError, match="does not require a gradient"):
+        cserps.torch.Optimizer(frozen.parameters(), job=job)
+    with pytest.raises(ValueError, match="nesterov=True needs a momentum > 0"):
+        cserps.torch.Optimizer(model.parameters(), job=job, servers=nowhere, momentum=0.0,
+                               nesterov=True)
+    with pytest.raises(ValueError, match="optimizer.lr: must be > 0"):
+        cserps.torch.Optimizer(model.parameters(), job=job, servers=nowhere, lr=-1.0)
+    with pytest.raises(ValueError, match="no job config"):
+        cserps.torch.Optimizer(model.parameters())
+    with pytest.raises(FileNotFoundError, match="no_such_job.textproto"):
+        cserps.torch.Optimizer(model.parameters(), job=str(tmp_path / "no_such_job.textproto"))
+
+
+def test_launcher_of_another_size_is_refused(tmp_path, monkeypatch):
+    model = mlp(3)
+    job = cluster.write_job(tmp_path, cluster.job_text(num_params(model), num_workers=2))
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    with pytest.raises(ValueError, match=r"\(torchrun\) started 3 workers but the job has "
+                       r"cluster.num_workers 2"):
+        cserps.torch.Optimizer(model.parameters(), job=job, servers="127.0.0.1:1")
+
+
+def test_unreachable_servers_are_a_connection_error_in_time(tmp_path):
+    import time
+    model = mlp(3)
+    job = cluster.write_job(tmp_path, cluster.job_text(num_params(model)))
+    # Port 1 of 127.0.0.1: nothing listens there.
+    start = time.monotonic()
+    with pytest.raises(ConnectionError, match=r"no answer from the servers within 2s"):
+        cserps.torch.Optimizer(model.parameters(), job=job, servers="127.0.0.1:1,127.0.0.1:2",
+                               setup_timeout=2.0)
+    assert time.monotonic() - start < 20
+
+
+def test_a_job_differing_from_the_servers_names_the_field(tmp_path, start_servers):
+    model = mlp(3)
+    job = cluster.write_job(tmp_path, cluster.job_text(num_params(model), servers=1))
+    servers = start_servers(job, 1)
+    with pytest.raises(ValueError, match="optimizer.weight_decay"):
+        cserps.torch.Optimizer(model.parameters(), job=job, servers=servers.servers,
+                               weight_decay=0.5)
+
+
+def test_round_timeout_and_dead_server_are_timeout_errors_in_time(tmp_path, start_servers):
+    import time
+    model = mlp(4)
+    # Two workers, one running: the first round cannot complete.
+    job = cluster.write_job(tmp_path, cluster.job_text(num_params(model), num_workers=2,
+                                                       round_timeout_s=1.0))
+    servers = start_servers(job, 2)
+    optimizer = cserps.torch.Optimizer(model.parameters(), job=job, servers=servers.servers,
+                                       rpc_slack=2.0)
+    x, y = batches(1)[0]
+    start = time.monotonic()
+    with pytest.raises(TimeoutError, match="rank"):
+        train_step(model, optimizer, x, y)
+    assert time.monotonic() - start < 1.0 + 2.0 + 10
+    servers.kill(0)
+    start = time.monotonic()
+    with pytest.raises((TimeoutError, ConnectionError)):
+        train_step(model, optimizer, x, y)
+    assert time.monotonic() - start < 1.0 + 2.0 + 10
+
+
+def test_job_reports_what_it_loaded(tmp_path):
+    job = cluster.write_job(tmp_path, cluster.job_text(4096, algorithm="cser",
+                                                       extra_algorithm="period: 4 ratio_c1: 2 "
+                                                                       "ratio_c2: 8"))
+    loaded = _native.Job(job, ["optimizer.lr=0.25", "cluster.servers=127.0.0.1:1,127.0.0.1:2"])
+    assert loaded.num_params == 4096
+    assert loaded.algorithm == "cser"
+    assert loaded.lr == 0.25
+    # MODEL_BLOCKS sends R_C1's round instead of R_C2's on sync steps.
+    assert loaded.overall_ratio == pytest.approx(4 / (3 / 8 + 1 / 2))

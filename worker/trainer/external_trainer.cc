@@ -1,0 +1,104 @@
+#include "worker/trainer/external_trainer.h"
+
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/rank_batch_sizes.h"
+#include "common/status.h"
+#include "worker/algorithms/registry.h"
+#include "worker/ps/worker_id.h"
+#include "worker/trainer/training_summary.h"
+
+namespace cserps {
+
+absl::StatusOr<std::unique_ptr<ExternalTrainer>> ExternalTrainer::Create(
+    const v1::JobConfig& config, const ExternalTrainerOptions& options) {
+  if (config.cluster().local_size() != 1) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cluster.local_size is ", config.cluster().local_size(),
+        ": a node's local ranks average through one cserps-worker process (docs/"
+        "node_groups.md); a job of PyTorch processes runs each as a worker of its own "
+        "(cluster.local_size 1)"));
+  }
+  if (config.algorithm().period_warmup_epochs() > 0 && options.steps_per_epoch == 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "algorithm.period_warmup_epochs is ", config.algorithm().period_warmup_epochs(),
+        ": it counts epochs, so the trainer needs its steps per epoch"));
+  }
+  ASSIGN_OR_RETURN(const ModelSpec spec, MakeModelSpec(config.model()));
+  PsClientOptions client_options;
+  client_options.setup_timeout = options.setup_timeout;
+  client_options.rpc_slack = options.rpc_slack;
+  ASSIGN_OR_RETURN(std::unique_ptr<PsClient> client,
+                   PsClient::Connect(config, spec.num_params, client_options));
+  const std::string worker_id =
+      options.worker_id.empty() ? DefaultWorkerId() : options.worker_id;
+  absl::StatusOr<uint32_t> rank = client->Register(options.requested_rank, worker_id);
+  if (absl::IsDeadlineExceeded(rank.status())) {
+    return absl::UnavailableError(absl::StrCat(
+        "no answer from the servers within ", absl::FormatDuration(options.setup_timeout),
+        " (are they running at the addresses of cluster.servers?): ",
+        rank.status().message()));
+  }
+  RETURN_IF_ERROR(rank.status());
+  const std::vector<uint32_t> batch_sizes = RankBatchSizes(config);
+  if (*rank >= batch_sizes.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank ", *rank, " is not below cluster.num_workers (", batch_sizes.size(), ")"));
+  }
+  std::unique_ptr<ExternalTrainer> trainer(new ExternalTrainer(config, std::move(client)));
+  trainer->weight_ = static_cast<float>(batch_sizes[*rank]);
+  AlgorithmContext context;
+  context.config = &trainer->config_;
+  context.comm = trainer->client_.get();
+  context.ops = &trainer->ops_;
+  context.weight = trainer->weight_;
+  context.steps_per_epoch = options.steps_per_epoch;
+  ASSIGN_OR_RETURN(trainer->algorithm_, MakeAlgorithm(context));
+  return trainer;
+}
+
+ExternalTrainer::ExternalTrainer(const v1::JobConfig& config, std::unique_ptr<PsClient> client)
+    : config_(config),
+      client_(std::move(client)),
+      ops_(client_->layout().num_params(), config.algorithm().block_size()) {}
+
+absl::Status ExternalTrainer::CheckSize(size_t size, const char* what) const {
+  if (size == num_params()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(what, " has ", size,
+                                                 " floats but the job's model has ",
+                                                 num_params(), " (model.num_params)"));
+}
+
+absl::Status ExternalTrainer::InitializeModel(absl::Span<float> params) {
+  RETURN_IF_ERROR(CheckSize(params.size(), "the model"));
+  if (rank() == 0) RETURN_IF_ERROR(client_->PushModel(params));
+  return client_->PullModel(params, /*wait_for_init=*/true);
+}
+
+absl::Status ExternalTrainer::Step(float lr, absl::Span<const float> grad,
+                                   absl::Span<float> params) {
+  RETURN_IF_ERROR(CheckSize(grad.size(), "the gradient"));
+  RETURN_IF_ERROR(CheckSize(params.size(), "the model"));
+  RETURN_IF_ERROR(algorithm_->Step(step_, lr, grad.data(), params.data()));
+  ++step_;
+  return absl::OkStatus();
+}
+
+absl::Status ExternalTrainer::Finish(absl::Span<float> params) {
+  RETURN_IF_ERROR(CheckSize(params.size(), "the model"));
+  return algorithm_->Finish(step_, params.data());
+}
+
+absl::Status ExternalTrainer::PullModel(absl::Span<float> out) {
+  RETURN_IF_ERROR(CheckSize(out.size(), "the buffer"));
+  return client_->PullModel(out, /*wait_for_init=*/false);
+}
+
+double ExternalTrainer::achieved_compression() const {
+  const uint64_t floats = TrainingFloatsPushed(*client_);
+  return floats == 0 ? 0.0 : static_cast<double>(step_) * num_params() / floats;
+}
+
+}  // namespace cserps

@@ -1,0 +1,93 @@
+// A worker whose model its caller computes: the PyTorch front
+// (python/cserps) computes each step's gradient in torch and hands it here
+// with the parameters, as host buffers of the job's d floats laid out as
+// docs/protocol.md says ("Model layout"; FLAT: the caller's order). The
+// step itself (direction, local update, the exchanges with the servers) is
+// the job's algorithm, the same code cserps-worker runs.
+//
+// Not thread-safe: one thread at a time.
+#ifndef CSERPS_WORKER_TRAINER_EXTERNAL_TRAINER_H_
+#define CSERPS_WORKER_TRAINER_EXTERNAL_TRAINER_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "cserps/v1/config.pb.h"
+#include "worker/algorithms/algorithm.h"
+#include "worker/device/host_device_ops.h"
+#include "worker/ps/ps_client.h"
+
+namespace cserps {
+
+struct ExternalTrainerOptions {
+  // The rank to claim; -1 lets shard 0 assign the lowest free one.
+  int requested_rank = -1;
+  std::string worker_id;  // empty: DefaultWorkerId()
+  // Deadline of Register and the model's push and pull, which wait for the
+  // servers to come up and for rank 0 to initialise the model.
+  absl::Duration setup_timeout = absl::Seconds(120);
+  // How much longer than cluster.round_timeout_s a step's exchange may wait
+  // for the servers before it fails with DEADLINE_EXCEEDED.
+  absl::Duration rpc_slack = absl::Seconds(30);
+  // Steps per epoch, for algorithm fields counted in epochs
+  // (algorithm.period_warmup_epochs); 0: the job has none.
+  uint64_t steps_per_epoch = 0;
+};
+
+class ExternalTrainer {
+ public:
+  // Connects to the servers of `config` (defaults applied, valid) and
+  // registers. Errors: FAILED_PRECONDITION for cluster.local_size > 1 (a
+  // node's local ranks run in one cserps-worker) or an algorithm field
+  // counted in epochs without steps_per_epoch; UNAVAILABLE for servers that
+  // do not answer Register within setup_timeout; Register's (FAILED_PRECONDITION
+  // naming the first field where the servers' job differs);
+  // INVALID_ARGUMENT for a rank not below cluster.num_workers;
+  // MakeAlgorithm's (NOT_FOUND listing the known names).
+  static absl::StatusOr<std::unique_ptr<ExternalTrainer>> Create(
+      const v1::JobConfig& config, const ExternalTrainerOptions& options = {});
+
+  // Rank 0 pushes `params` as the job's initial model; every rank then
+  // waits for it and pulls it into `params`, so all start alike.
+  absl::Status InitializeModel(absl::Span<float> params);
+  // Step step() of the algorithm at learning rate `lr`: `grad` is the
+  // stochastic gradient at `params`, which the step updates in place. Both
+  // are d floats and must stay where they are until Finish: an average
+  // the algorithm leaves in flight lands in `params` at a later step.
+  absl::Status Step(float lr, absl::Span<const float> grad, absl::Span<float> params);
+  // After the last step: the algorithm's final average, after which every
+  // worker's `params` and the servers hold the same global model.
+  absl::Status Finish(absl::Span<float> params);
+  // The servers' model.
+  absl::Status PullModel(absl::Span<float> out);
+
+  uint32_t rank() const { return client_->rank(); }
+  uint64_t num_params() const { return ops_.num_params(); }
+  uint64_t step() const { return step_; }
+  // The weight of this worker in averages: its batch size in the job
+  // (data.batch_size, or its entry of the per-rank lists).
+  float weight() const { return weight_; }
+  // Steps times d over the training floats pushed so far (S-SGD: 1).
+  double achieved_compression() const;
+  const PsClient& client() const { return *client_; }
+
+ private:
+  ExternalTrainer(const v1::JobConfig& config, std::unique_ptr<PsClient> client);
+  // `d` floats, or INVALID_ARGUMENT naming `what`.
+  absl::Status CheckSize(size_t size, const char* what) const;
+
+  const v1::JobConfig config_;
+  const std::unique_ptr<PsClient> client_;
+  HostDeviceOps ops_;
+  float weight_ = 0;
+  std::unique_ptr<Algorithm> algorithm_;  // on ops_ and client_
+  uint64_t step_ = 0;
+};
+
+}  // namespace cserps
+
+#endif  // CSERPS_WORKER_TRAINER_EXTERNAL_TRAINER_H_
