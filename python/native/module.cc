@@ -139,6 +139,24 @@ class Trainer {
   void PullModel(uintptr_t out, size_t count) {
     Call([&] { return trainer_->PullModel(Floats(out, count)); });
   }
+  size_t StateSize() {
+    absl::StatusOr<size_t> size;
+    Call([&] {
+      size = trainer_->StateSize();
+      return size.status();
+    });
+    return *size;
+  }
+  void SaveState(const std::vector<uintptr_t>& out, size_t count) {
+    std::vector<absl::Span<float>> spans;
+    for (uintptr_t address : out) spans.push_back(Floats(address, count));
+    Call([&] { return trainer_->SaveState(spans); });
+  }
+  void LoadState(uint64_t step, const std::vector<uintptr_t>& in, size_t count) {
+    std::vector<absl::Span<const float>> spans;
+    for (uintptr_t address : in) spans.push_back(Floats(address, count));
+    Call([&] { return trainer_->LoadState(step, spans); });
+  }
 
   uint32_t rank() const { return trainer_->rank(); }
   uint64_t step() {
@@ -232,6 +250,10 @@ PYBIND11_MODULE(_native, m) {
            py::arg("count"))
       .def("finish", &Trainer::Finish, py::arg("params"), py::arg("count"))
       .def("pull_model", &Trainer::PullModel, py::arg("out"), py::arg("count"))
+      .def("state_size", &Trainer::StateSize)
+      .def("save_state", &Trainer::SaveState, py::arg("out"), py::arg("count"))
+      .def("load_state", &Trainer::LoadState, py::arg("step"), py::arg("buffers"),
+           py::arg("count"))
       .def_property_readonly("rank", &Trainer::rank)
       .def_property_readonly("step_count", &Trainer::step)
       .def_property_readonly("weight", &Trainer::weight)

@@ -54,11 +54,12 @@ void PendingAverage::Release() {
   owner_ = nullptr;
 }
 
-Algorithm::Algorithm(const AlgorithmContext& context, std::vector<DeviceVector*> buffers,
-                     int staging_devices)
+Algorithm::Algorithm(const AlgorithmContext& context, std::vector<DeviceVector*> state,
+                     std::vector<DeviceVector*> scratch, int staging_devices)
     : context_(context),
       rule_(MakeDirectionRule(context.config->optimizer())),
-      buffers_(std::move(buffers)),
+      state_(std::move(state)),
+      scratch_(std::move(scratch)),
       staging_devices_(staging_devices) {}
 
 Algorithm::~Algorithm() = default;
@@ -71,9 +72,17 @@ absl::Status Algorithm::Init() {
                      ops().MakeStaging(context_.group));
     idle_staging_.push_back(std::move(staging));
   }
-  for (DeviceVector* buffer : buffers_) RETURN_IF_ERROR(Allocate(buffer));
+  for (DeviceVector* buffer : state_) RETURN_IF_ERROR(Allocate(buffer));
+  for (DeviceVector* buffer : scratch_) RETURN_IF_ERROR(Allocate(buffer));
   if (rule_.kind == v1::OptimizerConfig::NONE) return absl::OkStatus();
   return Allocate(&momentum_);
+}
+
+absl::StatusOr<std::vector<float*>> Algorithm::StateBuffers() {
+  std::vector<float*> buffers;
+  if (momentum_.data() != nullptr) buffers.push_back(momentum_.data());
+  for (DeviceVector* buffer : state_) buffers.push_back(buffer->data());
+  return buffers;
 }
 
 absl::Status Algorithm::Finish(uint64_t step, float* x) {

@@ -74,11 +74,13 @@ class PendingAverage {
 
 class Algorithm {
  public:
-  // `buffers`: the algorithm's own model-sized buffers (members of the
-  // derived class, not dereferenced before Init, which makes them zeroed).
+  // The algorithm's own model-sized buffers, members of the derived class
+  // that Init makes zeroed (not dereferenced before): `state`, those whose
+  // contents one step leaves for the next (error buffers, x̂), which a
+  // checkpoint holds; `scratch`, those each step writes before it reads.
   // `staging_devices`: how many averages it has under way at once.
-  Algorithm(const AlgorithmContext& context, std::vector<DeviceVector*> buffers,
-            int staging_devices = 1);
+  Algorithm(const AlgorithmContext& context, std::vector<DeviceVector*> state,
+            std::vector<DeviceVector*> scratch = {}, int staging_devices = 1);
   Algorithm(const Algorithm&) = delete;
   Algorithm& operator=(const Algorithm&) = delete;
   virtual ~Algorithm();
@@ -102,6 +104,13 @@ class Algorithm {
   // algorithm needs; the registry calls it once, before the first step.
   // Algorithms that need more extend it.
   virtual absl::Status Init();
+
+  // The buffers that hold the algorithm's whole state between two steps,
+  // the momentum buffer first: copies of them taken after step t, loaded
+  // into a fresh algorithm of the same job, make its step t + 1 the same to
+  // the bit. FAILED_PRECONDITION for an algorithm that keeps an average in
+  // flight from one step to the next (its state is on the wire).
+  virtual absl::StatusOr<std::vector<float*>> StateBuffers();
 
  protected:
   const v1::JobConfig& config() const { return *context_.config; }
@@ -153,7 +162,8 @@ class Algorithm {
 
   const AlgorithmContext context_;
   const DirectionRule rule_;
-  const std::vector<DeviceVector*> buffers_;
+  const std::vector<DeviceVector*> state_;
+  const std::vector<DeviceVector*> scratch_;
   const int staging_devices_;
   DeviceVector momentum_;  // Direction's; empty for NONE
   std::vector<std::unique_ptr<StagingDevice>> idle_staging_;

@@ -13,7 +13,7 @@ namespace {
 class AsyncSgd final : public Algorithm {
  public:
   explicit AsyncSgd(const AlgorithmContext& context)
-      : Algorithm(context, {}, /*staging_devices=*/0),
+      : Algorithm(context, {}, {}, /*staging_devices=*/0),
         grad_(context.ops->num_params()),
         model_(context.ops->num_params()) {}
 

@@ -31,6 +31,12 @@ class CocodSgd final : public Algorithm {
     return Algorithm::Finish(step, x);
   }
 
+  absl::StatusOr<std::vector<float*>> StateBuffers() override {
+    return absl::FailedPreconditionError(
+        "cocod-sgd keeps its period's average in flight across steps, so its state "
+        "between two steps is not all on this worker");
+  }
+
  private:
   // k, or 1 during the first period_warmup_epochs epochs (the paper's
   // schedule).

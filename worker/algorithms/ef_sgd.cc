@@ -9,7 +9,7 @@ namespace {
 
 class EfSgd final : public Algorithm {
  public:
-  explicit EfSgd(const AlgorithmContext& context) : Algorithm(context, {&p_, &a_, &e_}) {}
+  explicit EfSgd(const AlgorithmContext& context) : Algorithm(context, {&e_}, {&p_, &a_}) {}
 
   absl::Status Step(uint64_t t, float lr, const float* g, float* x) override {
     const uint32_t r = algorithm().ratio();

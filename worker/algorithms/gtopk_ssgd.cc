@@ -17,7 +17,7 @@ namespace {
 class SparseTopkSsgd final : public Algorithm {
  public:
   explicit SparseTopkSsgd(const AlgorithmContext& context)
-      : Algorithm(context, {&residual_}, /*staging_devices=*/0),
+      : Algorithm(context, {&residual_}, {}, /*staging_devices=*/0),
         members_(static_cast<float>(context.config->cluster().num_workers())) {
     const BlockLayout& layout = context.comm->layout();
     const uint64_t k = SparseK(context.config->algorithm(), layout.num_params());

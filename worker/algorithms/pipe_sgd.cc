@@ -16,7 +16,7 @@ class PipeSgd final : public Algorithm {
  public:
   // Step t + 1 starts its average before step t's has landed.
   explicit PipeSgd(const AlgorithmContext& context)
-      : Algorithm(context, {&p_}, /*staging_devices=*/2) {}
+      : Algorithm(context, {}, {&p_}, /*staging_devices=*/2) {}
 
   absl::Status Step(uint64_t t, float lr, const float* g, float* x) override {
     // p_t = Direction(g_t).
@@ -28,6 +28,12 @@ class PipeSgd final : public Algorithm {
     // x ← x − η_{t−1}·AVG(p_{t−1}).
     if (!previous.has_value()) return absl::OkStatus();
     return previous->Complete(x);
+  }
+
+  absl::StatusOr<std::vector<float*>> StateBuffers() override {
+    return absl::FailedPreconditionError(
+        "pipe-sgd keeps each step's average in flight into the next step, so its state "
+        "between two steps is not all on this worker");
   }
 
   // Applies the last average; the servers applied every round already, so

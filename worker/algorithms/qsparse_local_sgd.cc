@@ -10,13 +10,11 @@ namespace {
 class QsparseLocalSgd final : public Algorithm {
  public:
   explicit QsparseLocalSgd(const AlgorithmContext& context)
-      : Algorithm(context, {&u_, &e_, &x_hat_}) {}
+      : Algorithm(context, {&e_, &x_hat_}, {&u_}) {}
 
   absl::Status Step(uint64_t t, float lr, const float* g, float* x) override {
-    if (!started_) {  // x̂ starts at the common start
-      RETURN_IF_ERROR(ops().Copy(x, x_hat_.data()));
-      started_ = true;
-    }
+    // x̂ starts at the common start.
+    if (t == 0) RETURN_IF_ERROR(ops().Copy(x, x_hat_.data()));
     RETURN_IF_ERROR(ops().SgdStep(rule(), lr, g, momentum(), x));
     if (!IsSyncStep(t, algorithm().period())) return absl::OkStatus();
 
@@ -33,7 +31,6 @@ class QsparseLocalSgd final : public Algorithm {
 
  private:
   DeviceVector u_, e_, x_hat_;
-  bool started_ = false;
 };
 
 }  // namespace

@@ -9,7 +9,7 @@ namespace {
 
 class Ssgd final : public Algorithm {
  public:
-  explicit Ssgd(const AlgorithmContext& context) : Algorithm(context, {&p_}) {}
+  explicit Ssgd(const AlgorithmContext& context) : Algorithm(context, {}, {&p_}) {}
 
   absl::Status Step(uint64_t t, float lr, const float* g, float* x) override {
     // p_i = Direction(g_i), with this worker's own momentum buffer.

@@ -96,6 +96,40 @@ absl::Status ExternalTrainer::PullModel(absl::Span<float> out) {
   return client_->PullModel(out, /*wait_for_init=*/false);
 }
 
+absl::StatusOr<size_t> ExternalTrainer::StateSize() {
+  ASSIGN_OR_RETURN(const std::vector<float*> buffers, algorithm_->StateBuffers());
+  return buffers.size();
+}
+
+absl::Status ExternalTrainer::SaveState(absl::Span<const absl::Span<float>> out) {
+  ASSIGN_OR_RETURN(const std::vector<float*> buffers, algorithm_->StateBuffers());
+  if (out.size() != buffers.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the algorithm's state has ", buffers.size(), " buffers, not ", out.size()));
+  }
+  for (size_t i = 0; i < buffers.size(); ++i) {
+    RETURN_IF_ERROR(CheckSize(out[i].size(), "a state buffer"));
+    RETURN_IF_ERROR(ops_.Download(buffers[i], out[i]));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ExternalTrainer::LoadState(uint64_t step,
+                                        absl::Span<const absl::Span<const float>> in) {
+  ASSIGN_OR_RETURN(const std::vector<float*> buffers, algorithm_->StateBuffers());
+  if (in.size() != buffers.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the state has ", in.size(), " buffers but ", config_.algorithm().name(),
+        " with this job's optimizer keeps ", buffers.size()));
+  }
+  for (size_t i = 0; i < buffers.size(); ++i) {
+    RETURN_IF_ERROR(CheckSize(in[i].size(), "a state buffer"));
+  }
+  for (size_t i = 0; i < buffers.size(); ++i) RETURN_IF_ERROR(ops_.Upload(in[i], buffers[i]));
+  step_ = step;
+  return absl::OkStatus();
+}
+
 double ExternalTrainer::achieved_compression() const {
   const uint64_t floats = TrainingFloatsPushed(*client_);
   return floats == 0 ? 0.0 : static_cast<double>(step_) * num_params() / floats;

@@ -65,6 +65,16 @@ class ExternalTrainer {
   // The servers' model.
   absl::Status PullModel(absl::Span<float> out);
 
+  // A checkpoint of the algorithm after step() steps: how many model-sized
+  // buffers its state has, and copies of them (Algorithm::StateBuffers;
+  // FAILED_PRECONDITION for an algorithm that keeps an average in flight
+  // between steps). LoadState puts such copies back, with the step count
+  // they were taken at, so that the next step is the one that followed
+  // them; INVALID_ARGUMENT when their count or sizes do not match.
+  absl::StatusOr<size_t> StateSize();
+  absl::Status SaveState(absl::Span<const absl::Span<float>> out);
+  absl::Status LoadState(uint64_t step, absl::Span<const absl::Span<const float>> in);
+
   uint32_t rank() const { return client_->rank(); }
   uint64_t num_params() const { return ops_.num_params(); }
   uint64_t step() const { return step_; }

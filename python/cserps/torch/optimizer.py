@@ -10,6 +10,8 @@ from cserps.torch import settings
 
 # The hyperparameters torch's param_groups hold; the job fixes all but lr.
 _FIXED = ("momentum", "nesterov", "weight_decay")
+# The version of the "cserps" entry of state_dict().
+_STATE_FORMAT = "cserps.torch/1"
 
 
 def _value(value):
@@ -68,15 +70,22 @@ class Optimizer(torch.optim.Optimizer):
     torch.optim.lr_scheduler drives it; every worker must use the same
     schedule: the servers apply the lr of a round's first push.
 
-    Construction registers with the servers (rank: RANK or SLURM_PROCID when
-    set, else assigned) and starts every worker from the same model: rank
-    0's parameters, pushed to the servers and pulled by all.
+    Construction registers with the servers (rank: the rank argument, else
+    RANK or SLURM_PROCID when set, else assigned; a restarted process gets its rank back by giving the
+    worker_id it registered with) and starts every worker from the same
+    model: rank 0's parameters, pushed to the servers and pulled by all.
+
+    state_dict() holds, besides torch's param_groups, the algorithm's whole
+    state on this worker (its local model, momentum and error buffers, step
+    count), so torch.save of it is this worker's checkpoint and
+    load_state_dict() resumes from it to the bit. Each rank saves and loads
+    its own: the workers' local states differ.
     """
 
     def __init__(self, params, algorithm=None, lr=None, momentum=None, nesterov=None,
                  weight_decay=None, *, job=None, servers=None, set=None,
-                 steps_per_epoch=0, setup_timeout=120.0, rpc_slack=30.0,
-                 **algorithm_params):
+                 steps_per_epoch=0, setup_timeout=120.0, rpc_slack=30.0, worker_id="",
+                 rank=None, **algorithm_params):
         super().__init__(params, dict(lr=lr, momentum=momentum, nesterov=nesterov,
                                       weight_decay=weight_decay))
         if len(self.param_groups) != 1:
@@ -109,9 +118,11 @@ class Optimizer(torch.optim.Optimizer):
             raise ValueError(
                 f"the launcher ({self._place.source}) started {self._place.world_size} "
                 f"workers but the job has cluster.num_workers {self._job.num_workers}")
+        requested_rank = self._place.rank if rank is None else int(rank)
         self._flatten()
         self._trainer = _native.Trainer(
-            self._job, rank=self._place.rank, setup_timeout_s=float(setup_timeout),
+            self._job, rank=requested_rank, worker_id=str(worker_id),
+            setup_timeout_s=float(setup_timeout),
             rpc_slack_s=float(rpc_slack), steps_per_epoch=int(steps_per_epoch))
         self._trainer.initialize_model(self._flat.data_ptr(), self._num_params)
         self._finished = False
@@ -213,6 +224,65 @@ class Optimizer(torch.optim.Optimizer):
         out = torch.empty(self._num_params, dtype=torch.float32)
         self._trainer.pull_model(out.data_ptr(), self._num_params)
         return out
+
+    def state_dict(self):
+        """torch's state_dict, plus this worker's cserps state under "cserps".
+        ValueError for an algorithm that keeps an average in flight between
+        steps (cocod-sgd, pipe-sgd)."""
+        state = super().state_dict()
+        buffers = [torch.empty(self._num_params, dtype=torch.float32)
+                   for _ in range(self._trainer.state_size())]
+        self._trainer.save_state([b.data_ptr() for b in buffers], self._num_params)
+        state["cserps"] = {
+            "format": _STATE_FORMAT,
+            "algorithm": self._job.algorithm,
+            "block_size": self._job.block_size,
+            "num_params": self._num_params,
+            "rank": self.rank,
+            "step": self.steps,
+            "finished": self._finished,
+            "params": self._flat.clone(),
+            "buffers": buffers,
+        }
+        return state
+
+    def load_state_dict(self, state_dict):
+        """Resumes from a state_dict() of this rank in a job of the same
+        algorithm, block size and model; ValueError naming what differs."""
+        saved = state_dict.get("cserps") if isinstance(state_dict, dict) else None
+        if not isinstance(saved, dict):
+            raise ValueError("not the state of a cserps.torch.Optimizer: it has no "
+                             "'cserps' entry")
+        if saved.get("format") != _STATE_FORMAT:
+            raise ValueError(f"state format {saved.get('format')!r}; this cserps reads "
+                             f"{_STATE_FORMAT!r}")
+        for key, mine in (("algorithm", self._job.algorithm),
+                          ("block_size", self._job.block_size),
+                          ("num_params", self._num_params), ("rank", self.rank)):
+            if saved.get(key) != mine:
+                raise ValueError(f"the state is of {key} {saved.get(key)!r} but this "
+                                 f"worker's is {mine!r}")
+        tensors = [saved["params"]] + list(saved["buffers"])
+        for i, t in enumerate(tensors):
+            if (not isinstance(t, torch.Tensor) or t.dtype != torch.float32
+                    or tuple(t.shape) != (self._num_params,)):
+                what = "params" if i == 0 else f"buffers[{i - 1}]"
+                raise ValueError(f"the state's {what} is not {self._num_params} float32s")
+        groups = state_dict.get("param_groups")
+        if not isinstance(groups, list) or len(groups) != 1:
+            raise ValueError("the state's param_groups are not one group")
+        for key, value in self._fixed.items():
+            if groups[0].get(key) != value:
+                raise ValueError(
+                    f"the state's {key} is {groups[0].get(key)} but the job's is {value}")
+        buffers = [t.detach().cpu().contiguous() for t in tensors[1:]]
+        self._trainer.load_state(int(saved["step"]), [b.data_ptr() for b in buffers],
+                                 self._num_params)
+        super().load_state_dict({"state": {}, "param_groups": groups})
+        with torch.no_grad():
+            self._flat.copy_(saved["params"])
+        self._repoint()
+        self._finished = bool(saved["finished"])
 
     def add_param_group(self, param_group):
         if hasattr(self, "_trainer"):

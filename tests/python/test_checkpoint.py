@@ -1,0 +1,156 @@
+"""state_dict() and load_state_dict(): a checkpoint of every worker resumes
+the job to the bit, and a state of another job is refused."""
+
+import io
+import threading
+
+import pytest
+import torch
+
+import cluster
+import cserps.torch
+
+WORKERS = 2
+STEPS = 20
+SAVE_AFTER = 12
+THREAD_TIMEOUT_S = 120
+
+
+def mlp(seed):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(20, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+
+
+def batch(rank, t):
+    generator = torch.Generator().manual_seed(1000 * rank + t)
+    return torch.randn(8, 20, generator=generator), torch.randint(0, 4, (8,), generator=generator)
+
+
+def train(model, optimizer, rank, steps):
+    history = []
+    for t in steps:
+        x, y = batch(rank, t)
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+        history.append(optimizer.flat_params.clone())
+    return history
+
+
+def on_threads(work):
+    """work(rank) on one thread per worker (the native calls release the
+    GIL, so the workers' rounds meet); their results, or the first error."""
+    results, errors = [None] * WORKERS, []
+
+    def run(rank):
+        try:
+            results[rank] = work(rank)
+        except BaseException as error:  # re-raised below, in the test's thread
+            errors.append(error)
+
+    threads = [threading.Thread(target=run, args=(r,), daemon=True) for r in range(WORKERS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=THREAD_TIMEOUT_S)
+    assert not any(t.is_alive() for t in threads), "a worker did not finish in time"
+    if errors:
+        raise errors[0]
+    return results
+
+
+# Every algorithm whose state between steps is on its workers (async-sgd's
+# is on the servers; cocod-sgd and pipe-sgd keep averages in flight): the
+# momentum buffer (all of them), local models (the periodic ones), error
+# buffers (ef-sgd, the top-k residuals), x̂ (qsparse-local-sgd).
+CASES = [
+    ("ssgd", ""),
+    ("cser", "period: 4 ratio_c1: 2 ratio_c2: 8"),
+    ("cser", "period: 4 ratio_c1: 2 ratio_c2: 8 cser_variant: GRADIENT_BLOCKS"),
+    ("cser-pl", "period: 4 ratio_c1: 2"),
+    ("csea", "ratio_c1: 4"),
+    ("local-sgd", "period: 4"),
+    ("ef-sgd", "ratio: 4"),
+    ("qsparse-local-sgd", "period: 4 ratio: 4"),
+    ("topk-ssgd", "density: 0.05"),
+    ("gtopk-ssgd", "density: 0.05"),
+]
+
+
+@pytest.mark.parametrize("algorithm,fields", CASES,
+                         ids=[c[0] + ("-gradient-blocks" if "GRADIENT" in c[1] else "")
+                              for c in CASES])
+def test_resumed_workers_take_the_same_steps(tmp_path, start_servers, algorithm, fields):
+    d = 20 * 16 + 16 + 16 * 4 + 4
+    # The resumed job runs on new servers, whose first round is step 12.
+    job = cluster.write_job(tmp_path, cluster.job_text(
+        d, num_workers=WORKERS, algorithm=algorithm, extra_algorithm=fields,
+        max_step_lag=100))
+    first = start_servers(job, 2)
+
+    def uninterrupted(rank):
+        model = mlp(rank)
+        optimizer = cserps.torch.Optimizer(model.parameters(), job=job,
+                                           servers=first.servers, rank=rank)
+        train(model, optimizer, rank, range(SAVE_AFTER))
+        checkpoint = io.BytesIO()
+        torch.save(optimizer.state_dict(), checkpoint)
+        return checkpoint.getvalue(), train(model, optimizer, rank, range(SAVE_AFTER, STEPS))
+
+    results = on_threads(uninterrupted)
+    first.stop()
+    second = start_servers(job, 2)
+
+    def resumed(rank):
+        model = mlp(50 + rank)  # not the checkpoint's: loading must replace it
+        optimizer = cserps.torch.Optimizer(model.parameters(), job=job,
+                                           servers=second.servers, rank=rank)
+        optimizer.load_state_dict(torch.load(io.BytesIO(results[rank][0])))
+        assert optimizer.steps == SAVE_AFTER
+        return train(model, optimizer, rank, range(SAVE_AFTER, STEPS))
+
+    for rank, history in enumerate(on_threads(resumed)):
+        for t, (a, b) in enumerate(zip(results[rank][1], history)):
+            assert torch.equal(a, b), f"rank {rank} step {SAVE_AFTER + t}"
+    # The workers' local models differ for cser: each resumed its own.
+    if algorithm.startswith("cser"):
+        assert not torch.equal(results[0][1][0], results[1][1][0])
+
+
+def one_worker(tmp_path, start_servers, algorithm, fields="", block_size=64, name="job"):
+    model = mlp(0)
+    job = cluster.write_job(tmp_path, cluster.job_text(
+        sum(p.numel() for p in model.parameters()), servers=1, algorithm=algorithm,
+        extra_algorithm=fields, block_size=block_size), name=f"{name}.textproto")
+    servers = start_servers(job, 1)
+    return model, cserps.torch.Optimizer(model.parameters(), job=job, servers=servers.servers)
+
+
+def test_a_state_of_another_job_is_refused(tmp_path, start_servers):
+    _, cser = one_worker(tmp_path, start_servers, "cser", "period: 4 ratio_c1: 2 ratio_c2: 8",
+                         name="cser")
+    state = cser.state_dict()
+    _, ssgd = one_worker(tmp_path, start_servers, "ssgd", name="ssgd")
+    with pytest.raises(ValueError, match="the state is of algorithm 'cser' but this "
+                                         "worker's is 'ssgd'"):
+        ssgd.load_state_dict(state)
+    _, blocks = one_worker(tmp_path, start_servers, "cser", "period: 4 ratio_c1: 2 ratio_c2: 8",
+                           block_size=32, name="blocks")
+    with pytest.raises(ValueError, match="the state is of block_size 64 but this worker's is 32"):
+        blocks.load_state_dict(state)
+    smaller = cser.state_dict()
+    smaller["cserps"]["num_params"] -= 1
+    with pytest.raises(ValueError, match="the state is of num_params"):
+        cser.load_state_dict(smaller)
+    with pytest.raises(ValueError, match="has no 'cserps' entry"):
+        cser.load_state_dict({"state": {}, "param_groups": state["param_groups"]})
+    broken = cser.state_dict()
+    broken["cserps"]["buffers"][0] = torch.zeros(3)
+    with pytest.raises(ValueError, match=r"buffers\[0\] is not"):
+        cser.load_state_dict(broken)
+
+
+def test_an_average_in_flight_has_no_state_between_steps(tmp_path, start_servers):
+    _, cocod = one_worker(tmp_path, start_servers, "cocod-sgd", "period: 4")
+    with pytest.raises(ValueError, match="cocod-sgd keeps its period's average in flight"):
+        cocod.state_dict()
