@@ -210,6 +210,7 @@ PYBIND11_MODULE(_native, m) {
                              [](const Job& j) { return j.config.algorithm().name(); })
       .def_property_readonly("block_size",
                              [](const Job& j) { return j.config.algorithm().block_size(); })
+      .def_property_readonly("epochs", [](const Job& j) { return j.config.epochs(); })
       .def_property_readonly("lr", [](const Job& j) { return j.config.optimizer().lr(); })
       .def_property_readonly("momentum",
                              [](const Job& j) { return j.config.optimizer().momentum(); })
