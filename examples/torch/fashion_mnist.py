@@ -16,10 +16,11 @@ batch size, learning rate, momentum and weight decay:
 
 The job file is what the servers run, so another algorithm is chosen there or
 with the launcher's --set, which reaches servers and workers alike; CSER at
-R_C = 256:
+R_C = 256 (the paper's H = 32, R_C1 = 16, R_C2 = 512; 260 with the default
+MODEL_BLOCKS variant):
 
   build/bin/cserps-launch --config=examples/torch/fashion_mnist.textproto --nproc=4 \\
-      --set='algorithm.name=cser;algorithm.period=32;algorithm.ratio_c1=16;algorithm.ratio_c2=512;algorithm.cser_variant=GRADIENT_BLOCKS' \\
+      --set='algorithm.name=cser;algorithm.period=32;algorithm.ratio_c1=16;algorithm.ratio_c2=512' \\
       -- python3 examples/torch/fashion_mnist.py
 
 Rank 0 prints the test accuracy and the time per step, and with --out writes
@@ -128,16 +129,22 @@ def run_cserps(args):
     holder = {}
 
     def make(model):
-        holder["optimizer"] = cserps.torch.Optimizer(model.parameters(), job=args.job or None)
-        return holder["optimizer"]
+        holder["optimizer"] = optimizer = cserps.torch.Optimizer(model.parameters(),
+                                                                 job=args.job or None)
+        holder["pushed"] = optimizer.bytes_pushed  # rank 0's initial model
+        return optimizer
 
-    model, seconds = train(args, job, rank, world, make,
-                           finish=lambda: holder["optimizer"].finish())
-    if rank == 0:
+    def finish():
+        # The steps' traffic, without the final average.
         optimizer = holder["optimizer"]
+        holder["pushed"] = (optimizer.bytes_pushed - holder["pushed"]) / optimizer.steps
+        optimizer.finish()
+
+    model, seconds = train(args, job, rank, world, make, finish=finish)
+    if rank == 0:
         report(args, f"cserps {job.description}", model, seconds,
-               dict(achieved_compression=optimizer.achieved_compression,
-                    bytes_per_step=optimizer.bytes_pushed / max(1, optimizer.steps)))
+               dict(achieved_compression=holder["optimizer"].achieved_compression,
+                    bytes_pushed_per_step=holder["pushed"]))
 
 
 def ddp_worker(rank, args, port):

@@ -54,6 +54,8 @@ def test_cser_achieves_the_configured_compression(tmp_path):
     expected = _native.Job(job, ["cluster.servers=127.0.0.1:1,127.0.0.1:2"]).overall_ratio
     for result in results:
         assert result["compression"] == pytest.approx(expected, rel=1e-12)
+        # finish()'s full average is not training traffic.
+        assert result["compression_after_finish"] == result["compression"]
     # The final average leaves every worker with the servers' model.
     for result in results:
         assert torch.equal(result["final"], results[0]["servers"])

@@ -63,6 +63,7 @@ def main():
     compression = optimizer.achieved_compression
     optimizer.finish()
     torch.save({"rank": optimizer.rank, "history": history, "compression": compression,
+                "compression_after_finish": optimizer.achieved_compression,
                 "final": optimizer.flat_params.clone(), "servers": optimizer.server_model()},
                os.path.join(args.out, f"worker_{optimizer.rank}.pt"))
 

@@ -88,6 +88,7 @@ absl::Status ExternalTrainer::Step(float lr, absl::Span<const float> grad,
 
 absl::Status ExternalTrainer::Finish(absl::Span<float> params) {
   RETURN_IF_ERROR(CheckSize(params.size(), "the model"));
+  if (!training_floats_.has_value()) training_floats_ = TrainingFloatsPushed(*client_);
   return algorithm_->Finish(step_, params.data());
 }
 
@@ -131,7 +132,7 @@ absl::Status ExternalTrainer::LoadState(uint64_t step,
 }
 
 double ExternalTrainer::achieved_compression() const {
-  const uint64_t floats = TrainingFloatsPushed(*client_);
+  const uint64_t floats = training_floats_.value_or(TrainingFloatsPushed(*client_));
   return floats == 0 ? 0.0 : static_cast<double>(step_) * num_params() / floats;
 }
 

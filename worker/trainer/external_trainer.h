@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -81,7 +82,8 @@ class ExternalTrainer {
   // The weight of this worker in averages: its batch size in the job
   // (data.batch_size, or its entry of the per-rank lists).
   float weight() const { return weight_; }
-  // Steps times d over the training floats pushed so far (S-SGD: 1).
+  // Steps times d over the training floats pushed so far (S-SGD: 1); after
+  // Finish, those of the steps alone, as cserps-worker's summary reports.
   double achieved_compression() const;
   const PsClient& client() const { return *client_; }
 
@@ -96,6 +98,8 @@ class ExternalTrainer {
   float weight_ = 0;
   std::unique_ptr<Algorithm> algorithm_;  // on ops_ and client_
   uint64_t step_ = 0;
+  // The training floats pushed before Finish; unset until then.
+  std::optional<uint64_t> training_floats_;
 };
 
 }  // namespace cserps

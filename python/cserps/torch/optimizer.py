@@ -295,13 +295,25 @@ class Optimizer(torch.optim.Optimizer):
         return self._trainer.rank
 
     @property
+    def batch_size(self):
+        """This worker's batch size in the job: its weight in the averages."""
+        return int(self._trainer.weight)
+
+    @property
+    def algorithm(self):
+        """The job's algorithm, e.g. "cser (MODEL_BLOCKS): H=16, R_C1=4,
+        R_C2=64 -> overall R_C = 33.03"."""
+        return self._job.description
+
+    @property
     def steps(self):
         """Steps taken so far."""
         return self._trainer.step_count
 
     @property
     def achieved_compression(self):
-        """Steps times the model's floats over the training floats pushed."""
+        """Steps times the model's floats over the floats the steps pushed
+        (finish()'s final average not counted): S-SGD's traffic over this one's."""
         return self._trainer.achieved_compression
 
     @property
