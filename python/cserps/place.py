@@ -35,29 +35,29 @@ def _integer(env, name, default=None, minimum=0):
     return value
 
 
+# Each launcher's names of (rank, world size, local rank, local world size),
+# in the order they are looked for.
+_LAUNCHERS = (
+    ("torchrun", ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")),
+    ("slurm", ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE")),
+)
+
+
 def from_environment(env=None):
     """The Place the environment `env` (default: os.environ) describes."""
     env = os.environ if env is None else env
-    if env.get("RANK", "") != "" or env.get("WORLD_SIZE", "") != "":
-        place = Place(
-            rank=_integer(env, "RANK"),
-            world_size=_integer(env, "WORLD_SIZE", minimum=1),
-            local_rank=_integer(env, "LOCAL_RANK", default=0),
-            local_world_size=_integer(env, "LOCAL_WORLD_SIZE", default=1, minimum=1),
-            source="torchrun",
-        )
-        names = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
-    elif env.get("SLURM_PROCID", "") != "":
-        place = Place(
-            rank=_integer(env, "SLURM_PROCID"),
-            world_size=_integer(env, "SLURM_NTASKS", minimum=1),
-            local_rank=_integer(env, "SLURM_LOCALID", default=0),
-            local_world_size=_integer(env, "SLURM_NTASKS_PER_NODE", default=1, minimum=1),
-            source="slurm",
-        )
-        names = ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE")
+    for source, names in _LAUNCHERS:
+        if env.get(names[0], "") != "" or env.get(names[1], "") != "":
+            break
     else:
         return Place(rank=-1, world_size=0, local_rank=0, local_world_size=1, source="none")
+    place = Place(
+        rank=_integer(env, names[0]),
+        world_size=_integer(env, names[1], minimum=1),
+        local_rank=_integer(env, names[2], default=0),
+        local_world_size=_integer(env, names[3], default=1, minimum=1),
+        source=source,
+    )
     if place.rank >= place.world_size:
         raise ValueError(f"{names[0]}={place.rank} is not below {names[1]}={place.world_size}")
     if place.local_rank >= place.local_world_size:

@@ -22,29 +22,8 @@ struct Result {
   std::string output;
 };
 
-// Runs cserps-launch on configs/tiny.textproto with `overrides`; bounded by
-// the launcher's own --timeout_s.
-Result Launch(const std::string& overrides, const std::string& flags = "") {
-  const std::string command = absl::StrCat(
-      CSERPS_LAUNCH_BIN, " --config=", CSERPS_SOURCE_DIR,
-      "/configs/tiny.textproto --timeout_s=120 ", flags, " --set='", overrides, "' 2>&1");
-  Result result;
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return result;
-  char buffer[4096];
-  size_t n;
-  while ((n = fread(buffer, 1, sizeof(buffer), pipe)) > 0) result.output.append(buffer, n);
-  const int status = pclose(pipe);
-  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return result;
-}
-
-// cserps-launch on configs/tiny.textproto (2 workers) with `flags`, the
-// workers being `command` (after "--").
-Result LaunchCommand(const std::string& flags, const std::string& command) {
-  const std::string line = absl::StrCat(CSERPS_LAUNCH_BIN, " --config=", CSERPS_SOURCE_DIR,
-                                        "/configs/tiny.textproto --timeout_s=60 ", flags,
-                                        " -- ", command, " 2>&1");
+// Runs the shell command `line` (bounded by the launcher's own --timeout_s).
+Result Run(const std::string& line) {
   Result result;
   FILE* pipe = popen(line.c_str(), "r");
   if (pipe == nullptr) return result;
@@ -54,6 +33,21 @@ Result LaunchCommand(const std::string& flags, const std::string& command) {
   const int status = pclose(pipe);
   result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return result;
+}
+
+// cserps-launch on configs/tiny.textproto with `overrides`.
+Result Launch(const std::string& overrides, const std::string& flags = "") {
+  return Run(absl::StrCat(CSERPS_LAUNCH_BIN, " --config=", CSERPS_SOURCE_DIR,
+                          "/configs/tiny.textproto --timeout_s=120 ", flags, " --set='",
+                          overrides, "' 2>&1"));
+}
+
+// cserps-launch on configs/tiny.textproto (2 workers) with `flags`, the
+// workers being `command` (after "--").
+Result LaunchCommand(const std::string& flags, const std::string& command) {
+  return Run(absl::StrCat(CSERPS_LAUNCH_BIN, " --config=", CSERPS_SOURCE_DIR,
+                          "/configs/tiny.textproto --timeout_s=60 ", flags, " -- ", command,
+                          " 2>&1"));
 }
 
 class LaunchTest : public testing::Test {

@@ -8,17 +8,13 @@ import torch
 
 import cluster
 import cserps.torch
+import torch_worker
 from cserps import _native
 
 
 def mlp(seed, widths=(20, 16, 4)):
     torch.manual_seed(seed)
-    layers = []
-    for i in range(len(widths) - 1):
-        layers.append(torch.nn.Linear(widths[i], widths[i + 1]))
-        if i + 2 < len(widths):
-            layers.append(torch.nn.ReLU())
-    return torch.nn.Sequential(*layers)
+    return torch_worker.mlp(widths)
 
 
 def num_params(model):
