@@ -2,7 +2,9 @@
 // cserps). A Job is a loaded, validated job config; a Trainer is an
 // ExternalTrainer (worker/trainer/external_trainer.h) on buffers the caller
 // owns, passed as (address, float count): the Python side checks that they
-// are contiguous float32 host tensors that live as long as the trainer.
+// are contiguous float32 tensors that live as long as the trainer, in host
+// memory, or with device >= 0 (a CUDA build) on that GPU, where the trainer
+// runs the CUDA device ops on a stream of its own.
 //
 // Errors become Python exceptions carrying the C++ message: ValueError for
 // bad arguments and configs (FileNotFoundError for a missing job file),
@@ -25,10 +27,17 @@
 #include "common/config_load.h"
 #include "common/model_spec.h"
 #include "common/rank_batch_sizes.h"
+#include "common/status.h"
 #include "common/algorithm_catalog.h"
 #include "google/protobuf/text_format.h"
 #include "worker/data/dataset.h"
 #include "worker/trainer/external_trainer.h"
+#ifdef CSERPS_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "worker/cuda/cuda_device_ops.h"
+#include "worker/cuda/kernels/cuda_status.h"
+#endif
 
 namespace py = pybind11;
 
@@ -110,8 +119,8 @@ py::tuple LoadSplit(const std::string& dir, bool train, size_t limit) {
 class Trainer {
  public:
   Trainer(std::shared_ptr<Job> job, int requested_rank, const std::string& worker_id,
-          double setup_timeout_s, double rpc_slack_s, uint64_t steps_per_epoch)
-      : job_(std::move(job)) {
+          double setup_timeout_s, double rpc_slack_s, uint64_t steps_per_epoch, int device)
+      : job_(std::move(job)), device_(device) {
     ExternalTrainerOptions options;
     options.requested_rank = requested_rank;
     options.worker_id = worker_id;
@@ -121,20 +130,39 @@ class Trainer {
     absl::StatusOr<std::unique_ptr<ExternalTrainer>> trainer;
     {
       py::gil_scoped_release release;
-      trainer = ExternalTrainer::Create(job_->config, options);
+      absl::StatusOr<std::unique_ptr<DeviceOps>> ops = MakeOps();
+      trainer = ops.ok() ? ExternalTrainer::Create(job_->config, options, *std::move(ops))
+                         : ops.status();
     }
     ThrowIfError(trainer.status());
     trainer_ = *std::move(trainer);
+  }
+
+  ~Trainer() {
+    trainer_.reset();  // its ops queue on stream_
+#ifdef CSERPS_HAVE_CUDA
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+#endif
   }
 
   void InitializeModel(uintptr_t params, size_t count) {
     Call([&] { return trainer_->InitializeModel(Floats(params, count)); });
   }
   void Step(float lr, uintptr_t grad, uintptr_t params, size_t count) {
-    Call([&] { return trainer_->Step(lr, Floats(grad, count), Floats(params, count)); });
+    Call([&] {
+      // torch's gradient is on torch's streams, the update on the ops' own:
+      // each waits for the other.
+      RETURN_IF_ERROR(SynchronizeDevice());
+      RETURN_IF_ERROR(trainer_->Step(lr, Floats(grad, count), Floats(params, count)));
+      return SynchronizeDevice();
+    });
   }
   void Finish(uintptr_t params, size_t count) {
-    Call([&] { return trainer_->Finish(Floats(params, count)); });
+    Call([&] {
+      RETURN_IF_ERROR(SynchronizeDevice());
+      RETURN_IF_ERROR(trainer_->Finish(Floats(params, count)));
+      return SynchronizeDevice();
+    });
   }
   void PullModel(uintptr_t out, size_t count) {
     Call([&] { return trainer_->PullModel(Floats(out, count)); });
@@ -172,19 +200,55 @@ class Trainer {
   uint64_t bytes_pulled() const { return trainer_->client().bytes_pulled(); }
 
  private:
+  // The ops of device_: null (HostDeviceOps) for -1, else the CUDA device
+  // ops on a new stream of that GPU (stream_).
+  absl::StatusOr<std::unique_ptr<DeviceOps>> MakeOps() {
+    if (device_ < 0) return nullptr;
+#ifdef CSERPS_HAVE_CUDA
+    CSERPS_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    CSERPS_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    ASSIGN_OR_RETURN(std::unique_ptr<CudaDeviceOps> ops,
+                     CudaDeviceOps::Create(job_->num_params,
+                                           job_->config.algorithm().block_size(), stream_));
+    return std::unique_ptr<DeviceOps>(std::move(ops));
+#else
+    return absl::FailedPreconditionError(
+        "CUDA tensors: this cserps was built without CUDA (configure with -DCSERPS_CUDA=ON "
+        "where nvcc is installed)");
+#endif
+  }
+
+  // Waits for all work queued on device_ (torch's and the ops').
+  absl::Status SynchronizeDevice() {
+#ifdef CSERPS_HAVE_CUDA
+    if (device_ >= 0) CSERPS_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+#endif
+    return absl::OkStatus();
+  }
+
+  // Runs `f` without the GIL, with device_ current on this thread.
   template <typename F>
   void Call(F&& f) {
     absl::Status status;
     {
       py::gil_scoped_release release;
       std::lock_guard<std::mutex> lock(mu_);
-      status = f();
+#ifdef CSERPS_HAVE_CUDA
+      if (device_ >= 0) {
+        status = CudaStatus(cudaSetDevice(device_), "cudaSetDevice", __FILE__, __LINE__);
+      }
+#endif
+      if (status.ok()) status = f();
     }
     ThrowIfError(status);
   }
 
   const std::shared_ptr<Job> job_;  // its config outlives trainer_'s use of it
-  std::mutex mu_;                   // guards the calls into trainer_
+  const int device_;                // -1: host memory
+#ifdef CSERPS_HAVE_CUDA
+  cudaStream_t stream_ = nullptr;  // the CUDA device ops', with device_ >= 0
+#endif
+  std::mutex mu_;  // guards the calls into trainer_
   std::unique_ptr<ExternalTrainer> trainer_;
 };
 
@@ -196,6 +260,11 @@ PYBIND11_MODULE(_native, m) {
   using cserps::Trainer;
   namespace v1 = cserps::v1;
   m.doc() = "The cserps worker library (python/cserps uses it; not a public API).";
+#ifdef CSERPS_HAVE_CUDA
+  m.attr("has_cuda") = true;
+#else
+  m.attr("has_cuda") = false;
+#endif
 
   py::class_<Job, std::shared_ptr<Job>>(m, "Job")
       .def(py::init(&cserps::LoadJob), py::arg("path"), py::arg("overrides"),
@@ -242,10 +311,11 @@ PYBIND11_MODULE(_native, m) {
         "standardised as cserps-worker does.");
 
   py::class_<Trainer>(m, "Trainer")
-      .def(py::init<std::shared_ptr<Job>, int, const std::string&, double, double, uint64_t>(),
+      .def(py::init<std::shared_ptr<Job>, int, const std::string&, double, double, uint64_t,
+                    int>(),
            py::arg("job"), py::arg("rank") = -1, py::arg("worker_id") = "",
            py::arg("setup_timeout_s") = 120.0, py::arg("rpc_slack_s") = 30.0,
-           py::arg("steps_per_epoch") = 0)
+           py::arg("steps_per_epoch") = 0, py::arg("device") = -1)
       .def("initialize_model", &Trainer::InitializeModel, py::arg("params"), py::arg("count"))
       .def("step", &Trainer::Step, py::arg("lr"), py::arg("grad"), py::arg("params"),
            py::arg("count"))

@@ -13,7 +13,8 @@
 namespace cserps {
 
 absl::StatusOr<std::unique_ptr<ExternalTrainer>> ExternalTrainer::Create(
-    const v1::JobConfig& config, const ExternalTrainerOptions& options) {
+    const v1::JobConfig& config, const ExternalTrainerOptions& options,
+    std::unique_ptr<DeviceOps> ops) {
   if (config.cluster().local_size() != 1) {
     return absl::FailedPreconditionError(absl::StrCat(
         "cluster.local_size is ", config.cluster().local_size(),
@@ -27,6 +28,13 @@ absl::StatusOr<std::unique_ptr<ExternalTrainer>> ExternalTrainer::Create(
         ": it counts epochs, so the trainer needs its steps per epoch"));
   }
   ASSIGN_OR_RETURN(const ModelSpec spec, MakeModelSpec(config.model()));
+  if (ops == nullptr) {
+    ops = std::make_unique<HostDeviceOps>(spec.num_params, config.algorithm().block_size());
+  }
+  if (ops->num_params() != spec.num_params ||
+      ops->block_size() != config.algorithm().block_size()) {
+    return absl::InternalError("the device ops are not sized for the job");
+  }
   PsClientOptions client_options;
   client_options.setup_timeout = options.setup_timeout;
   client_options.rpc_slack = options.rpc_slack;
@@ -47,22 +55,22 @@ absl::StatusOr<std::unique_ptr<ExternalTrainer>> ExternalTrainer::Create(
     return absl::InvalidArgumentError(absl::StrCat(
         "rank ", *rank, " is not below cluster.num_workers (", batch_sizes.size(), ")"));
   }
-  std::unique_ptr<ExternalTrainer> trainer(new ExternalTrainer(config, std::move(client)));
+  std::unique_ptr<ExternalTrainer> trainer(
+      new ExternalTrainer(config, std::move(client), std::move(ops)));
   trainer->weight_ = static_cast<float>(batch_sizes[*rank]);
   AlgorithmContext context;
   context.config = &trainer->config_;
   context.comm = trainer->client_.get();
-  context.ops = &trainer->ops_;
+  context.ops = trainer->ops_.get();
   context.weight = trainer->weight_;
   context.steps_per_epoch = options.steps_per_epoch;
   ASSIGN_OR_RETURN(trainer->algorithm_, MakeAlgorithm(context));
   return trainer;
 }
 
-ExternalTrainer::ExternalTrainer(const v1::JobConfig& config, std::unique_ptr<PsClient> client)
-    : config_(config),
-      client_(std::move(client)),
-      ops_(client_->layout().num_params(), config.algorithm().block_size()) {}
+ExternalTrainer::ExternalTrainer(const v1::JobConfig& config, std::unique_ptr<PsClient> client,
+                                 std::unique_ptr<DeviceOps> ops)
+    : config_(config), client_(std::move(client)), ops_(std::move(ops)) {}
 
 absl::Status ExternalTrainer::CheckSize(size_t size, const char* what) const {
   if (size == num_params()) return absl::OkStatus();
@@ -73,8 +81,13 @@ absl::Status ExternalTrainer::CheckSize(size_t size, const char* what) const {
 
 absl::Status ExternalTrainer::InitializeModel(absl::Span<float> params) {
   RETURN_IF_ERROR(CheckSize(params.size(), "the model"));
-  if (rank() == 0) RETURN_IF_ERROR(client_->PushModel(params));
-  return client_->PullModel(params, /*wait_for_init=*/true);
+  std::vector<float> model(num_params());
+  if (rank() == 0) {
+    RETURN_IF_ERROR(ops_->Download(params.data(), absl::MakeSpan(model)));
+    RETURN_IF_ERROR(client_->PushModel(model));
+  }
+  RETURN_IF_ERROR(client_->PullModel(absl::MakeSpan(model), /*wait_for_init=*/true));
+  return ops_->Upload(model, params.data());
 }
 
 absl::Status ExternalTrainer::Step(float lr, absl::Span<const float> grad,
@@ -110,7 +123,7 @@ absl::Status ExternalTrainer::SaveState(absl::Span<const absl::Span<float>> out)
   }
   for (size_t i = 0; i < buffers.size(); ++i) {
     RETURN_IF_ERROR(CheckSize(out[i].size(), "a state buffer"));
-    RETURN_IF_ERROR(ops_.Download(buffers[i], out[i]));
+    RETURN_IF_ERROR(ops_->Download(buffers[i], out[i]));
   }
   return absl::OkStatus();
 }
@@ -126,7 +139,7 @@ absl::Status ExternalTrainer::LoadState(uint64_t step,
   for (size_t i = 0; i < buffers.size(); ++i) {
     RETURN_IF_ERROR(CheckSize(in[i].size(), "a state buffer"));
   }
-  for (size_t i = 0; i < buffers.size(); ++i) RETURN_IF_ERROR(ops_.Upload(in[i], buffers[i]));
+  for (size_t i = 0; i < buffers.size(); ++i) RETURN_IF_ERROR(ops_->Upload(in[i], buffers[i]));
   step_ = step;
   return absl::OkStatus();
 }

@@ -1,9 +1,10 @@
 // A worker whose model its caller computes: the PyTorch front
 // (python/cserps) computes each step's gradient in torch and hands it here
-// with the parameters, as host buffers of the job's d floats laid out as
-// docs/protocol.md says ("Model layout"; FLAT: the caller's order). The
-// step itself (direction, local update, the exchanges with the servers) is
-// the job's algorithm, the same code cserps-worker runs.
+// with the parameters, as buffers of the job's d floats laid out as
+// docs/protocol.md says ("Model layout"; FLAT: the caller's order), in the
+// memory of the trainer's DeviceOps (host memory, or a GPU's with the CUDA
+// device ops). The step itself (direction, local update, the exchanges with
+// the servers) is the job's algorithm, the same code cserps-worker runs.
 //
 // Not thread-safe: one thread at a time.
 #ifndef CSERPS_WORKER_TRAINER_EXTERNAL_TRAINER_H_
@@ -49,35 +50,40 @@ class ExternalTrainer {
   // naming the first field where the servers' job differs);
   // INVALID_ARGUMENT for a rank not below cluster.num_workers;
   // MakeAlgorithm's (NOT_FOUND listing the known names).
+  // `ops` (null: HostDeviceOps) must be sized for the job's model and
+  // block size; params and grad below are buffers of its memory.
   static absl::StatusOr<std::unique_ptr<ExternalTrainer>> Create(
-      const v1::JobConfig& config, const ExternalTrainerOptions& options = {});
+      const v1::JobConfig& config, const ExternalTrainerOptions& options = {},
+      std::unique_ptr<DeviceOps> ops = nullptr);
 
   // Rank 0 pushes `params` as the job's initial model; every rank then
-  // waits for it and pulls it into `params`, so all start alike.
+  // waits for it and pulls it into `params`, so all start alike. Waits for
+  // the ops.
   absl::Status InitializeModel(absl::Span<float> params);
   // Step step() of the algorithm at learning rate `lr`: `grad` is the
   // stochastic gradient at `params`, which the step updates in place. Both
   // are d floats and must stay where they are until Finish: an average
-  // the algorithm leaves in flight lands in `params` at a later step.
+  // the algorithm leaves in flight lands in `params` at a later step. The
+  // update may still be queued on the ops' stream when it returns.
   absl::Status Step(float lr, absl::Span<const float> grad, absl::Span<float> params);
   // After the last step: the algorithm's final average, after which every
   // worker's `params` and the servers hold the same global model.
   absl::Status Finish(absl::Span<float> params);
-  // The servers' model.
+  // The servers' model, into host memory.
   absl::Status PullModel(absl::Span<float> out);
 
   // A checkpoint of the algorithm after step() steps: how many model-sized
   // buffers its state has, and copies of them (Algorithm::StateBuffers;
   // FAILED_PRECONDITION for an algorithm that keeps an average in flight
   // between steps). LoadState puts such copies back, with the step count
-  // they were taken at, so that the next step is the one that followed
-  // them; INVALID_ARGUMENT when their count or sizes do not match.
+  // them; INVALID_ARGUMENT when their count or sizes do not match. The
+  // copies are in host memory.
   absl::StatusOr<size_t> StateSize();
   absl::Status SaveState(absl::Span<const absl::Span<float>> out);
   absl::Status LoadState(uint64_t step, absl::Span<const absl::Span<const float>> in);
 
   uint32_t rank() const { return client_->rank(); }
-  uint64_t num_params() const { return ops_.num_params(); }
+  uint64_t num_params() const { return ops_->num_params(); }
   uint64_t step() const { return step_; }
   // The weight of this worker in averages: its batch size in the job
   // (data.batch_size, or its entry of the per-rank lists).
@@ -88,13 +94,14 @@ class ExternalTrainer {
   const PsClient& client() const { return *client_; }
 
  private:
-  ExternalTrainer(const v1::JobConfig& config, std::unique_ptr<PsClient> client);
+  ExternalTrainer(const v1::JobConfig& config, std::unique_ptr<PsClient> client,
+                  std::unique_ptr<DeviceOps> ops);
   // `d` floats, or INVALID_ARGUMENT naming `what`.
   absl::Status CheckSize(size_t size, const char* what) const;
 
   const v1::JobConfig config_;
   const std::unique_ptr<PsClient> client_;
-  HostDeviceOps ops_;
+  const std::unique_ptr<DeviceOps> ops_;
   float weight_ = 0;
   std::unique_ptr<Algorithm> algorithm_;  // on ops_ and client_
   uint64_t step_ = 0;

@@ -51,7 +51,8 @@ def _hyperparameter_overrides(algorithm, lr, momentum, nesterov, weight_decay,
 class Optimizer(torch.optim.Optimizer):
     """Runs the job's cserps algorithm on `params` at every step().
 
-    The parameters (float32, on the CPU, all trainable, one group) are moved
+    The parameters (float32, all trainable, one group, on the CPU or, in a
+    CUDA build of cserps, on one GPU, whose state then stays there) are moved
     at construction into one contiguous buffer, and their gradients into a
     second one, as fused optimizers do: each parameter and its .grad become
     views of them, so a step copies nothing between torch and cserps. The
@@ -93,7 +94,7 @@ class Optimizer(torch.optim.Optimizer):
                 f"cserps averages one model with one learning rate: got "
                 f"{len(self.param_groups)} parameter groups, give one")
         self._params = list(self.param_groups[0]["params"])
-        self._check_params(self._params)
+        self._device = self._check_params(self._params)
         self._num_params = sum(p.numel() for p in self._params)
 
         path, overrides = settings.resolve(job, servers, set)
@@ -120,15 +121,30 @@ class Optimizer(torch.optim.Optimizer):
                 f"workers but the job has cluster.num_workers {self._job.num_workers}")
         requested_rank = self._place.rank if rank is None else int(rank)
         self._flatten()
+        device_index = -1
+        if self._device.type == "cuda":
+            device_index = torch.cuda.current_device() if self._device.index is None \
+                else self._device.index
         self._trainer = _native.Trainer(
             self._job, rank=requested_rank, worker_id=str(worker_id),
-            setup_timeout_s=float(setup_timeout),
-            rpc_slack_s=float(rpc_slack), steps_per_epoch=int(steps_per_epoch))
+            setup_timeout_s=float(setup_timeout), rpc_slack_s=float(rpc_slack),
+            steps_per_epoch=int(steps_per_epoch), device=device_index)
         self._trainer.initialize_model(self._flat.data_ptr(), self._num_params)
         self._finished = False
 
     @staticmethod
     def _check_params(params):
+        """The device all `params` are on; ValueError for what cserps cannot
+        train."""
+        if not params:
+            raise ValueError("no parameters to train")
+        device = params[0].device
+        if device.type not in ("cpu", "cuda"):
+            raise ValueError(f"parameters on {device}: cserps trains them on the CPU or, "
+                             "built with CUDA, on a GPU")
+        if device.type == "cuda" and not _native.has_cuda:
+            raise ValueError(f"parameters on {device}: this cserps was built without CUDA "
+                             "(configure with -DCSERPS_CUDA=ON where nvcc is installed)")
         seen = set()
         for i, p in enumerate(params):
             what = f"parameter {i} ({tuple(p.shape)})"
@@ -137,18 +153,19 @@ class Optimizer(torch.optim.Optimizer):
             seen.add(id(p))
             if p.dtype != torch.float32:
                 raise ValueError(f"{what} is {p.dtype}; cserps trains float32 models")
-            if p.device.type != "cpu":
-                raise ValueError(f"{what} is on {p.device}; this cserps front trains "
-                                 "parameters on the CPU")
+            if p.device != device:
+                raise ValueError(f"{what} is on {p.device} but parameter 0 on {device}: "
+                                 "a worker's model is on one device")
             if p.is_sparse:
                 raise ValueError(f"{what} is sparse; cserps trains dense parameters")
             if not p.requires_grad:
                 raise ValueError(f"{what} does not require a gradient; give the "
                                  "Optimizer only the parameters it trains")
+        return device
 
     def _flatten(self):
-        self._flat = torch.empty(self._num_params, dtype=torch.float32)
-        self._flat_grad = torch.zeros(self._num_params, dtype=torch.float32)
+        self._flat = torch.empty(self._num_params, dtype=torch.float32, device=self._device)
+        self._flat_grad = torch.zeros(self._num_params, dtype=torch.float32, device=self._device)
         self._slices = []
         offset = 0
         with torch.no_grad():
