@@ -72,9 +72,10 @@ class Optimizer(torch.optim.Optimizer):
     schedule: the servers apply the lr of a round's first push.
 
     Construction registers with the servers (rank: the rank argument, else
-    RANK or SLURM_PROCID when set, else assigned; a restarted process gets its rank back by giving the
-    worker_id it registered with) and starts every worker from the same
-    model: rank 0's parameters, pushed to the servers and pulled by all.
+    RANK or SLURM_PROCID when set, else assigned; a restarted process gets
+    its rank back by giving the worker_id it registered with) and starts
+    every worker from the same model: rank 0's parameters, pushed to the
+    servers and pulled by all.
 
     state_dict() holds, besides torch's param_groups, the algorithm's whole
     state on this worker (its local model, momentum and error buffers, step
