@@ -23,13 +23,11 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
-#include "common/config_fingerprint.h"
 #include "common/config_load.h"
 #include "common/model_spec.h"
 #include "common/rank_batch_sizes.h"
 #include "common/status.h"
 #include "common/algorithm_catalog.h"
-#include "google/protobuf/text_format.h"
 #include "worker/data/dataset.h"
 #include "worker/trainer/external_trainer.h"
 #ifdef CSERPS_HAVE_CUDA
@@ -90,12 +88,6 @@ std::shared_ptr<Job> LoadJob(const std::string& path, const std::vector<std::str
   job->config = *std::move(config);
   job->num_params = spec->num_params;
   return job;
-}
-
-std::string JobText(const Job& job) {
-  std::string text;
-  google::protobuf::TextFormat::PrintToString(job.config, &text);
-  return text;
 }
 
 // (features, labels, size, dim) of a split, as cserps-worker reads it:
@@ -243,7 +235,7 @@ class Trainer {
     ThrowIfError(status);
   }
 
-  const std::shared_ptr<Job> job_;  // its config outlives trainer_'s use of it
+  const std::shared_ptr<Job> job_;
   const int device_;                // -1: host memory
 #ifdef CSERPS_HAVE_CUDA
   cudaStream_t stream_ = nullptr;  // the CUDA device ops', with device_ >= 0
@@ -273,8 +265,6 @@ PYBIND11_MODULE(_native, m) {
       .def_property_readonly("num_params", [](const Job& j) { return j.num_params; })
       .def_property_readonly("num_workers",
                              [](const Job& j) { return j.config.cluster().num_workers(); })
-      .def_property_readonly("local_size",
-                             [](const Job& j) { return j.config.cluster().local_size(); })
       .def_property_readonly("algorithm",
                              [](const Job& j) { return j.config.algorithm().name(); })
       .def_property_readonly("block_size",
@@ -296,14 +286,12 @@ PYBIND11_MODULE(_native, m) {
                              })
       .def_property_readonly("batch_sizes",
                              [](const Job& j) { return cserps::RankBatchSizes(j.config); })
-      .def_property_readonly("overall_ratio",
-                             [](const Job& j) { return cserps::OverallRatio(j.config.algorithm()); })
+      .def_property_readonly(
+          "overall_ratio", [](const Job& j) { return cserps::OverallRatio(j.config.algorithm()); })
       .def_property_readonly("description",
                              [](const Job& j) {
                                return cserps::DescribeAlgorithm(j.config.algorithm());
-                             })
-      .def_property_readonly("fingerprint", [](const Job& j) { return cserps::JobFingerprint(j.config); })
-      .def_property_readonly("text", &cserps::JobText);
+                             });
 
   m.def("load_split", &cserps::LoadSplit, py::arg("dir"), py::arg("train"),
         py::arg("limit") = 0,
