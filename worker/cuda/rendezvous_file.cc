@@ -5,12 +5,12 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <filesystem>
 #include <string>
-#include <system_error>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/private_directory.h"
+#include "common/status.h"
 
 namespace cserps {
 namespace {
@@ -37,23 +37,7 @@ absl::StatusOr<std::string> ReadAll(int fd, const std::string& path) {
 }  // namespace
 
 absl::Status PublishRendezvousFile(const std::string& path, absl::string_view bytes) {
-  const std::filesystem::path target(path);
-  if (target.has_parent_path()) {
-    std::error_code error;
-    const bool created = std::filesystem::create_directories(target.parent_path(), error);
-    if (error) {
-      return absl::Status(absl::ErrnoToStatusCode(error.value()),
-                          absl::StrCat(path, ": create_directories(",
-                                       target.parent_path().string(),
-                                       "): ", error.message()));
-    }
-    // Only this user's processes need a directory made here; one that
-    // existed (say /tmp, given as the group directory) keeps its mode.
-    if (created) {
-      std::filesystem::permissions(target.parent_path(), std::filesystem::perms::owner_all,
-                                   std::filesystem::perm_options::replace, error);
-    }
-  }
+  RETURN_IF_ERROR(CreateParentDirectory(path));
   // A temporary name of this process, in the same directory, so that the
   // rename is atomic and two writers cannot interleave.
   const std::string tmp = absl::StrCat(path, ".tmp.", getpid());

@@ -12,31 +12,9 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/status.h"
+#include "worker/group/collective_op.h"
 
 namespace cserps {
-namespace {
-
-enum class Kind { kAllReduceSum, kBroadcast };
-
-// What a member asked for; every member of one collective must agree.
-struct Op {
-  Kind kind = Kind::kAllReduceSum;
-  uint32_t root = 0;  // Broadcast only
-  size_t count = 0;
-
-  friend bool operator==(const Op& a, const Op& b) {
-    return a.kind == b.kind && a.root == b.root && a.count == b.count;
-  }
-};
-
-std::string Describe(const Op& op) {
-  if (op.kind == Kind::kAllReduceSum) {
-    return absl::StrCat("AllReduceSum of ", op.count, " floats");
-  }
-  return absl::StrCat("Broadcast from local rank ", op.root, " of ", op.count, " floats");
-}
-
-}  // namespace
 
 // The rendezvous of the members. A collective has two phases: Join (publish
 // the buffer, wait until every member has) and Leave (wait until every
@@ -52,7 +30,7 @@ class ThreadGroup::Shared {
   uint32_t size() const { return size_; }
 
   // The buffers of every member, by local rank, once all have joined.
-  absl::StatusOr<std::vector<float*>> Join(uint32_t rank, const Op& op, float* data) {
+  absl::StatusOr<std::vector<float*>> Join(uint32_t rank, const CollectiveOp& op, float* data) {
     absl::MutexLock lock(&mu_);
     if (!broken_.ok()) {
       return absl::AbortedError(absl::StrCat(
@@ -117,7 +95,7 @@ class ThreadGroup::Shared {
   uint32_t left_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<float*> buffers_ ABSL_GUARDED_BY(mu_);
   std::vector<bool> present_ ABSL_GUARDED_BY(mu_);
-  Op op_ ABSL_GUARDED_BY(mu_);  // of the first member to join
+  CollectiveOp op_ ABSL_GUARDED_BY(mu_);  // of the first member to join
   uint32_t op_rank_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status broken_ ABSL_GUARDED_BY(mu_);
 };
@@ -139,7 +117,7 @@ ThreadGroup::ThreadGroup(std::shared_ptr<Shared> shared, uint32_t local_rank)
 uint32_t ThreadGroup::size() const { return shared_->size(); }
 
 absl::Status ThreadGroup::AllReduceSum(absl::Span<float> data) {
-  const Op op{Kind::kAllReduceSum, 0, data.size()};
+  const CollectiveOp op{CollectiveKind::kAllReduceSum, 0, data.size()};
   ASSIGN_OR_RETURN(const std::vector<float*> buffers,
                    shared_->Join(local_rank_, op, data.data()));
   // This member's slice of every buffer; the slices partition [0, n).
@@ -167,7 +145,7 @@ absl::Status ThreadGroup::Broadcast(uint32_t root, absl::Span<float> data) {
         "Broadcast on local rank ", local_rank_, ": root ", root,
         " is not a local rank of a group of ", size()));
   }
-  const Op op{Kind::kBroadcast, root, data.size()};
+  const CollectiveOp op{CollectiveKind::kBroadcast, root, data.size()};
   ASSIGN_OR_RETURN(const std::vector<float*> buffers,
                    shared_->Join(local_rank_, op, data.data()));
   if (local_rank_ != root && !data.empty()) {

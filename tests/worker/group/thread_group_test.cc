@@ -1,6 +1,5 @@
 #include "worker/group/thread_group.h"
 
-#include <cstring>
 #include <functional>
 #include <memory>
 #include <thread>
@@ -10,6 +9,7 @@
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/worker/group/group_inputs.h"
 
 namespace cserps {
 namespace {
@@ -27,26 +27,6 @@ std::vector<absl::Status> OnEveryMember(
   }
   for (std::thread& t : threads) t.join();
   return status;
-}
-
-// Member r's input: floats of very different magnitudes, so that the sum's
-// bits depend on the order of the additions (e.g. (1e8 + 1) - 1e8 = 0 but
-// (1e8 - 1e8) + 1 = 1 in float32).
-std::vector<float> Input(uint32_t r, size_t n, uint32_t round) {
-  std::vector<float> v(n);
-  for (size_t i = 0; i < n; ++i) {
-    switch ((i + r) % 3) {
-      case 0: v[i] = 1e8f; break;
-      case 1: v[i] = 1.0f + 0.37f * static_cast<float>(r + round) + 1e-3f * i; break;
-      default: v[i] = -1e8f; break;
-    }
-  }
-  return v;
-}
-
-bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() &&
-         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
 }
 
 class ThreadGroupSizes : public ::testing::TestWithParam<uint32_t> {};
@@ -74,11 +54,7 @@ TEST_P(ThreadGroupSizes, AllReduceSumIsTheLocalRankOrderSumOnEveryMember) {
   for (uint32_t r = 0; r < size; ++r) ASSERT_TRUE(status[r].ok()) << status[r];
   for (uint32_t round = 0; round < lengths.size(); ++round) {
     const size_t n = lengths[round];
-    std::vector<float> expected = Input(0, n, round);
-    for (uint32_t r = 1; r < size; ++r) {
-      const std::vector<float> in = Input(r, n, round);
-      for (size_t i = 0; i < n; ++i) expected[i] += in[i];
-    }
+    const std::vector<float> expected = OrderedSum(size, n, round);
     for (uint32_t r = 0; r < size; ++r) {
       EXPECT_TRUE(SameBits(results[r][round], expected))
           << "local rank " << r << ", round " << round << " (" << n << " floats)";
