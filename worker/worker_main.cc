@@ -3,7 +3,6 @@
 // this process as one of them (one process per GPU, --local_rank).
 // docs/node_groups.md says how to run each.
 #include <cblas.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -83,27 +82,6 @@ ABSL_FLAG(std::string, group_dir, "",
 
 namespace {
 
-// The node id every process of a node computes alike (no pid, no nonce).
-std::string DefaultNodeId(int requested_rank) {
-  char host[256] = {0};
-  gethostname(host, sizeof(host) - 1);
-  if (requested_rank < 0) return host;
-  return absl::StrCat(host, ":rank", requested_rank);
-}
-
-#ifdef CSERPS_HAVE_NCCL
-// A file-name-safe form of `text`.
-std::string SafeName(const std::string& text) {
-  std::string out = text;
-  for (char& c : out) {
-    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
-                    (c >= '0' && c <= '9') || c == '-' || c == '_' || c == '.';
-    if (!ok) c = '_';
-  }
-  return out;
-}
-#endif
-
 // --local_rank, else LOCAL_RANK, else -1.
 absl::StatusOr<int> LocalRankFlag() {
   const int flag = absl::GetFlag(FLAGS_local_rank);
@@ -120,16 +98,6 @@ absl::StatusOr<int> LocalRankFlag() {
         absl::StrCat("LOCAL_RANK=\"", env, "\" is not a local rank (an integer >= 0)"));
   }
   return value;
-}
-
-// How long a local rank may wait in a collective: its peers may be waiting
-// for the servers meanwhile, for up to a round (plus the client's slack) or
-// a set-up call (RegisterNode, PushNodeModel, PullNodeModel).
-absl::Duration GroupTimeout(const cserps::v1::JobConfig& config,
-                            const cserps::PsClientOptions& client) {
-  const absl::Duration round =
-      absl::Seconds(config.cluster().round_timeout_s()) + client.rpc_slack;
-  return std::max(round, client.setup_timeout) + absl::Seconds(30);
 }
 
 // Everything a process needs to train, loaded once (threads share it).
@@ -271,7 +239,7 @@ class LocalRankResults {
 absl::Status RunLocalRankThreads(const Job& job, const std::string& node_id) {
   const uint32_t size = job.config.cluster().local_size();
   cserps::ThreadGroupOptions group_options;
-  group_options.timeout = GroupTimeout(job.config, cserps::PsClientOptions{});
+  group_options.timeout = cserps::NodeGroupTimeout(job.config, cserps::PsClientOptions{});
   std::vector<std::unique_ptr<cserps::ThreadGroup>> members =
       cserps::ThreadGroup::Create(size, group_options);
   LocalRankResults results(size);
@@ -342,7 +310,7 @@ absl::Status RunWorker() {
   std::string worker_id = absl::GetFlag(FLAGS_worker_id);
   if (worker_id.empty()) {
     worker_id = backend == "cuda" && local_size > 1
-                    ? DefaultNodeId(absl::GetFlag(FLAGS_rank))
+                    ? cserps::DefaultNodeId(absl::GetFlag(FLAGS_rank))
                     : cserps::DefaultWorkerId();
   }
   ASSIGN_OR_RETURN(job.metrics, StartMetrics());
@@ -363,11 +331,11 @@ absl::Status RunWorker() {
 #ifdef CSERPS_HAVE_NCCL
     cserps::NcclGroupOptions options;
     options.device = device;
-    options.timeout = GroupTimeout(config, cserps::PsClientOptions{});
+    options.timeout = cserps::NodeGroupTimeout(config, cserps::PsClientOptions{});
     options.setup_timeout = options.timeout;
     std::string dir = absl::GetFlag(FLAGS_group_dir);
     if (dir.empty()) {
-      dir = absl::StrCat("/dev/shm/cserps-", config.name(), "-", SafeName(worker_id));
+      dir = cserps::DefaultNodeGroupDir(config.name(), worker_id);
     }
     options.id_path = absl::StrCat(dir, "/nccl_id");
     absl::StatusOr<std::unique_ptr<cserps::NcclGroup>> nccl = cserps::NcclGroup::Create(

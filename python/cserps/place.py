@@ -5,6 +5,11 @@ LOCAL_WORLD_SIZE), then Slurm's (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID,
 SLURM_NTASKS_PER_NODE) where torchrun's is absent. Without either, the process
 is a worker whose rank the servers assign when it registers. MASTER_ADDR and
 MASTER_PORT are not needed: the servers are the job's meeting point.
+
+In a job of nodes (cluster.local_size L > 1) the launcher's processes are
+the nodes' local ranks, numbered node by node as torchrun --nnodes and
+srun's block distribution number them: process RANK is local rank
+RANK mod L of node RANK / L, and the node is the job's member.
 """
 
 import dataclasses
@@ -41,6 +46,7 @@ _LAUNCHERS = (
     ("torchrun", ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")),
     ("slurm", ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE")),
 )
+_NAMES = dict(_LAUNCHERS)
 
 
 def from_environment(env=None):
@@ -64,3 +70,35 @@ def from_environment(env=None):
         raise ValueError(
             f"{names[2]}={place.local_rank} is not below {names[3]}={place.local_world_size}")
     return place
+
+
+def member(place, num_workers, local_size):
+    """(rank, local rank) of the process at `place` in a job of `num_workers`
+    members of `local_size` processes each: the rank to claim (-1: the
+    servers assign it) and, in a node, the local rank (-1 for a worker of its
+    own). ValueError when the launcher's numbers do not fit the job."""
+    if local_size == 1:
+        if place.world_size and place.world_size != num_workers:
+            raise ValueError(f"the launcher ({place.source}) started {place.world_size} "
+                             f"workers but the job has cluster.num_workers {num_workers}")
+        return place.rank, -1
+    if place.source == "none":
+        raise ValueError(
+            f"cluster.local_size is {local_size}: each process is one local rank of a "
+            "node, so it needs its launcher's rank and local rank (start the processes "
+            "with torchrun, srun or cserps-launch --nproc)")
+    rank, world, local_rank, local_world = _NAMES[place.source]
+    processes = num_workers * local_size
+    if place.world_size != processes:
+        raise ValueError(
+            f"{world}={place.world_size} but the job has cluster.num_workers {num_workers} "
+            f"nodes of cluster.local_size {local_size}: {processes} processes")
+    if place.local_world_size != local_size:
+        raise ValueError(f"{local_world}={place.local_world_size} but the job's nodes have "
+                         f"cluster.local_size {local_size} processes")
+    if place.rank % local_size != place.local_rank:
+        raise ValueError(
+            f"{rank}={place.rank} with {local_rank}={place.local_rank}: cserps numbers a "
+            f"node's processes consecutively ({rank} = node x {local_size} + local rank), "
+            "as torchrun and srun's block distribution do")
+    return place.rank // local_size, place.local_rank

@@ -4,7 +4,10 @@
 // owns, passed as (address, float count): the Python side checks that they
 // are contiguous float32 tensors that live as long as the trainer, in host
 // memory, or with device >= 0 (a CUDA build) on that GPU, where the trainer
-// runs the CUDA device ops on a stream of its own.
+// runs the CUDA device ops on a stream of its own. In a job of nodes
+// (cluster.local_size L > 1) each process is one local rank, and the
+// trainer joins its node's group: a SocketGroup on the host, an NcclGroup on
+// GPUs, meeting in the node's directory (worker/ps/worker_id.h).
 //
 // Errors become Python exceptions carrying the C++ message: ValueError for
 // bad arguments and configs (FileNotFoundError for a missing job file),
@@ -29,12 +32,18 @@
 #include "common/status.h"
 #include "common/algorithm_catalog.h"
 #include "worker/data/dataset.h"
+#include "worker/group/socket_group.h"
+#include "worker/ps/node_client.h"
+#include "worker/ps/worker_id.h"
 #include "worker/trainer/external_trainer.h"
 #ifdef CSERPS_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
 #include "worker/cuda/cuda_device_ops.h"
 #include "worker/cuda/kernels/cuda_status.h"
+#endif
+#ifdef CSERPS_HAVE_NCCL
+#include "worker/cuda/nccl_group.h"
 #endif
 
 namespace py = pybind11;
@@ -106,12 +115,19 @@ py::tuple LoadSplit(const std::string& dir, bool train, size_t limit) {
       data->size, data->dim);
 }
 
+#ifdef CSERPS_HAVE_CUDA
+using NodeDeviceGroup = DeviceGroup;
+#else
+class NodeDeviceGroup;  // a node's collectives on GPUs: none without CUDA
+#endif
+
 // ExternalTrainer with a mutex: the GIL is released during its calls, so
 // two Python threads could otherwise enter it at once.
 class Trainer {
  public:
   Trainer(std::shared_ptr<Job> job, int requested_rank, const std::string& worker_id,
-          double setup_timeout_s, double rpc_slack_s, uint64_t steps_per_epoch, int device)
+          double setup_timeout_s, double rpc_slack_s, uint64_t steps_per_epoch, int device,
+          int local_rank, const std::string& group_dir)
       : job_(std::move(job)), device_(device) {
     ExternalTrainerOptions options;
     options.requested_rank = requested_rank;
@@ -122,9 +138,7 @@ class Trainer {
     absl::StatusOr<std::unique_ptr<ExternalTrainer>> trainer;
     {
       py::gil_scoped_release release;
-      absl::StatusOr<std::unique_ptr<DeviceOps>> ops = MakeOps();
-      trainer = ops.ok() ? ExternalTrainer::Create(job_->config, options, *std::move(ops))
-                         : ops.status();
+      trainer = Create(options, local_rank, group_dir);
     }
     ThrowIfError(trainer.status());
     trainer_ = *std::move(trainer);
@@ -179,6 +193,8 @@ class Trainer {
   }
 
   uint32_t rank() const { return trainer_->rank(); }
+  uint32_t local_rank() const { return trainer_->local_rank(); }
+  uint32_t partition() const { return trainer_->partition(); }
   uint64_t step() {
     std::lock_guard<std::mutex> lock(mu_);
     return trainer_->step();
@@ -192,16 +208,74 @@ class Trainer {
   uint64_t bytes_pulled() const { return trainer_->client().bytes_pulled(); }
 
  private:
+  absl::StatusOr<std::unique_ptr<ExternalTrainer>> Create(ExternalTrainerOptions options,
+                                                           int local_rank,
+                                                           const std::string& group_dir) {
+    const v1::JobConfig& config = job_->config;
+    const uint32_t local_size = config.cluster().local_size();
+    if (local_size == 1) {
+      ASSIGN_OR_RETURN(std::unique_ptr<DeviceOps> ops, MakeOps(nullptr));
+      return ExternalTrainer::Create(config, options, std::move(ops));
+    }
+    if (local_rank < 0 || local_rank >= static_cast<int>(local_size)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cluster.local_size is ", local_size, ": each process is one local rank of a "
+          "node and needs its local rank in [0, ", local_size, ") (LOCAL_RANK), not ",
+          local_rank));
+    }
+    if (options.requested_rank < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cluster.local_size is ", local_size, ": the local ranks of a node meet by their "
+          "node's rank, so each must claim it (RANK / LOCAL_WORLD_SIZE)"));
+    }
+    if (options.worker_id.empty()) options.worker_id = DefaultNodeId(options.requested_rank);
+    const std::string dir = group_dir.empty()
+                                ? DefaultNodeGroupDir(config.name(), options.worker_id)
+                                : group_dir;
+    PsClientOptions client;
+    client.setup_timeout = options.setup_timeout;
+    client.rpc_slack = options.rpc_slack;
+    const absl::Duration timeout = NodeGroupTimeout(config, client);
+    if (device_ < 0) {
+      SocketGroupOptions group;
+      group.path = absl::StrCat(dir, "/group.sock");
+      group.setup_timeout = options.setup_timeout;
+      group.timeout = timeout;
+      ASSIGN_OR_RETURN(std::unique_ptr<SocketGroup> joined,
+                       SocketGroup::Create(static_cast<uint32_t>(local_rank), local_size, group));
+      return ExternalTrainer::Create(config, options, nullptr, std::move(joined));
+    }
+#ifdef CSERPS_HAVE_NCCL
+    CSERPS_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    NcclGroupOptions group;
+    group.id_path = absl::StrCat(dir, "/nccl_id");
+    group.device = device_;
+    group.setup_timeout = options.setup_timeout;
+    group.timeout = timeout;
+    ASSIGN_OR_RETURN(std::unique_ptr<NcclGroup> joined,
+                     NcclGroup::Create(static_cast<uint32_t>(local_rank), local_size, group));
+    ASSIGN_OR_RETURN(std::unique_ptr<DeviceOps> ops, MakeOps(joined.get()));
+    return ExternalTrainer::Create(config, options, std::move(ops), std::move(joined));
+#else
+    return absl::FailedPreconditionError(
+        "CUDA tensors with cluster.local_size > 1: this cserps was built without NCCL "
+        "(none was found beside the CUDA toolkit)");
+#endif
+  }
+
   // The ops of device_: null (HostDeviceOps) for -1, else the CUDA device
-  // ops on a new stream of that GPU (stream_).
-  absl::StatusOr<std::unique_ptr<DeviceOps>> MakeOps() {
+  // ops on a new stream of that GPU (stream_), with the node's group on the
+  // device (null: a flat worker).
+  absl::StatusOr<std::unique_ptr<DeviceOps>> MakeOps(
+      [[maybe_unused]] NodeDeviceGroup* node_group) {
     if (device_ < 0) return nullptr;
 #ifdef CSERPS_HAVE_CUDA
     CSERPS_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
     CSERPS_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     ASSIGN_OR_RETURN(std::unique_ptr<CudaDeviceOps> ops,
                      CudaDeviceOps::Create(job_->num_params,
-                                           job_->config.algorithm().block_size(), stream_));
+                                           job_->config.algorithm().block_size(), stream_,
+                                           node_group));
     return std::unique_ptr<DeviceOps>(std::move(ops));
 #else
     return absl::FailedPreconditionError(
@@ -265,6 +339,8 @@ PYBIND11_MODULE(_native, m) {
       .def_property_readonly("num_params", [](const Job& j) { return j.num_params; })
       .def_property_readonly("num_workers",
                              [](const Job& j) { return j.config.cluster().num_workers(); })
+      .def_property_readonly("local_size",
+                             [](const Job& j) { return j.config.cluster().local_size(); })
       .def_property_readonly("algorithm",
                              [](const Job& j) { return j.config.algorithm().name(); })
       .def_property_readonly("block_size",
@@ -300,10 +376,11 @@ PYBIND11_MODULE(_native, m) {
 
   py::class_<Trainer>(m, "Trainer")
       .def(py::init<std::shared_ptr<Job>, int, const std::string&, double, double, uint64_t,
-                    int>(),
+                    int, int, const std::string&>(),
            py::arg("job"), py::arg("rank") = -1, py::arg("worker_id") = "",
            py::arg("setup_timeout_s") = 120.0, py::arg("rpc_slack_s") = 30.0,
-           py::arg("steps_per_epoch") = 0, py::arg("device") = -1)
+           py::arg("steps_per_epoch") = 0, py::arg("device") = -1, py::arg("local_rank") = -1,
+           py::arg("group_dir") = "")
       .def("initialize_model", &Trainer::InitializeModel, py::arg("params"), py::arg("count"))
       .def("step", &Trainer::Step, py::arg("lr"), py::arg("grad"), py::arg("params"),
            py::arg("count"))
@@ -314,6 +391,8 @@ PYBIND11_MODULE(_native, m) {
       .def("load_state", &Trainer::LoadState, py::arg("step"), py::arg("buffers"),
            py::arg("count"))
       .def_property_readonly("rank", &Trainer::rank)
+      .def_property_readonly("local_rank", &Trainer::local_rank)
+      .def_property_readonly("partition", &Trainer::partition)
       .def_property_readonly("step_count", &Trainer::step)
       .def_property_readonly("weight", &Trainer::weight)
       .def_property_readonly("achieved_compression", &Trainer::achieved_compression)

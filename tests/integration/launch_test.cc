@@ -171,6 +171,22 @@ TEST(LaunchCommandTest, ProcessesGetTorchrunsAndTheJobsVariables) {
   EXPECT_NE(r.output.find("[launch] 2 processes of /"), std::string::npos) << r.output;
 }
 
+// With nodes the processes are local ranks, numbered as torchrun --nnodes
+// numbers them: node by node.
+TEST(LaunchCommandTest, NodesProcessesAreTheirLocalRanks) {
+  const Result r = LaunchCommand(
+      "--nproc=4 --set=cluster.local_size=2",
+      "sh -c 'echo place $RANK/$WORLD_SIZE local $LOCAL_RANK/$LOCAL_WORLD_SIZE node $GROUP_RANK'");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* expected : {"[worker 0] place 0/4 local 0/2 node 0",
+                               "[worker 1] place 1/4 local 1/2 node 0",
+                               "[worker 2] place 2/4 local 0/2 node 1",
+                               "[worker 3] place 3/4 local 1/2 node 1"}) {
+    EXPECT_NE(r.output.find(expected), std::string::npos) << expected << "\n" << r.output;
+  }
+  EXPECT_NE(r.output.find("[launch] 4 processes of /"), std::string::npos) << r.output;
+}
+
 TEST(LaunchCommandTest, AFailingProcessFailsTheJob) {
   const Result r = LaunchCommand("--nproc=2", "sh -c 'exit $((3 * RANK))'");
   EXPECT_EQ(r.exit_code, 1) << r.output;
@@ -183,11 +199,12 @@ TEST(LaunchCommandTest, MismatchesAreRefusedBeforeAnythingStarts) {
     const char* command;
     const char* message;
   } cases[] = {
-      {"--nproc=3", "true", "--nproc=3 but the job has cluster.num_workers 2"},
+      {"--nproc=3", "true",
+       "--nproc=3 but the job has cluster.num_workers 2 x cluster.local_size 1 = 2 processes"},
       {"", "true", "a command after \"--\" needs --nproc >= 1 (got 0)"},
       {"--nproc=2", "no-such-program-here", "\"no-such-program-here\" is not a program on PATH"},
       {"--nproc=2 --set=cluster.local_size=2", "true",
-       "--nproc: the job has cluster.local_size 2"},
+       "--nproc=2 but the job has cluster.num_workers 2 x cluster.local_size 2 = 4"},
   };
   for (const auto& c : cases) {
     const Result r = LaunchCommand(c.flags, c.command);

@@ -18,7 +18,7 @@ STOP_TIMEOUT_S = 10
 def job_text(num_params, num_workers=1, servers=2, algorithm="ssgd", batch_size=8,
              lr=0.05, momentum_kind="HEAVY_BALL", momentum=0.9, weight_decay=1e-4,
              round_timeout_s=30.0, extra_algorithm="", block_size=64, name="torch_test",
-             max_step_lag=8):
+             max_step_lag=8, local_size=1):
     """A FLAT job of `num_params` floats. The servers' addresses are
     placeholders: the servers pick free ports and the workers are told them."""
     addresses = "\n".join('  servers: "127.0.0.1:0"' for _ in range(servers))
@@ -29,6 +29,7 @@ seed: 7
 cluster {{
 {addresses}
   num_workers: {num_workers}
+  local_size: {local_size}
   round_timeout_s: {round_timeout_s}
   max_step_lag: {max_step_lag}
 }}

@@ -44,6 +44,62 @@ def test_two_ssgd_workers_stay_bit_identical(tmp_path):
     assert not torch.equal(first["history"][0], first["history"][-1])
 
 
+def test_a_job_of_nodes_averages_each_nodes_processes_first(tmp_path):
+    # 2 nodes of 2 processes (cluster.local_size 2): each local rank talks to
+    # its own shard, the node averages its processes' gradients first. The
+    # same 4 processes (the same data, RANK for RANK) as 4 workers of their
+    # own must train the same model, up to the order of float additions.
+    d = 20 * 16 + 16 + 16 * 4 + 4
+    nodes = launch(cluster.write_job(tmp_path, cluster.job_text(d, num_workers=2, local_size=2),
+                                     "nodes.textproto"), 4, tmp_path, "--steps=20")
+    assert [(r["rank"], r["local_rank"]) for r in nodes] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    for t in range(20):
+        for r in nodes[1:]:
+            assert torch.equal(r["history"][t], nodes[0]["history"][t]), f"step {t}"
+    assert torch.equal(nodes[0]["final"], nodes[0]["servers"])
+    flat_dir = tmp_path / "flat"
+    flat_dir.mkdir()
+    flat = launch(cluster.write_job(tmp_path, cluster.job_text(d, num_workers=4),
+                                    "flat.textproto"), 4, flat_dir, "--steps=20")
+    assert torch.allclose(nodes[0]["final"], flat[0]["final"], rtol=1e-4, atol=1e-6)
+    assert not torch.equal(flat[0]["history"][0], flat[0]["history"][-1])
+    # A node's local ranks push between them what a flat worker of the same
+    # rank (only rank 0 pushes the initial model) does, each its shard's
+    # share (up to registration's bytes: the worker ids' lengths differ).
+    for node, alone in ((nodes[:2], flat[0]), (nodes[2:], flat[1])):
+        assert 0.3 < node[0]["bytes_pushed"] / alone["bytes_pushed"] < 0.7
+        assert node[0]["bytes_pushed"] + node[1]["bytes_pushed"] == pytest.approx(
+            alone["bytes_pushed"], rel=0.01)
+
+
+def test_a_dead_local_rank_fails_its_node_peer_at_once(tmp_path, start_servers):
+    # The round timeout is far longer than the test's bound: the peer can
+    # only fail in time, and with ConnectionError rather than TimeoutError,
+    # because the dead process's socket closed.
+    d = 20 * 16 + 16 + 16 * 4 + 4
+    job = cluster.write_job(tmp_path, cluster.job_text(d, num_workers=1, local_size=2,
+                                                       round_timeout_s=600.0))
+    servers = start_servers(job, 2)
+    common = dict(os.environ, WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", CSERPS_JOB=job,
+                  CSERPS_SERVERS=servers.servers, OMP_NUM_THREADS="1")
+    processes = [subprocess.Popen(
+        [sys.executable, WORKER, f"--out={tmp_path}", "--steps=20",
+         *(["--die-after=3"] if r == 1 else [])],
+        env=dict(common, RANK=str(r), LOCAL_RANK=str(r)), stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True) for r in range(2)]
+    try:
+        outputs = [p.communicate(timeout=JOB_TIMEOUT_S)[0] for p in processes]
+    finally:
+        for p in processes:
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=10)
+    assert processes[1].returncode == 3, outputs[1]
+    assert processes[0].returncode != 0, outputs[0]
+    assert "ConnectionError" in outputs[0], outputs[0]
+    assert "local rank 1 (did its process end?)" in outputs[0], outputs[0]
+
+
 def test_cser_achieves_the_configured_compression(tmp_path):
     # 63 -> 64 is 4096 floats, 256 blocks of 16: every GRBS round selects
     # exactly 1/R of them, so the ratio is the formula's.

@@ -147,6 +147,20 @@ def test_launcher_of_another_size_is_refused(tmp_path, monkeypatch):
         cserps.torch.Optimizer(model.parameters(), job=job, servers="127.0.0.1:1")
 
 
+def test_a_local_rank_without_its_place_is_refused(tmp_path):
+    model = mlp(3)
+    job = cluster.write_job(tmp_path, cluster.job_text(num_params(model), num_workers=2,
+                                                       local_size=2))
+    with pytest.raises(ValueError, match="cluster.local_size is 2: each process is one local "
+                       "rank of a node, so it needs its launcher's rank and local rank"):
+        cserps.torch.Optimizer(model.parameters(), job=job, servers="127.0.0.1:1")
+    # Given by hand, both must be.
+    with pytest.raises(ValueError, match=r"needs its local rank in \[0, 2\) \(LOCAL_RANK\), "
+                       "not 2"):
+        cserps.torch.Optimizer(model.parameters(), job=job, servers="127.0.0.1:1", rank=0,
+                               local_rank=2)
+
+
 def test_unreachable_servers_are_a_connection_error_in_time(tmp_path):
     import time
     model = mlp(3)

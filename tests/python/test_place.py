@@ -36,3 +36,34 @@ def test_no_launcher_leaves_the_rank_to_the_servers():
 def test_bad_values_name_the_variable(env, message):
     with pytest.raises(ValueError, match=message):
         place.from_environment(env)
+
+
+def torchrun(rank, world, local_rank, local_world):
+    return place.Place(rank=rank, world_size=world, local_rank=local_rank,
+                       local_world_size=local_world, source="torchrun")
+
+
+def test_a_flat_job_is_one_worker_per_process():
+    assert place.member(torchrun(3, 4, 1, 2), num_workers=4, local_size=1) == (3, -1)
+    assert place.member(place.from_environment({}), num_workers=4, local_size=1) == (-1, -1)
+
+
+def test_a_job_of_nodes_numbers_each_nodes_processes_consecutively():
+    got = [place.member(torchrun(r, 6, r % 3, 3), num_workers=2, local_size=3)
+           for r in range(6)]
+    assert got == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]
+
+
+@pytest.mark.parametrize("where,num_workers,local_size,message", [
+    (torchrun(0, 3, 0, 1), 4, 1, "started 3 workers but the job has cluster.num_workers 4"),
+    (place.Place(-1, 0, 0, 1, "none"), 2, 2, "needs its launcher's rank and local rank"),
+    (torchrun(0, 2, 0, 2), 2, 2, "WORLD_SIZE=2 but the job has cluster.num_workers 2 nodes "
+     "of cluster.local_size 2: 4 processes"),
+    (torchrun(0, 4, 0, 4), 2, 2, "LOCAL_WORLD_SIZE=4 but the job's nodes have"),
+    (torchrun(1, 4, 0, 2), 2, 2, "RANK=1 with LOCAL_RANK=0: cserps numbers a node's "
+     "processes consecutively"),
+])
+def test_launchers_that_do_not_fit_the_job_are_refused(where, num_workers, local_size,
+                                                       message):
+    with pytest.raises(ValueError, match=message):
+        place.member(where, num_workers, local_size)

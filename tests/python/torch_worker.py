@@ -1,7 +1,8 @@
 """A PyTorch worker of the tests, started by cserps-launch --nproc (or
 alone): trains a small MLP with cserps.torch.Optimizer and writes what the
-tests check to <out>/worker_<rank>.pt: the flat parameters after every step,
-the achieved compression before finish(), the parameters after it and the
+tests check to <out>/worker_<partition>.pt (partition: the process's index
+in the job): the flat parameters after every step, the achieved compression
+before finish(), the bytes pushed, the parameters after finish() and the
 servers' model.
 
   torch_worker.py --out DIR --steps N [--model 20,16,4 | --fashion-mnist H]
@@ -36,6 +37,8 @@ def main():
                         help="hidden width of an MLP on Fashion-MNIST (0: synthetic data)")
     parser.add_argument("--algorithm", default=None)
     parser.add_argument("--param", action="append", default=[])
+    parser.add_argument("--die-after", type=int, default=-1,
+                        help="end the process abruptly after this many steps (a crash)")
     args = parser.parse_args()
     rank = int(os.environ.get("RANK", "0"))
     # Each rank starts from its own model: the Optimizer must replace it
@@ -54,6 +57,8 @@ def main():
     optimizer = cserps.torch.Optimizer(model.parameters(), algorithm=args.algorithm, **params)
     history = []
     for t in range(args.steps):
+        if t == args.die_after:
+            os._exit(3)
         at = (t * args.batch) % (len(images) - args.batch + 1)
         x, y = images[at:at + args.batch], labels[at:at + args.batch]
         optimizer.zero_grad()
@@ -62,10 +67,12 @@ def main():
         history.append(optimizer.flat_params.clone())
     compression = optimizer.achieved_compression
     optimizer.finish()
-    torch.save({"rank": optimizer.rank, "history": history, "compression": compression,
+    torch.save({"rank": optimizer.rank, "local_rank": optimizer.local_rank,
+                "history": history, "compression": compression,
                 "compression_after_finish": optimizer.achieved_compression,
+                "bytes_pushed": optimizer.bytes_pushed,
                 "final": optimizer.flat_params.clone(), "servers": optimizer.server_model()},
-               os.path.join(args.out, f"worker_{optimizer.rank}.pt"))
+               os.path.join(args.out, f"worker_{optimizer.partition}.pt"))
 
 
 if __name__ == "__main__":

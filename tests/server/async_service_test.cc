@@ -40,7 +40,6 @@ using ::testing::HasSubstr;
 
 // SOFTMAX 3300 -> 10: d = 33010 floats in blocks of 1024; shard 0 of two owns
 // floats [0, 17408), which at 64 KiB messages is two chunks.
-constexpr uint64_t kD = 3300 * 10 + 10;
 constexpr uint64_t kShardEnd = 17 * 1024;
 constexpr uint32_t kMaxMessageBytes = 64 * 1024;
 constexpr int kTimeoutS = 10;

@@ -9,8 +9,10 @@
 // With --nproc=N and a command after "--" the workers are N processes of
 // that command (a PyTorch script, docs/torch.md) instead of cserps-workers,
 // each given torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK,
-// LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT) and the job's (CSERPS_JOB,
-// CSERPS_SERVERS, CSERPS_SET).
+// LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT) and the job's
+// (CSERPS_JOB, CSERPS_SERVERS, CSERPS_SET): as torchrun --nproc_per_node=N
+// places them, or with cluster.local_size L > 1 as torchrun --nnodes places
+// the job's nodes: process r is local rank r mod L of node r / L.
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
@@ -65,8 +67,8 @@ ABSL_FLAG(std::string, backend, "cpu",
           "(--local_rank 0..L-1, one GPU each).");
 ABSL_FLAG(int, nproc, 0,
           "Run the command after \"--\" as the job's workers, this many processes "
-          "(cluster.num_workers), with torchrun's environment variables; 0: the "
-          "workers are cserps-workers.");
+          "(cluster.num_workers x cluster.local_size), with torchrun's environment "
+          "variables; 0: the workers are cserps-workers.");
 
 namespace {
 
@@ -253,13 +255,16 @@ class Cluster {
 
   // The command's N processes, each with torchrun's variables and the job's.
   void StartCommand() {
-    const uint32_t n = config_.cluster().num_workers();
+    const uint32_t n = config_.cluster().num_workers() * config_.cluster().local_size();
+    // Processes per "node": a flat job's are all on this one.
+    const uint32_t per_node =
+        config_.cluster().local_size() == 1 ? n : config_.cluster().local_size();
     const std::string servers = absl::StrJoin(server_addresses_, ",");
     std::printf("[launch] servers at %s; starting %u processes of %s\n",
                 absl::StrJoin(server_addresses_, ", ").c_str(), n, command_[0].c_str());
     std::fflush(stdout);
     std::vector<std::string> common = {
-        absl::StrCat("WORLD_SIZE=", n), absl::StrCat("LOCAL_WORLD_SIZE=", n),
+        absl::StrCat("WORLD_SIZE=", n), absl::StrCat("LOCAL_WORLD_SIZE=", per_node),
         "MASTER_ADDR=127.0.0.1", absl::StrCat("MASTER_PORT=", FreePort()),
         absl::StrCat("CSERPS_JOB=", std::filesystem::absolute(config_path_).string()),
         absl::StrCat("CSERPS_SERVERS=", servers), absl::StrCat("CSERPS_SET=", overrides_)};
@@ -274,7 +279,8 @@ class Cluster {
     for (uint32_t r = 0; r < n; ++r) {
       std::vector<std::string> env = common;
       env.push_back(absl::StrCat("RANK=", r));
-      env.push_back(absl::StrCat("LOCAL_RANK=", r));
+      env.push_back(absl::StrCat("LOCAL_RANK=", r % per_node));
+      env.push_back(absl::StrCat("GROUP_RANK=", r / per_node));
       if (!Start(absl::StrCat("worker ", r), command_, env)) return;
       ++workers_;
     }
@@ -320,11 +326,11 @@ class Cluster {
     }
   }
 
-  // Worker processes of the job: one per node, or with --backend=cuda one
-  // per local rank.
+  // Worker processes of the job: one per node, or one per local rank with
+  // --backend=cuda or a command.
   uint32_t ExpectedWorkerProcesses() const {
     const uint32_t nodes = config_.cluster().num_workers();
-    return absl::GetFlag(FLAGS_backend) == "cuda" && command_.empty()
+    return absl::GetFlag(FLAGS_backend) == "cuda" || !command_.empty()
                ? nodes * config_.cluster().local_size()
                : nodes;
   }
@@ -520,13 +526,13 @@ int main(int argc, char** argv) {
       problem = "--nproc needs the workers' command after \"--\"";
     } else if (nproc < 1) {
       problem = absl::StrCat("a command after \"--\" needs --nproc >= 1 (got ", nproc, ")");
-    } else if (static_cast<uint32_t>(nproc) != config->cluster().num_workers()) {
+    } else if (const uint32_t processes =
+                   config->cluster().num_workers() * config->cluster().local_size();
+               static_cast<uint32_t>(nproc) != processes) {
       problem = absl::StrCat("--nproc=", nproc, " but the job has cluster.num_workers ",
-                             config->cluster().num_workers(), ": give the same number");
-    } else if (config->cluster().local_size() != 1) {
-      problem = absl::StrCat("--nproc: the job has cluster.local_size ",
-                             config->cluster().local_size(),
-                             "; the command's processes are workers of their own (1)");
+                             config->cluster().num_workers(), " x cluster.local_size ",
+                             config->cluster().local_size(), " = ", processes,
+                             " processes: give that number");
     }
     if (problem.empty()) {
       absl::StatusOr<std::string> program = FindProgram(command[0]);

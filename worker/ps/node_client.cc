@@ -9,6 +9,12 @@
 
 namespace cserps {
 
+absl::Duration NodeGroupTimeout(const v1::JobConfig& config, const PsClientOptions& client) {
+  const absl::Duration round =
+      absl::Seconds(config.cluster().round_timeout_s()) + client.rpc_slack;
+  return std::max(round, client.setup_timeout) + absl::Seconds(30);
+}
+
 std::vector<uint32_t> GroupShards(uint32_t num_shards, uint32_t local_size,
                                   uint32_t local_rank) {
   std::vector<uint32_t> shards;

@@ -26,7 +26,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "cserps/v1/config.pb.h"
 #include "worker/group/local_group.h"
 #include "worker/ps/ps_client.h"
 
@@ -37,6 +39,11 @@ namespace cserps {
 // local_rank >= num_shards).
 std::vector<uint32_t> GroupShards(uint32_t num_shards, uint32_t local_size,
                                   uint32_t local_rank);
+
+// How long a local rank may wait in a collective: its peers may be waiting
+// for the servers meanwhile, for up to a round (plus the client's slack) or
+// a set-up call (RegisterNode, PushNodeModel, PullNodeModel).
+absl::Duration NodeGroupTimeout(const v1::JobConfig& config, const PsClientOptions& client);
 
 // Registers the node as one member: local rank 0 registers with its shards
 // (shard 0 assigns the rank when requested_rank < 0), the rank is shared in

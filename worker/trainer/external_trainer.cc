@@ -4,9 +4,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/rank_batch_sizes.h"
 #include "common/status.h"
 #include "worker/algorithms/registry.h"
+#include "worker/ps/node_client.h"
 #include "worker/ps/worker_id.h"
 #include "worker/trainer/training_summary.h"
 
@@ -14,13 +14,12 @@ namespace cserps {
 
 absl::StatusOr<std::unique_ptr<ExternalTrainer>> ExternalTrainer::Create(
     const v1::JobConfig& config, const ExternalTrainerOptions& options,
-    std::unique_ptr<DeviceOps> ops) {
-  if (config.cluster().local_size() != 1) {
+    std::unique_ptr<DeviceOps> ops, std::unique_ptr<LocalGroup> group) {
+  const uint32_t local_size = config.cluster().local_size();
+  if (group == nullptr && local_size != 1) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "cluster.local_size is ", config.cluster().local_size(),
-        ": a node's local ranks average through one cserps-worker process (docs/"
-        "node_groups.md); a job of PyTorch processes runs each as a worker of its own "
-        "(cluster.local_size 1)"));
+        "cluster.local_size is ", local_size,
+        ": this process is one local rank of a node, which needs its node's group"));
   }
   if (config.algorithm().period_warmup_epochs() > 0 && options.steps_per_epoch == 0) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -38,11 +37,17 @@ absl::StatusOr<std::unique_ptr<ExternalTrainer>> ExternalTrainer::Create(
   PsClientOptions client_options;
   client_options.setup_timeout = options.setup_timeout;
   client_options.rpc_slack = options.rpc_slack;
+  if (group != nullptr) {
+    client_options.shard_stride = group->size();
+    client_options.shard_offset = group->local_rank();
+  }
   ASSIGN_OR_RETURN(std::unique_ptr<PsClient> client,
                    PsClient::Connect(config, spec.num_params, client_options));
   const std::string worker_id =
       options.worker_id.empty() ? DefaultWorkerId() : options.worker_id;
-  absl::StatusOr<uint32_t> rank = client->Register(options.requested_rank, worker_id);
+  const absl::StatusOr<uint32_t> rank =
+      group == nullptr ? client->Register(options.requested_rank, worker_id)
+                       : RegisterNode(*group, *client, options.requested_rank, worker_id);
   if (absl::IsDeadlineExceeded(rank.status())) {
     return absl::UnavailableError(absl::StrCat(
         "no answer from the servers within ", absl::FormatDuration(options.setup_timeout),
@@ -50,27 +55,27 @@ absl::StatusOr<std::unique_ptr<ExternalTrainer>> ExternalTrainer::Create(
         rank.status().message()));
   }
   RETURN_IF_ERROR(rank.status());
-  const std::vector<uint32_t> batch_sizes = RankBatchSizes(config);
-  if (*rank >= batch_sizes.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "rank ", *rank, " is not below cluster.num_workers (", batch_sizes.size(), ")"));
-  }
   std::unique_ptr<ExternalTrainer> trainer(
-      new ExternalTrainer(config, std::move(client), std::move(ops)));
-  trainer->weight_ = static_cast<float>(batch_sizes[*rank]);
+      new ExternalTrainer(config, std::move(client), std::move(ops), std::move(group)));
+  ASSIGN_OR_RETURN(trainer->plan_, PlanPlace(config, trainer->link()));
   AlgorithmContext context;
   context.config = &trainer->config_;
   context.comm = trainer->client_.get();
   context.ops = trainer->ops_.get();
-  context.weight = trainer->weight_;
+  context.group = trainer->group_.get();
+  context.weight = static_cast<float>(trainer->plan_.batch_size);
   context.steps_per_epoch = options.steps_per_epoch;
   ASSIGN_OR_RETURN(trainer->algorithm_, MakeAlgorithm(context));
   return trainer;
 }
 
 ExternalTrainer::ExternalTrainer(const v1::JobConfig& config, std::unique_ptr<PsClient> client,
-                                 std::unique_ptr<DeviceOps> ops)
-    : config_(config), client_(std::move(client)), ops_(std::move(ops)) {}
+                                 std::unique_ptr<DeviceOps> ops,
+                                 std::unique_ptr<LocalGroup> group)
+    : config_(config),
+      client_(std::move(client)),
+      ops_(std::move(ops)),
+      group_(std::move(group)) {}
 
 absl::Status ExternalTrainer::CheckSize(size_t size, const char* what) const {
   if (size == num_params()) return absl::OkStatus();
@@ -84,9 +89,9 @@ absl::Status ExternalTrainer::InitializeModel(absl::Span<float> params) {
   std::vector<float> model(num_params());
   if (rank() == 0) {
     RETURN_IF_ERROR(ops_->Download(params.data(), absl::MakeSpan(model)));
-    RETURN_IF_ERROR(client_->PushModel(model));
+    RETURN_IF_ERROR(cserps::PushModel(link(), model));
   }
-  RETURN_IF_ERROR(client_->PullModel(absl::MakeSpan(model), /*wait_for_init=*/true));
+  RETURN_IF_ERROR(cserps::PullModel(link(), absl::MakeSpan(model), /*wait_for_init=*/true));
   return ops_->Upload(model, params.data());
 }
 
@@ -107,7 +112,7 @@ absl::Status ExternalTrainer::Finish(absl::Span<float> params) {
 
 absl::Status ExternalTrainer::PullModel(absl::Span<float> out) {
   RETURN_IF_ERROR(CheckSize(out.size(), "the buffer"));
-  return client_->PullModel(out, /*wait_for_init=*/false);
+  return cserps::PullModel(link(), out, /*wait_for_init=*/false);
 }
 
 absl::StatusOr<size_t> ExternalTrainer::StateSize() {
@@ -146,7 +151,7 @@ absl::Status ExternalTrainer::LoadState(uint64_t step,
 
 double ExternalTrainer::achieved_compression() const {
   const uint64_t floats = training_floats_.value_or(TrainingFloatsPushed(*client_));
-  return floats == 0 ? 0.0 : static_cast<double>(step_) * num_params() / floats;
+  return floats == 0 ? 0.0 : static_cast<double>(step_) * plan_.shard_floats / floats;
 }
 
 }  // namespace cserps

@@ -21,7 +21,9 @@
 #include "cserps/v1/config.pb.h"
 #include "worker/algorithms/algorithm.h"
 #include "worker/device/host_device_ops.h"
+#include "worker/group/local_group.h"
 #include "worker/ps/ps_client.h"
+#include "worker/trainer/trainer_plan.h"
 
 namespace cserps {
 
@@ -43,9 +45,16 @@ struct ExternalTrainerOptions {
 class ExternalTrainer {
  public:
   // Connects to the servers of `config` (defaults applied, valid) and
-  // registers. Errors: FAILED_PRECONDITION for cluster.local_size > 1 (a
-  // node's local ranks run in one cserps-worker) or an algorithm field
-  // counted in epochs without steps_per_epoch; UNAVAILABLE for servers that
+  // registers: as a worker of its own, or with `group` as one local rank of
+  // a node (cluster.local_size = the group's size), whose local ranks all
+  // create their trainers alike, with the node's rank to claim and node id
+  // as worker_id, and then make every call below together (they are
+  // collectives of the group), except the checkpoint's and the getters.
+  // A local rank that fails or ends fails the others in their next
+  // collective (at once with a SocketGroup, else at the group's timeout).
+  // Errors: FAILED_PRECONDITION for cluster.local_size > 1 without a group
+  // or with one of another size, or an algorithm field counted in epochs
+  // without steps_per_epoch; UNAVAILABLE for servers that
   // do not answer Register within setup_timeout; Register's (FAILED_PRECONDITION
   // naming the first field where the servers' job differs);
   // INVALID_ARGUMENT for a rank not below cluster.num_workers;
@@ -54,7 +63,7 @@ class ExternalTrainer {
   // block size; params and grad below are buffers of its memory.
   static absl::StatusOr<std::unique_ptr<ExternalTrainer>> Create(
       const v1::JobConfig& config, const ExternalTrainerOptions& options = {},
-      std::unique_ptr<DeviceOps> ops = nullptr);
+      std::unique_ptr<DeviceOps> ops = nullptr, std::unique_ptr<LocalGroup> group = nullptr);
 
   // Rank 0 pushes `params` as the job's initial model; every rank then
   // waits for it and pulls it into `params`, so all start alike. Waits for
@@ -82,28 +91,37 @@ class ExternalTrainer {
   absl::Status SaveState(absl::Span<const absl::Span<float>> out);
   absl::Status LoadState(uint64_t step, absl::Span<const absl::Span<const float>> in);
 
-  uint32_t rank() const { return client_->rank(); }
+  // The member's rank (the node's, in a node).
+  uint32_t rank() const { return plan_.rank; }
+  uint32_t local_rank() const { return plan_.local_rank; }
+  // This process's index among the job's num_workers x local_size, which
+  // the per-process lists (data.rank_batch_sizes, ...) are indexed by.
+  uint32_t partition() const { return plan_.partition; }
   uint64_t num_params() const { return ops_->num_params(); }
   uint64_t step() const { return step_; }
-  // The weight of this worker in averages: its batch size in the job
-  // (data.batch_size, or its entry of the per-rank lists).
-  float weight() const { return weight_; }
-  // Steps times d over the training floats pushed so far (S-SGD: 1); after
-  // Finish, those of the steps alone, as cserps-worker's summary reports.
+  // The weight of this process in averages: its batch size in the job
+  // (data.batch_size, or its entry of the per-process lists).
+  float weight() const { return static_cast<float>(plan_.batch_size); }
+  // Steps times the floats of this process's shards (all d when flat) over
+  // the training floats it pushed so far (S-SGD: 1); after Finish, those of
+  // the steps alone, as cserps-worker's summary reports.
   double achieved_compression() const;
+  // This process's client: in a node, of this local rank's shards only.
   const PsClient& client() const { return *client_; }
 
  private:
   ExternalTrainer(const v1::JobConfig& config, std::unique_ptr<PsClient> client,
-                  std::unique_ptr<DeviceOps> ops);
+                  std::unique_ptr<DeviceOps> ops, std::unique_ptr<LocalGroup> group);
+  TrainerLink link() const { return {client_.get(), group_.get()}; }
   // `d` floats, or INVALID_ARGUMENT naming `what`.
   absl::Status CheckSize(size_t size, const char* what) const;
 
   const v1::JobConfig config_;
   const std::unique_ptr<PsClient> client_;
   const std::unique_ptr<DeviceOps> ops_;
-  float weight_ = 0;
-  std::unique_ptr<Algorithm> algorithm_;  // on ops_ and client_
+  const std::unique_ptr<LocalGroup> group_;  // null: a flat worker
+  TrainerPlan plan_;
+  std::unique_ptr<Algorithm> algorithm_;  // on ops_, client_ and group_
   uint64_t step_ = 0;
   // The training floats pushed before Finish; unset until then.
   std::optional<uint64_t> training_floats_;

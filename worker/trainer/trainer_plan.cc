@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/config.h"
+#include "common/status.h"
 #include "worker/data/partition.h"
 #include "worker/ps/node_client.h"
 
@@ -14,8 +15,7 @@ uint32_t DataPartition(uint32_t rank, uint32_t local_rank, uint32_t local_size) 
   return rank * local_size + local_rank;
 }
 
-absl::StatusOr<TrainerPlan> PlanTrainer(const v1::JobConfig& config, const TrainerLink& link,
-                                        size_t train_size) {
+absl::StatusOr<TrainerPlan> PlanPlace(const v1::JobConfig& config, const TrainerLink& link) {
   const uint32_t local_size = config.cluster().local_size();
   if (link.group == nullptr && local_size != 1) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -46,6 +46,19 @@ absl::StatusOr<TrainerPlan> PlanTrainer(const v1::JobConfig& config, const Train
         plan.partition, ") has no batch size: the job has ", batch_sizes.size(),
         " worker processes"));
   }
+  plan.batch_size = batch_sizes[plan.partition];
+  const BlockLayout& layout = link.client->layout();
+  for (uint32_t s : GroupShards(layout.num_shards(), local_size, plan.local_rank)) {
+    plan.shard_floats += layout.ShardSize(s);
+  }
+  if (link.group != nullptr) plan.log_prefix = absl::StrCat("local rank ", plan.local_rank, ": ");
+  return plan;
+}
+
+absl::StatusOr<TrainerPlan> PlanTrainer(const v1::JobConfig& config, const TrainerLink& link,
+                                        size_t train_size) {
+  ASSIGN_OR_RETURN(TrainerPlan plan, PlanPlace(config, link));
+  const std::vector<uint32_t> batch_sizes = RankBatchSizes(config);
   plan.steps_per_epoch = StepsPerEpoch(train_size, batch_sizes);
   if (plan.steps_per_epoch == 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -54,13 +67,7 @@ absl::StatusOr<TrainerPlan> PlanTrainer(const v1::JobConfig& config, const Train
         *std::max_element(batch_sizes.begin(), batch_sizes.end()),
         ": not one step per epoch"));
   }
-  plan.batch_size = batch_sizes[plan.partition];
   plan.range = RankRange(train_size, batch_sizes, plan.partition);
-  const BlockLayout& layout = link.client->layout();
-  for (uint32_t s : GroupShards(layout.num_shards(), local_size, plan.local_rank)) {
-    plan.shard_floats += layout.ShardSize(s);
-  }
-  if (link.group != nullptr) plan.log_prefix = absl::StrCat("local rank ", plan.local_rank, ": ");
   return plan;
 }
 

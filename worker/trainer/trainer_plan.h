@@ -50,10 +50,14 @@ struct TrainerPlan {
   uint64_t shard_floats = 0;
   std::string log_prefix;  // "local rank j: " in a node
 };
+// The plan without the data (steps_per_epoch and range left 0), for a
+// trainer whose caller brings the data (external_trainer.h).
 // FAILED_PRECONDITION naming cluster.local_size when the link's group (or
 // its absence) does not match it; INVALID_ARGUMENT for a rank not below
-// num_workers, a partition the config has no batch size for, or too few
-// examples for one step.
+// num_workers or a partition the config has no batch size for.
+absl::StatusOr<TrainerPlan> PlanPlace(const v1::JobConfig& config, const TrainerLink& link);
+
+// PlanPlace's, and INVALID_ARGUMENT for too few examples for one step.
 absl::StatusOr<TrainerPlan> PlanTrainer(const v1::JobConfig& config, const TrainerLink& link,
                                         size_t train_size);
 

@@ -75,7 +75,11 @@ class Optimizer(torch.optim.Optimizer):
     RANK or SLURM_PROCID when set, else assigned; a restarted process gets
     its rank back by giving the worker_id it registered with) and starts
     every worker from the same model: rank 0's parameters, pushed to the
-    servers and pulled by all.
+    servers and pulled by all. In a job of nodes (cluster.local_size L > 1)
+    each process is one local rank (LOCAL_RANK, or local_rank=) of node
+    RANK / L (or rank=), its node's local ranks average among themselves
+    first and the node is the servers' member; they must make the same calls
+    in the same order (step, finish, server_model).
 
     state_dict() holds, besides torch's param_groups, the algorithm's whole
     state on this worker (its local model, momentum and error buffers, step
@@ -87,7 +91,7 @@ class Optimizer(torch.optim.Optimizer):
     def __init__(self, params, algorithm=None, lr=None, momentum=None, nesterov=None,
                  weight_decay=None, *, job=None, servers=None, set=None,
                  steps_per_epoch=0, setup_timeout=120.0, rpc_slack=30.0, worker_id="",
-                 rank=None, **algorithm_params):
+                 rank=None, local_rank=None, **algorithm_params):
         super().__init__(params, dict(lr=lr, momentum=momentum, nesterov=nesterov,
                                       weight_decay=weight_decay))
         if len(self.param_groups) != 1:
@@ -115,21 +119,21 @@ class Optimizer(torch.optim.Optimizer):
         group["weight_decay"] = self._job.weight_decay
         self._fixed = {key: group[key] for key in _FIXED}
 
-        self._place = _place.from_environment()
-        if self._place.world_size and self._place.world_size != self._job.num_workers:
-            raise ValueError(
-                f"the launcher ({self._place.source}) started {self._place.world_size} "
-                f"workers but the job has cluster.num_workers {self._job.num_workers}")
-        requested_rank = self._place.rank if rank is None else int(rank)
+        if rank is None or (local_rank is None and self._job.local_size > 1):
+            found = _place.member(_place.from_environment(), self._job.num_workers,
+                                  self._job.local_size)
+            rank = found[0] if rank is None else rank
+            local_rank = found[1] if local_rank is None else local_rank
         self._flatten()
         device_index = -1
         if self._device.type == "cuda":
             device_index = torch.cuda.current_device() if self._device.index is None \
                 else self._device.index
         self._trainer = _native.Trainer(
-            self._job, rank=requested_rank, worker_id=str(worker_id),
+            self._job, rank=int(rank), worker_id=str(worker_id),
             setup_timeout_s=float(setup_timeout), rpc_slack_s=float(rpc_slack),
-            steps_per_epoch=int(steps_per_epoch), device=device_index)
+            steps_per_epoch=int(steps_per_epoch), device=device_index,
+            local_rank=-1 if local_rank is None else int(local_rank))
         self._trainer.initialize_model(self._flat.data_ptr(), self._num_params)
         self._finished = False
 
@@ -257,6 +261,7 @@ class Optimizer(torch.optim.Optimizer):
             "block_size": self._job.block_size,
             "num_params": self._num_params,
             "rank": self.rank,
+            "local_rank": self.local_rank,
             "step": self.steps,
             "finished": self._finished,
             "params": self._flat.clone(),
@@ -276,8 +281,9 @@ class Optimizer(torch.optim.Optimizer):
                              f"{_STATE_FORMAT!r}")
         for key, mine in (("algorithm", self._job.algorithm),
                           ("block_size", self._job.block_size),
-                          ("num_params", self._num_params), ("rank", self.rank)):
-            if saved.get(key) != mine:
+                          ("num_params", self._num_params), ("rank", self.rank),
+                          ("local_rank", self.local_rank)):
+            if saved.get(key, 0 if key == "local_rank" else None) != mine:
                 raise ValueError(f"the state is of {key} {saved.get(key)!r} but this "
                                  f"worker's is {mine!r}")
         tensors = [saved["params"]] + list(saved["buffers"])
@@ -310,11 +316,25 @@ class Optimizer(torch.optim.Optimizer):
 
     @property
     def rank(self):
+        """The member's rank in the job (the node's, in a job of nodes)."""
         return self._trainer.rank
 
     @property
+    def local_rank(self):
+        """This process's local rank in its node (0 for a worker of its own)."""
+        return self._trainer.local_rank
+
+    @property
+    def partition(self):
+        """This process's index among the job's cluster.num_workers x
+        cluster.local_size processes (rank x local_size + local rank): the
+        index of its data partition and of its entries in the job's
+        per-process lists."""
+        return self._trainer.partition
+
+    @property
     def batch_size(self):
-        """This worker's batch size in the job: its weight in the averages."""
+        """This process's batch size in the job: its weight in the averages."""
         return int(self._trainer.weight)
 
     @property
@@ -331,7 +351,8 @@ class Optimizer(torch.optim.Optimizer):
     @property
     def achieved_compression(self):
         """Steps times the model's floats over the floats the steps pushed
-        (finish()'s final average not counted): S-SGD's traffic over this one's."""
+        (finish()'s final average not counted): S-SGD's traffic over this one's.
+        In a node: of this local rank's shards."""
         return self._trainer.achieved_compression
 
     @property
