@@ -145,7 +145,12 @@ class Trainer {
   }
 
   ~Trainer() {
-    trainer_.reset();  // its ops queue on stream_
+    {
+      // An average left in flight waits for its round's replies, which may
+      // need another Python thread's push.
+      py::gil_scoped_release release;
+      trainer_.reset();  // its ops queue on stream_
+    }
 #ifdef CSERPS_HAVE_CUDA
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
 #endif
@@ -174,17 +179,16 @@ class Trainer {
     Call([&] { return trainer_->PullModel(Floats(out, count)); });
   }
   size_t StateSize() {
-    absl::StatusOr<size_t> size;
-    Call([&] {
-      size = trainer_->StateSize();
-      return size.status();
-    });
-    return *size;
+    std::lock_guard<std::mutex> lock(mu_);
+    return trainer_->StateSize();
   }
-  void SaveState(const std::vector<uintptr_t>& out, size_t count) {
+  void SaveState(uintptr_t params, const std::vector<uintptr_t>& out, size_t count) {
     std::vector<absl::Span<float>> spans;
     for (uintptr_t address : out) spans.push_back(Floats(address, count));
-    Call([&] { return trainer_->SaveState(spans); });
+    Call([&] {
+      RETURN_IF_ERROR(SynchronizeDevice());
+      return trainer_->SaveState(Floats(params, count), spans);
+    });
   }
   void LoadState(uint64_t step, const std::vector<uintptr_t>& in, size_t count) {
     std::vector<absl::Span<const float>> spans;
@@ -387,7 +391,8 @@ PYBIND11_MODULE(_native, m) {
       .def("finish", &Trainer::Finish, py::arg("params"), py::arg("count"))
       .def("pull_model", &Trainer::PullModel, py::arg("out"), py::arg("count"))
       .def("state_size", &Trainer::StateSize)
-      .def("save_state", &Trainer::SaveState, py::arg("out"), py::arg("count"))
+      .def("save_state", &Trainer::SaveState, py::arg("params"), py::arg("out"),
+           py::arg("count"))
       .def("load_state", &Trainer::LoadState, py::arg("step"), py::arg("buffers"),
            py::arg("count"))
       .def_property_readonly("rank", &Trainer::rank)

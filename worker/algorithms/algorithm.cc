@@ -78,12 +78,16 @@ absl::Status Algorithm::Init() {
   return Allocate(&momentum_);
 }
 
-absl::StatusOr<std::vector<float*>> Algorithm::StateBuffers() {
+absl::Status Algorithm::SettleForCheckpoint(const float*) { return absl::OkStatus(); }
+
+std::vector<float*> Algorithm::StateBuffers() {
   std::vector<float*> buffers;
   if (momentum_.data() != nullptr) buffers.push_back(momentum_.data());
   for (DeviceVector* buffer : state_) buffers.push_back(buffer->data());
   return buffers;
 }
+
+absl::Status Algorithm::ResumeAfter(uint64_t) { return absl::OkStatus(); }
 
 absl::Status Algorithm::Finish(uint64_t step, float* x) {
   return AverageModel(step, /*ratio=*/1, x);

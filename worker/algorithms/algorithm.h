@@ -105,12 +105,18 @@ class Algorithm {
   // Algorithms that need more extend it.
   virtual absl::Status Init();
 
-  // The buffers that hold the algorithm's whole state between two steps,
-  // the momentum buffer first: copies of them taken after step t, loaded
-  // into a fresh algorithm of the same job, make its step t + 1 the same to
-  // the bit. FAILED_PRECONDITION for an algorithm that keeps an average in
-  // flight from one step to the next (its state is on the wire).
-  virtual absl::StatusOr<std::vector<float*>> StateBuffers();
+  // A checkpoint between two steps, taken in three calls:
+  // SettleForCheckpoint(x) lands what the algorithm keeps in flight from one
+  // step to the next (CoCoD-SGD's and Pipe-SGD's averages: it waits for the
+  // servers' reply; on a node a collective) into its state buffers, so that
+  // StateBuffers(), the momentum buffer first, then hold its whole state on
+  // this worker; `x` is the model after the last step. Copies of them taken
+  // after t steps, loaded into a fresh algorithm of the same job followed by
+  // ResumeAfter(t), make its next step the same to the bit as this one's.
+  virtual absl::Status SettleForCheckpoint(const float* x);
+  std::vector<float*> StateBuffers();
+  // Derives what the loaded state buffers do not hold from the step count.
+  virtual absl::Status ResumeAfter(uint64_t steps);
 
  protected:
   const v1::JobConfig& config() const { return *context_.config; }

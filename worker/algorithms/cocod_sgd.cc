@@ -31,10 +31,17 @@ class CocodSgd final : public Algorithm {
     return Algorithm::Finish(step, x);
   }
 
-  absl::StatusOr<std::vector<float*>> StateBuffers() override {
-    return absl::FailedPreconditionError(
-        "cocod-sgd keeps its period's average in flight across steps, so its state "
-        "between two steps is not all on this worker");
+  // The period's average lands in x̂ now instead of at the period's end.
+  absl::Status SettleForCheckpoint(const float*) override { return AwaitAverage(); }
+
+  // After t > 0 steps a period is open, its average landed: the one that
+  // started at the last period boundary s <= t (0, then s + PeriodAt(s)).
+  absl::Status ResumeAfter(uint64_t steps) override {
+    if (steps == 0) return absl::OkStatus();
+    next_sync_ = PeriodAt(0);
+    while (next_sync_ <= steps) next_sync_ += PeriodAt(next_sync_);
+    landed_ = true;
+    return absl::OkStatus();
   }
 
  private:
@@ -54,18 +61,28 @@ class CocodSgd final : public Algorithm {
     return absl::OkStatus();
   }
 
-  // Line 3: wait for x̂; x ← x̂ + (x − s).
-  absl::Status EndPeriod(float* x) {
+  // x̂ = AVG(s) of the open period, waited for once.
+  absl::Status AwaitAverage() {
     if (!pending_.has_value()) return absl::OkStatus();
     const absl::Status done = pending_->Complete(average_.data());
     pending_.reset();
     RETURN_IF_ERROR(done);
+    landed_ = true;
+    return absl::OkStatus();
+  }
+
+  // Line 3: wait for x̂; x ← x̂ + (x − s).
+  absl::Status EndPeriod(float* x) {
+    RETURN_IF_ERROR(AwaitAverage());
+    if (!landed_) return absl::OkStatus();  // no period open
+    landed_ = false;
     return ops().AddDifference(average_.data(), x, snapshot_.data(), x);
   }
 
   DeviceVector snapshot_;  // s
   DeviceVector average_;   // x̂
   std::optional<PendingAverage> pending_;
+  bool landed_ = false;  // x̂ holds the open period's average
   uint64_t next_sync_ = 0;
 };
 

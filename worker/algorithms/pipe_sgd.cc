@@ -16,7 +16,7 @@ class PipeSgd final : public Algorithm {
  public:
   // Step t + 1 starts its average before step t's has landed.
   explicit PipeSgd(const AlgorithmContext& context)
-      : Algorithm(context, {}, {&p_}, /*staging_devices=*/2) {}
+      : Algorithm(context, {&landed_}, {&p_}, /*staging_devices=*/2) {}
 
   absl::Status Step(uint64_t t, float lr, const float* g, float* x) override {
     // p_t = Direction(g_t).
@@ -26,28 +26,45 @@ class PipeSgd final : public Algorithm {
     pending_.reset();
     ASSIGN_OR_RETURN(pending_, StartGradientAverage(t, lr, p_.data()));
     // x ← x − η_{t−1}·AVG(p_{t−1}).
-    if (!previous.has_value()) return absl::OkStatus();
-    return previous->Complete(x);
-  }
-
-  absl::StatusOr<std::vector<float*>> StateBuffers() override {
-    return absl::FailedPreconditionError(
-        "pipe-sgd keeps each step's average in flight into the next step, so its state "
-        "between two steps is not all on this worker");
+    return Land(std::move(previous), x);
   }
 
   // Applies the last average; the servers applied every round already, so
   // workers and servers then hold the same model.
-  absl::Status Finish(uint64_t, float* x) override {
+  absl::Status Finish(uint64_t, float* x) override { return Land(std::move(pending_), x); }
+
+  // The last step's average lands in a copy of x, which the next step's
+  // update then is: x is read by that step's direction before it changes.
+  absl::Status SettleForCheckpoint(const float* x) override {
     if (!pending_.has_value()) return absl::OkStatus();
-    const absl::Status done = pending_->Complete(x);
+    RETURN_IF_ERROR(ops().Copy(x, landed_.data()));
+    std::optional<PendingAverage> pending = std::move(pending_);
     pending_.reset();
-    return done;
+    RETURN_IF_ERROR(pending->Complete(landed_.data()));
+    has_landed_ = true;
+    return absl::OkStatus();
+  }
+
+  absl::Status ResumeAfter(uint64_t steps) override {
+    has_landed_ = steps > 0;
+    return absl::OkStatus();
   }
 
  private:
+  // x ← x − η·AVG(p) of `average`'s step, or of a checkpoint's landed copy.
+  absl::Status Land(std::optional<PendingAverage> average, float* x) {
+    if (has_landed_) {
+      has_landed_ = false;
+      return ops().Copy(landed_.data(), x);
+    }
+    if (!average.has_value()) return absl::OkStatus();
+    return average->Complete(x);
+  }
+
   DeviceVector p_;
+  DeviceVector landed_;  // with has_landed_: x after the last step's average
   std::optional<PendingAverage> pending_;
+  bool has_landed_ = false;
 };
 
 }  // namespace

@@ -115,19 +115,21 @@ absl::Status ExternalTrainer::PullModel(absl::Span<float> out) {
   return cserps::PullModel(link(), out, /*wait_for_init=*/false);
 }
 
-absl::StatusOr<size_t> ExternalTrainer::StateSize() {
-  ASSIGN_OR_RETURN(const std::vector<float*> buffers, algorithm_->StateBuffers());
-  return buffers.size();
-}
+size_t ExternalTrainer::StateSize() { return algorithm_->StateBuffers().size(); }
 
-absl::Status ExternalTrainer::SaveState(absl::Span<const absl::Span<float>> out) {
-  ASSIGN_OR_RETURN(const std::vector<float*> buffers, algorithm_->StateBuffers());
+absl::Status ExternalTrainer::SaveState(absl::Span<const float> params,
+                                        absl::Span<const absl::Span<float>> out) {
+  RETURN_IF_ERROR(CheckSize(params.size(), "the model"));
+  const std::vector<float*> buffers = algorithm_->StateBuffers();
   if (out.size() != buffers.size()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "the algorithm's state has ", buffers.size(), " buffers, not ", out.size()));
   }
   for (size_t i = 0; i < buffers.size(); ++i) {
     RETURN_IF_ERROR(CheckSize(out[i].size(), "a state buffer"));
+  }
+  RETURN_IF_ERROR(algorithm_->SettleForCheckpoint(params.data()));
+  for (size_t i = 0; i < buffers.size(); ++i) {
     RETURN_IF_ERROR(ops_->Download(buffers[i], out[i]));
   }
   return absl::OkStatus();
@@ -135,7 +137,7 @@ absl::Status ExternalTrainer::SaveState(absl::Span<const absl::Span<float>> out)
 
 absl::Status ExternalTrainer::LoadState(uint64_t step,
                                         absl::Span<const absl::Span<const float>> in) {
-  ASSIGN_OR_RETURN(const std::vector<float*> buffers, algorithm_->StateBuffers());
+  const std::vector<float*> buffers = algorithm_->StateBuffers();
   if (in.size() != buffers.size()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "the state has ", in.size(), " buffers but ", config_.algorithm().name(),
@@ -145,6 +147,7 @@ absl::Status ExternalTrainer::LoadState(uint64_t step,
     RETURN_IF_ERROR(CheckSize(in[i].size(), "a state buffer"));
   }
   for (size_t i = 0; i < buffers.size(); ++i) RETURN_IF_ERROR(ops_->Upload(in[i], buffers[i]));
+  RETURN_IF_ERROR(algorithm_->ResumeAfter(step));
   step_ = step;
   return absl::OkStatus();
 }

@@ -49,7 +49,7 @@ class ExternalTrainer {
   // a node (cluster.local_size = the group's size), whose local ranks all
   // create their trainers alike, with the node's rank to claim and node id
   // as worker_id, and then make every call below together (they are
-  // collectives of the group), except the checkpoint's and the getters.
+  // collectives of the group), except LoadState and the getters.
   // A local rank that fails or ends fails the others in their next
   // collective (at once with a SocketGroup, else at the group's timeout).
   // Errors: FAILED_PRECONDITION for cluster.local_size > 1 without a group
@@ -82,13 +82,15 @@ class ExternalTrainer {
   absl::Status PullModel(absl::Span<float> out);
 
   // A checkpoint of the algorithm after step() steps: how many model-sized
-  // buffers its state has, and copies of them (Algorithm::StateBuffers;
-  // FAILED_PRECONDITION for an algorithm that keeps an average in flight
-  // between steps). LoadState puts such copies back, with the step count
-  // them; INVALID_ARGUMENT when their count or sizes do not match. The
-  // copies are in host memory.
-  absl::StatusOr<size_t> StateSize();
-  absl::Status SaveState(absl::Span<const absl::Span<float>> out);
+  // buffers its state has, and copies of them (Algorithm::StateBuffers)
+  // after it has landed what it keeps in flight between steps, which waits
+  // for the servers (on a node a collective, like the steps); `params` are
+  // the model's, as at the last step. LoadState puts such copies back, with
+  // the step count of them; INVALID_ARGUMENT when their count or sizes do
+  // not match. The copies are in host memory.
+  size_t StateSize();
+  absl::Status SaveState(absl::Span<const float> params,
+                         absl::Span<const absl::Span<float>> out);
   absl::Status LoadState(uint64_t step, absl::Span<const absl::Span<const float>> in);
 
   // The member's rank (the node's, in a node).

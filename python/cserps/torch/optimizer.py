@@ -249,12 +249,16 @@ class Optimizer(torch.optim.Optimizer):
 
     def state_dict(self):
         """torch's state_dict, plus this worker's cserps state under "cserps".
-        ValueError for an algorithm that keeps an average in flight between
-        steps (cocod-sgd, pipe-sgd)."""
+        An algorithm that keeps an average in flight between steps
+        (cocod-sgd, pipe-sgd) first waits for it; in a job of nodes that is
+        a collective: every local rank of the node calls state_dict() at the
+        same step."""
         state = super().state_dict()
         buffers = [torch.empty(self._num_params, dtype=torch.float32)
                    for _ in range(self._trainer.state_size())]
-        self._trainer.save_state([b.data_ptr() for b in buffers], self._num_params)
+        self._repoint()
+        self._trainer.save_state(self._flat.data_ptr(), [b.data_ptr() for b in buffers],
+                                 self._num_params)
         state["cserps"] = {
             "format": _STATE_FORMAT,
             "algorithm": self._job.algorithm,
