@@ -1,0 +1,366 @@
+// cserps-bench-wire: how fast cserps' wire path is, against what this
+// machine allows, measured in one run. For each case (S shards x M members,
+// a payload of d floats, GRBS ratio R: 1 for a dense round) it starts S real
+// cserps-server processes on 127.0.0.1, M member threads each with its own
+// PsClient, and times PushPull rounds (PsClient::AverageBlocks on the MODEL
+// stream). Then, in the same run and with the same shape (M members each
+// splitting the round's payload over S peers, in parallel), it times a raw
+// TCP exchange and plain gRPC unary calls of the same bytes
+// (tools/bench/wire_limits.h), and prints the ratios.
+//
+// Per case: p50/p99 round latency (every member's rounds), payload GB/s per
+// member and in all (2 x selected payload / round: push and pull), server and
+// client CPU seconds per GB moved (servers: /proc of their processes;
+// client: this process), the bytes PsClient serialised against the payload
+// (selected floats x 4), and the limits' GB/s with cserps' share of them.
+#include <poll.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "common/config_load.h"
+#include "common/status.h"
+#include "tools/bench/wire_limits.h"
+#include "tools/launch/child_process.h"
+#include "worker/ps/ps_client.h"
+
+ABSL_FLAG(std::string, sizes, "65536,1048576,4194304,16777216,67108864",
+          "Dense payloads per member, in bytes.");
+ABSL_FLAG(std::string, layouts, "1x1,2x2,4x4", "Shards x members.");
+ABSL_FLAG(std::string, grbs_ratios, "32,256,1024",
+          "GRBS ratios R of the sparse cases (1/R of the blocks per round).");
+ABSL_FLAG(int64_t, grbs_bytes, 4 << 20, "Model size of the GRBS cases, in bytes.");
+ABSL_FLAG(int, block_size, 1024, "algorithm.block_size (floats).");
+ABSL_FLAG(double, seconds, 2.0, "Measured time per case, about (5 rounds at least).");
+ABSL_FLAG(int, max_rounds, 200, "Measured rounds per case at most.");
+ABSL_FLAG(std::string, server, "", "The cserps-server binary; default: beside this one.");
+
+namespace cserps {
+namespace {
+
+constexpr int kWarmupRounds = 3;
+constexpr absl::Duration kStartTimeout = absl::Seconds(30);
+constexpr absl::Duration kStopTimeout = absl::Seconds(10);
+
+struct Case {
+  int shards = 1;
+  int members = 1;
+  uint64_t bytes = 0;  // the model's, d x 4
+  uint32_t ratio = 1;  // 1: dense
+};
+
+std::string Bytes(uint64_t b) {
+  if (b >= (1 << 20)) return absl::StrCat(b >> 20, " MiB");
+  return absl::StrCat(b >> 10, " KiB");
+}
+
+double Seconds(absl::Duration d) { return absl::ToDoubleSeconds(d); }
+
+double Percentile(std::vector<absl::Duration> v, double q) {
+  std::sort(v.begin(), v.end());
+  const size_t i = std::min(v.size() - 1, static_cast<size_t>(q * (v.size() - 1) + 0.5));
+  return Seconds(v[i]);
+}
+
+// User + system CPU seconds of process `pid` (/proc/<pid>/stat).
+double ProcessCpuSeconds(pid_t pid) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  // Fields after the command's closing parenthesis: state is field 3, utime 14.
+  const size_t close = text.rfind(')');
+  if (close == std::string::npos) return 0;
+  std::vector<std::string> fields = absl::StrSplit(text.substr(close + 2), ' ');
+  double utime = 0, stime = 0;
+  if (fields.size() < 13 || !absl::SimpleAtod(fields[11], &utime) ||
+      !absl::SimpleAtod(fields[12], &stime)) {
+    return 0;
+  }
+  return (utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+double SelfCpuSeconds() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return usage.ru_utime.tv_sec + usage.ru_stime.tv_sec +
+         1e-6 * (usage.ru_utime.tv_usec + usage.ru_stime.tv_usec);
+}
+
+// S cserps-server processes of one job, stopped by the destructor.
+class Servers {
+ public:
+  static absl::StatusOr<std::unique_ptr<Servers>> Start(const std::string& program,
+                                                        const std::string& config, int count) {
+    std::unique_ptr<Servers> servers(new Servers);
+    for (int s = 0; s < count; ++s) {
+      ASSIGN_OR_RETURN(ChildProcess child,
+                       ChildProcess::Start(absl::StrCat("server ", s),
+                                           {program, absl::StrCat("--config=", config),
+                                            absl::StrCat("--shard=", s),
+                                            "--listen=127.0.0.1:0"},
+                                           {}));
+      servers->children_.push_back(std::move(child));
+      ASSIGN_OR_RETURN(std::string address, servers->AwaitAddress(s));
+      servers->addresses_.push_back(std::move(address));
+    }
+    // Their log must not fill the pipes while the case runs.
+    for (ChildProcess& child : servers->children_) {
+      servers->drains_.emplace_back([&child] {
+        while (child.output_fd() >= 0) {
+          pollfd p{child.output_fd(), POLLIN, 0};
+          poll(&p, 1, 1000);
+          child.ReadLines();
+        }
+      });
+    }
+    return servers;
+  }
+
+  ~Servers() {
+    for (ChildProcess& child : children_) child.Signal(SIGTERM);
+    for (ChildProcess& child : children_) {
+      const absl::Time deadline = absl::Now() + kStopTimeout;
+      int status = 0;
+      while (waitpid(child.pid(), &status, WNOHANG) == 0) {
+        if (absl::Now() > deadline) {
+          child.Signal(SIGKILL);
+          waitpid(child.pid(), &status, 0);
+          break;
+        }
+        absl::SleepFor(absl::Milliseconds(5));
+      }
+    }
+    for (std::thread& t : drains_) t.join();
+  }
+
+  const std::vector<std::string>& addresses() const { return addresses_; }
+  double CpuSeconds() const {
+    double total = 0;
+    for (const ChildProcess& child : children_) total += ProcessCpuSeconds(child.pid());
+    return total;
+  }
+
+ private:
+  Servers() = default;
+
+  absl::StatusOr<std::string> AwaitAddress(int s) {
+    ChildProcess& child = children_[s];
+    const absl::Time deadline = absl::Now() + kStartTimeout;
+    const std::string marker = "listening on ";
+    std::string log;
+    while (absl::Now() < deadline && child.output_fd() >= 0) {
+      pollfd p{child.output_fd(), POLLIN, 0};
+      poll(&p, 1, 100);
+      for (const std::string& line : child.ReadLines()) {
+        log += line + "\n";
+        const size_t at = line.find(marker);
+        if (line.rfind("cserps-server shard ", 0) == 0 && at != std::string::npos) {
+          return line.substr(at + marker.size());
+        }
+      }
+    }
+    return absl::UnavailableError(absl::StrCat("server ", s, " did not listen: ", log));
+  }
+
+  std::vector<ChildProcess> children_;
+  std::vector<std::string> addresses_;
+  std::vector<std::thread> drains_;
+};
+
+std::string JobText(const Case& c, int block_size) {
+  std::string servers;
+  for (int s = 0; s < c.shards; ++s) absl::StrAppend(&servers, " servers: \"127.0.0.1:0\"");
+  return absl::StrCat("name: \"wire-bench\"\ncluster {", servers, " num_workers: ", c.members,
+                      " round_timeout_s: 60 max_step_lag: 100000 }\n",
+                      "model { kind: FLAT num_params: ", c.bytes / 4, " }\n",
+                      "data { batch_size: 1 }\nepochs: 1\noptimizer { lr: 0.1 }\n",
+                      // An algorithm whose rounds are the case's: every one
+                      // may average the whole model (its final average).
+                      c.ratio == 1 ? "algorithm { name: \"ssgd\""
+                                   : absl::StrCat("algorithm { name: \"cser-pl\" period: 1 "
+                                                  "ratio_c1: ", c.ratio),
+                      " block_size: ", block_size, " }\n");
+}
+
+struct Measured {
+  std::vector<absl::Duration> rounds;  // every member's
+  double selected_bytes = 0;           // per member per round, both ways together
+  double wire_bytes = 0;               // serialised, per member per round
+  double server_cpu = 0;               // seconds over the measured rounds
+  double client_cpu = 0;
+  int count = 0;                       // measured rounds
+};
+
+// Every member's rounds [first, first + count) on its own thread.
+absl::Status RunRounds(std::vector<std::unique_ptr<PsClient>>& clients, const Case& c,
+                       uint64_t first, int count, std::vector<absl::Duration>* times) {
+  const uint64_t d = c.bytes / 4;
+  std::vector<absl::Status> status(clients.size());
+  std::vector<std::vector<absl::Duration>> per(clients.size());
+  std::vector<std::thread> threads;
+  for (size_t m = 0; m < clients.size(); ++m) {
+    threads.emplace_back([&, m] {
+      std::vector<float> values(d, 1.0f + m), mean(d);
+      for (int r = 0; r < count && status[m].ok(); ++r) {
+        const absl::Time start = absl::Now();
+        status[m] = clients[m]->AverageBlocks(v1::MODEL, first + r, c.ratio, values, 1.0f,
+                                              0.0f, absl::MakeSpan(mean));
+        per[m].push_back(absl::Now() - start);
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (size_t m = 0; m < clients.size(); ++m) {
+    RETURN_IF_ERROR(status[m]);
+    if (times != nullptr) times->insert(times->end(), per[m].begin(), per[m].end());
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Measured> MeasureCserps(const Case& c, const std::string& server) {
+  const std::string path =
+      (std::filesystem::temp_directory_path() / absl::StrCat("cserps-bench-wire-", getpid(),
+                                                            ".textproto"))
+          .string();
+  {
+    std::ofstream out(path);
+    out << JobText(c, absl::GetFlag(FLAGS_block_size));
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<Servers> servers, Servers::Start(server, path, c.shards));
+  ASSIGN_OR_RETURN(const v1::JobConfig config,
+                   LoadJobWithOverrides(path, {absl::StrCat(
+                                                  "cluster.servers=",
+                                                  absl::StrJoin(servers->addresses(), ","))}));
+  std::filesystem::remove(path);
+  std::vector<std::unique_ptr<PsClient>> clients;
+  for (int m = 0; m < c.members; ++m) {
+    ASSIGN_OR_RETURN(std::unique_ptr<PsClient> client, PsClient::Connect(config, c.bytes / 4));
+    RETURN_IF_ERROR(client->Register(m, absl::StrCat("bench-", m)).status());
+    clients.push_back(std::move(client));
+  }
+  const absl::Time warm = absl::Now();
+  RETURN_IF_ERROR(RunRounds(clients, c, 0, kWarmupRounds, nullptr));
+  const double per_round = Seconds(absl::Now() - warm) / kWarmupRounds;
+  Measured result;
+  result.count = std::clamp(static_cast<int>(absl::GetFlag(FLAGS_seconds) / per_round), 5,
+                            absl::GetFlag(FLAGS_max_rounds));
+  const TrafficCounts before = clients[0]->traffic(v1::MODEL);
+  const double server_before = servers->CpuSeconds();
+  const double client_before = SelfCpuSeconds();
+  RETURN_IF_ERROR(RunRounds(clients, c, kWarmupRounds, result.count, &result.rounds));
+  result.server_cpu = servers->CpuSeconds() - server_before;
+  result.client_cpu = SelfCpuSeconds() - client_before;
+  const TrafficCounts after = clients[0]->traffic(v1::MODEL);
+  // A round's reply carries as many floats as its request.
+  result.selected_bytes =
+      2.0 * 4 * (after.request_floats - before.request_floats) / result.count;
+  result.wire_bytes = static_cast<double>(after.request_bytes - before.request_bytes +
+                                          after.reply_bytes - before.reply_bytes) /
+                      result.count;
+  return result;
+}
+
+absl::Status RunCase(const Case& c, const std::string& server) {
+  ASSIGN_OR_RETURN(const Measured m, MeasureCserps(c, server));
+  ExchangeShape shape;
+  shape.peers = c.shards;
+  shape.members = c.members;
+  shape.payload_bytes = static_cast<size_t>(m.selected_bytes / 2);
+  shape.rounds = std::min(m.count, 50);
+  ASSIGN_OR_RETURN(const absl::Duration tcp, RawTcpRound(shape));
+  ASSIGN_OR_RETURN(const absl::Duration grpc, PlainGrpcRound(shape));
+  const double p50 = Percentile(m.rounds, 0.5);
+  const double per_member = m.selected_bytes / p50 / 1e9;
+  const double moved_gb = m.selected_bytes * c.members * m.count / 1e9;
+  const double tcp_rate = m.selected_bytes / Seconds(tcp) / 1e9;
+  const double grpc_rate = m.selected_bytes / Seconds(grpc) / 1e9;
+  std::printf("%dx%d %8s R=%-5u %8.3f %8.3f %8.3f %8.3f %7.3f %7.3f %7.4f %8.3f %8.3f %6.2f %6.2f\n",
+              c.shards, c.members, Bytes(c.bytes).c_str(), c.ratio, 1e3 * p50,
+              1e3 * Percentile(m.rounds, 0.99), per_member, per_member * c.members,
+              m.server_cpu / moved_gb, m.client_cpu / moved_gb, m.wire_bytes / m.selected_bytes,
+              tcp_rate, grpc_rate, per_member / tcp_rate, per_member / grpc_rate);
+  std::fflush(stdout);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<uint64_t>> Numbers(const std::string& flag, const std::string& text) {
+  std::vector<uint64_t> out;
+  for (absl::string_view piece : absl::StrSplit(text, ',', absl::SkipEmpty())) {
+    uint64_t v = 0;
+    if (!absl::SimpleAtoi(piece, &v) || v == 0) {
+      return absl::InvalidArgumentError(absl::StrCat("--", flag, ": \"", piece,
+                                                     "\" is not a positive integer"));
+    }
+    out.push_back(v);
+  }
+  return out;
+}
+
+absl::Status Run() {
+  std::string server = absl::GetFlag(FLAGS_server);
+  if (server.empty()) {
+    server = (std::filesystem::read_symlink("/proc/self/exe").parent_path() / "cserps-server")
+                 .string();
+  }
+  ASSIGN_OR_RETURN(const std::vector<uint64_t> sizes, Numbers("sizes", absl::GetFlag(FLAGS_sizes)));
+  ASSIGN_OR_RETURN(const std::vector<uint64_t> ratios,
+                   Numbers("grbs_ratios", absl::GetFlag(FLAGS_grbs_ratios)));
+  std::vector<std::pair<int, int>> layouts;
+  for (absl::string_view piece :
+       absl::StrSplit(absl::GetFlag(FLAGS_layouts), ',', absl::SkipEmpty())) {
+    std::pair<std::string, std::string> sm = absl::StrSplit(piece, 'x');
+    int s = 0, m = 0;
+    if (!absl::SimpleAtoi(sm.first, &s) || !absl::SimpleAtoi(sm.second, &m) || s < 1 || m < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--layouts: \"", piece, "\" is not SHARDSxMEMBERS"));
+    }
+    layouts.emplace_back(s, m);
+  }
+  const absl::Duration copy = MemcpyTime(64 << 20, 10);
+  std::printf("memcpy of 64 MiB: %.3f GB/s (one thread)\n", (64 << 20) / Seconds(copy) / 1e9);
+  std::printf("GB/s: 2 x selected payload per round (push and pull); CPU in s per GB moved "
+              "(all members); wire: serialised bytes / payload bytes; x tcp, x grpc: cserps' "
+              "GB/s per member over the limit's\n");
+  std::printf("%-3s %8s %-7s %8s %8s %8s %8s %7s %7s %7s %8s %8s %6s %6s\n", "SxM", "model",
+              "ratio", "p50 ms", "p99 ms", "GB/s/m", "GB/s", "srv s/G", "cli s/G", "wire",
+              "tcp GB/s", "grpc", "x tcp", "x grpc");
+  for (const auto& [s, m] : layouts) {
+    for (uint64_t bytes : sizes) RETURN_IF_ERROR(RunCase({s, m, bytes, 1}, server));
+    for (uint64_t r : ratios) {
+      RETURN_IF_ERROR(RunCase(
+          {s, m, static_cast<uint64_t>(absl::GetFlag(FLAGS_grbs_bytes)), static_cast<uint32_t>(r)},
+          server));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace cserps
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  const absl::Status status = cserps::Run();
+  if (!status.ok()) {
+    std::fprintf(stderr, "cserps-bench-wire: %s\n", status.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}
