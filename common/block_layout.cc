@@ -7,10 +7,6 @@
 
 namespace cserps {
 
-// The allowance for PushPullRequest's fields other than `values` (a few
-// varints and the bytes tag) and gRPC framing, with generous room to spare.
-constexpr uint64_t kMessageOverheadBytes = 1024;
-
 BlockLayout::BlockLayout(uint64_t num_params, uint32_t block_size,
                          uint32_t num_shards)
     : num_params_(num_params), block_size_(block_size), num_shards_(num_shards) {
@@ -94,6 +90,11 @@ void ShardPayload::Scatter(absl::Span<const float> in, uint64_t begin,
 uint64_t ChunkFloats(uint32_t max_message_bytes) {
   CSERPS_CHECK(max_message_bytes > 2 * kMessageOverheadBytes);
   return (max_message_bytes - kMessageOverheadBytes) / sizeof(float);
+}
+
+uint64_t ChunkFloats(const v1::ClusterConfig& cluster) {
+  const uint32_t chunk = cluster.chunk_bytes() != 0 ? cluster.chunk_bytes() : kDefaultChunkBytes;
+  return std::min<uint64_t>(chunk / sizeof(float), ChunkFloats(cluster.max_message_bytes()));
 }
 
 uint32_t NumChunks(uint64_t payload_floats, uint64_t chunk_floats) {

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/types/span.h"
+#include "cserps/v1/config.pb.h"
 
 namespace cserps {
 
@@ -84,10 +85,20 @@ class ShardPayload {
   uint64_t size_ = 0;
 };
 
-// Floats per chunk so that a request or reply stays within
-// `max_message_bytes` (4 bytes per float plus a fixed allowance for the
+// The allowance for PushPullRequest's fields other than `values` (a few
+// varints and the bytes tag) and gRPC framing, with generous room to spare.
+inline constexpr uint32_t kMessageOverheadBytes = 1024;
+
+// The most floats per chunk that keep a request or reply within
+// `max_message_bytes` (4 bytes per float plus kMessageOverheadBytes for the
 // message's other fields).
 uint64_t ChunkFloats(uint32_t max_message_bytes);
+// cluster.chunk_bytes when it is 0 (unset).
+inline constexpr uint32_t kDefaultChunkBytes = 256 * 1024;
+
+// Floats per chunk of a job: cluster.chunk_bytes / 4 (kDefaultChunkBytes
+// when unset), within the message limit's ChunkFloats.
+uint64_t ChunkFloats(const v1::ClusterConfig& cluster);
 // Chunks of a payload of `payload_floats`: ceil(payload / chunk), at least 1
 // for a non-empty payload and 0 for an empty one.
 uint32_t NumChunks(uint64_t payload_floats, uint64_t chunk_floats);

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "common/algorithm_catalog.h"
+#include "common/block_layout.h"
 #include "common/format_real.h"
 #include "common/model_spec.h"
 #include "common/status.h"
@@ -96,6 +97,17 @@ absl::Status ValidateCluster(const v1::ClusterConfig& cluster,
                    absl::StrCat("must be in [", kMinMaxMessageBytes, ", ",
                                 kMaxMaxMessageBytes, "] (64 KiB..1 GiB) (got ",
                                 cluster.max_message_bytes(), ")"));
+  }
+  // A chunk must not be a sliver: each is an RPC and a round of its own.
+  constexpr uint32_t kMinChunkBytes = 4096;
+  const uint32_t chunk_room = cluster.max_message_bytes() - kMessageOverheadBytes;
+  if (cluster.chunk_bytes() != 0 &&
+      (cluster.chunk_bytes() % 4 != 0 || cluster.chunk_bytes() < kMinChunkBytes ||
+       cluster.chunk_bytes() > chunk_room)) {
+    return Invalid("cluster.chunk_bytes",
+                   absl::StrCat("must be a multiple of 4 in [", kMinChunkBytes, ", ", chunk_room,
+                                "] (max_message_bytes - 1024), or 0 for the default (got ",
+                                cluster.chunk_bytes(), ")"));
   }
   if (!(cluster.round_timeout_s() > 0) ||
       !std::isfinite(cluster.round_timeout_s())) {

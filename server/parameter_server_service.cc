@@ -157,9 +157,21 @@ grpc::ServerUnaryReactor* ParameterServerService::PushPull(
         num_chunks, " chunks")));
   }
   const uint64_t begin = request->chunk() * chunk_floats_;
-  std::vector<float> values(std::min(chunk_floats_, payload.size() - begin));
-  ok = BytesToFloats(request->values(), absl::MakeSpan(values), "values");
-  if (!ok.ok()) return refuse(ok);
+  const size_t count = std::min(chunk_floats_, payload.size() - begin);
+  // The round reads the values only while Push runs, so the request's own
+  // bytes serve when they are float-aligned; a copy only when they are not.
+  const std::string& bytes = request->values();
+  std::vector<float> copy;
+  absl::Span<const float> values;
+  if (reinterpret_cast<uintptr_t>(bytes.data()) % alignof(float) == 0 &&
+      bytes.size() == count * sizeof(float)) {
+    values = absl::MakeConstSpan(reinterpret_cast<const float*>(bytes.data()), count);
+  } else {
+    copy.resize(count);
+    ok = BytesToFloats(bytes, absl::MakeSpan(copy), "values");
+    if (!ok.ok()) return refuse(ok);
+    values = copy;
+  }
 
   const int stream = request->stream();
   stream_traffic_[stream].AddRequest(request->ByteSizeLong(), values.size());

@@ -11,21 +11,28 @@ namespace cserps {
 template class RoundLifecycle<WeightedSum>;
 
 WeightedSum::WeightedSum(const Contribution& first, uint32_t /*world_size*/)
-    : sum_(first.values.size(), 0.0), lr_(first.lr) {}
+    : size_(first.values.size()),
+      sum_(new double[first.values.size()]),  // left uninitialised: see Add
+      lr_(first.lr) {}
 
 void WeightedSum::Add(uint32_t /*rank*/, const Contribution& push) {
   const double w = push.weight;
-  for (size_t i = 0; i < push.values.size(); ++i) {
-    sum_[i] += w * static_cast<double>(push.values[i]);
+  const float* v = push.values.data();
+  double* sum = sum_.get();
+  if (weight_total_ == 0.0) {
+    // 0.0 + x, not x: a -0.0 sums to +0.0, as it did into a zeroed buffer.
+    for (size_t i = 0; i < size_; ++i) sum[i] = 0.0 + w * static_cast<double>(v[i]);
+  } else {
+    for (size_t i = 0; i < size_; ++i) sum[i] += w * static_cast<double>(v[i]);
   }
   weight_total_ += w;
 }
 
 RoundMean WeightedSum::Mean() const {
-  auto mean = std::make_shared<std::vector<float>>(sum_.size());
-  for (size_t i = 0; i < sum_.size(); ++i) {
-    (*mean)[i] = static_cast<float>(sum_[i] / weight_total_);
-  }
+  auto mean = std::make_shared<std::vector<float>>(size_);
+  const double* sum = sum_.get();
+  float* out = mean->data();
+  for (size_t i = 0; i < size_; ++i) out[i] = static_cast<float>(sum[i] / weight_total_);
   return mean;
 }
 

@@ -55,8 +55,9 @@ using RoundMean = std::shared_ptr<const std::vector<float>>;
 using RoundCallback = std::function<void(absl::StatusOr<RoundMean>)>;
 
 // What a dense round collects: sum_i w_i v_i per element and sum_i w_i, in
-// double, and the learning rate of its first push. The Aggregate of
-// RoundLifecycle (round_lifecycle.h, which lists what each member is for).
+// double, and the learning rate of its first push. The first push writes
+// the sum (0 + w_0 v_0), so the buffer is never zeroed first. The Aggregate of RoundLifecycle (round_lifecycle.h,
+// which lists what each member is for).
 class WeightedSum {
  public:
   using Key = RoundKey;
@@ -87,8 +88,9 @@ class WeightedSum {
   static absl::Status CheckShape(const RoundKey& key, uint32_t rank, Shape got, Shape want);
 
  private:
-  std::vector<double> sum_;
-  double weight_total_ = 0.0;
+  size_t size_ = 0;
+  std::unique_ptr<double[]> sum_;  // size_ values, written by the first Add
+  double weight_total_ = 0.0;      // 0 until the first Add: weights are > 0
   float lr_ = 0.0f;
 };
 

@@ -446,5 +446,20 @@ TEST(ChunkTest, AFullChunkRequestFitsTheMessageLimit) {
   }
 }
 
+TEST(ChunkTest, AJobsChunksAreItsChunkBytesWithinTheMessageLimit) {
+  v1::ClusterConfig cluster;
+  cluster.set_max_message_bytes(4u << 20);
+  // Unset: 256 KiB, a quarter of a 4 MiB message's room.
+  EXPECT_EQ(ChunkFloats(cluster), 65536u);
+  cluster.set_chunk_bytes(1u << 20);
+  EXPECT_EQ(ChunkFloats(cluster), 262144u);
+  // A limit smaller than the default chunk: the limit's, as before chunks
+  // had a size of their own.
+  cluster.clear_chunk_bytes();
+  cluster.set_max_message_bytes(64 * 1024);
+  EXPECT_EQ(ChunkFloats(cluster), ChunkFloats(64u * 1024));
+  EXPECT_EQ(ChunkFloats(cluster), 16128u);
+}
+
 }  // namespace
 }  // namespace cserps

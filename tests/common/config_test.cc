@@ -422,6 +422,18 @@ TEST(ValidateJobConfigTest, EachRuleNamesItsField) {
          c->mutable_cluster()->set_max_message_bytes((1u << 30) + 1);
        },
        "cluster.max_message_bytes"},
+      {"chunk not a multiple of 4",
+       [](v1::JobConfig* c) { c->mutable_cluster()->set_chunk_bytes(65538); },
+       "cluster.chunk_bytes"},
+      {"chunk below 4 KiB",
+       [](v1::JobConfig* c) { c->mutable_cluster()->set_chunk_bytes(4092); },
+       "cluster.chunk_bytes"},
+      {"chunk beyond the message limit",
+       [](v1::JobConfig* c) {
+         c->mutable_cluster()->set_max_message_bytes(64 * 1024);
+         c->mutable_cluster()->set_chunk_bytes(64 * 1024 - 1020);
+       },
+       "cluster.chunk_bytes"},
       {"negative round timeout",
        [](v1::JobConfig* c) { c->mutable_cluster()->set_round_timeout_s(-1); },
        "cluster.round_timeout_s"},
@@ -589,6 +601,13 @@ TEST(ValidateJobConfigTest, BoundaryValuesAndAlternativesPass) {
           {"1 GiB messages",
            [](v1::JobConfig* c) {
              c->mutable_cluster()->set_max_message_bytes(1u << 30);
+           }},
+          {"4 KiB chunks",
+           [](v1::JobConfig* c) { c->mutable_cluster()->set_chunk_bytes(4096); }},
+          {"chunks of the whole message limit",
+           [](v1::JobConfig* c) {
+             c->mutable_cluster()->set_max_message_bytes(64 * 1024);
+             c->mutable_cluster()->set_chunk_bytes(64 * 1024 - 1024);
            }},
           {"ports 1 and 65535",
            [](v1::JobConfig* c) {

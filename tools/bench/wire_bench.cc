@@ -39,7 +39,7 @@
 #include "common/config_load.h"
 #include "common/status.h"
 #include "tools/bench/wire_limits.h"
-#include "tools/launch/child_process.h"
+#include "tools/cluster/child_process.h"
 #include "worker/ps/ps_client.h"
 
 ABSL_FLAG(std::string, sizes, "65536,1048576,4194304,16777216,67108864",
@@ -52,6 +52,8 @@ ABSL_FLAG(int, block_size, 1024, "algorithm.block_size (floats).");
 ABSL_FLAG(double, seconds, 2.0, "Measured time per case, about (5 rounds at least).");
 ABSL_FLAG(int, max_rounds, 200, "Measured rounds per case at most.");
 ABSL_FLAG(std::string, server, "", "The cserps-server binary; default: beside this one.");
+ABSL_FLAG(int64_t, max_message_bytes, 0,
+          "cluster.max_message_bytes (the chunk size follows it); 0: the default.");
 
 namespace cserps {
 namespace {
@@ -187,8 +189,11 @@ class Servers {
 std::string JobText(const Case& c, int block_size) {
   std::string servers;
   for (int s = 0; s < c.shards; ++s) absl::StrAppend(&servers, " servers: \"127.0.0.1:0\"");
+  const int64_t max_message = absl::GetFlag(FLAGS_max_message_bytes);
   return absl::StrCat("name: \"wire-bench\"\ncluster {", servers, " num_workers: ", c.members,
-                      " round_timeout_s: 60 max_step_lag: 100000 }\n",
+                      " round_timeout_s: 60 max_step_lag: 100000",
+                      max_message > 0 ? absl::StrCat(" max_message_bytes: ", max_message) : "",
+                      " }\n",
                       "model { kind: FLAT num_params: ", c.bytes / 4, " }\n",
                       "data { batch_size: 1 }\nepochs: 1\noptimizer { lr: 0.1 }\n",
                       // An algorithm whose rounds are the case's: every one

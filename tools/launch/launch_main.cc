@@ -43,7 +43,7 @@
 #include "common/algorithm_catalog.h"
 #include "common/config_load.h"
 #include "common/config_override.h"
-#include "tools/launch/child_process.h"
+#include "tools/cluster/child_process.h"
 
 ABSL_FLAG(std::string, config, "", "Job config file (text-format cserps.v1.JobConfig).");
 ABSL_FLAG(std::string, set, "", "Config overrides 'field.path=value', separated by ';'.");

@@ -151,8 +151,10 @@ struct PushPullCall {
 // and for BeginShardedAverage (whose caller gathers).
 class PushPullRound final : public ShardedAverage {
  public:
-  // fill(begin, count, out): payload floats [begin, begin + count) into out.
-  using FillFn = std::function<void(uint64_t begin, uint64_t count, char* out)>;
+  // fill(begin, count, out): payload floats [begin, begin + count) appended
+  // to out (reserved for them; appending copies once, where resizing first
+  // would also zero every byte).
+  using FillFn = std::function<void(uint64_t begin, uint64_t count, std::string* out)>;
   // deliver(begin, count, bytes): the mean of those floats, from bytes.
   using DeliverFn = std::function<void(uint64_t begin, uint64_t count, const char* bytes)>;
 
@@ -188,8 +190,8 @@ class PushPullRound final : public ShardedAverage {
     }
     Start(
         shard,
-        [payload](uint64_t begin, uint64_t count, char* out) {
-          std::memcpy(out, payload.data() + begin, count * sizeof(float));
+        [payload](uint64_t begin, uint64_t count, std::string* out) {
+          AppendFloats(payload.subspan(begin, count), out);
         },
         [mean](uint64_t begin, uint64_t count, const char* bytes) {
           std::memcpy(mean.data() + begin, bytes, count * sizeof(float));
@@ -219,8 +221,8 @@ class PushPullRound final : public ShardedAverage {
       request.set_weight(setup_.weight);
       request.set_lr(setup_.lr);
       std::string* bytes = request.mutable_values();
-      bytes->resize(call->count * sizeof(float));
-      fill(call->begin, call->count, bytes->data());
+      bytes->reserve(call->count * sizeof(float));
+      fill(call->begin, call->count, bytes);
       setup_.total->AddRequest(request.ByteSizeLong());
       setup_.traffic->AddRequest(request.ByteSizeLong(), call->count);
       SetDeadline(&call->context, setup_.deadline);
@@ -305,10 +307,10 @@ class HostSpanRound final {
       const ShardPayload& payload = payloads_[s];
       round_.Start(
           s,
-          [&payload, values](uint64_t begin, uint64_t count, char* out) {
-            payload.ForEachPiece(begin, count, [&](uint64_t m, uint64_t p, uint64_t n) {
-              std::memcpy(out + (p - begin) * sizeof(float), values.data() + m,
-                          n * sizeof(float));
+          [&payload, values](uint64_t begin, uint64_t count, std::string* out) {
+            // The pieces come in payload order, so each appends after the last.
+            payload.ForEachPiece(begin, count, [&](uint64_t m, uint64_t, uint64_t n) {
+              AppendFloats(values.subspan(m, n), out);
             });
           },
           [&payload, mean = mean_](uint64_t begin, uint64_t count, const char* bytes) {
@@ -347,7 +349,7 @@ struct PsClient::Impl {
         options_(options),
         layout_(num_params, config.algorithm().block_size(),
                 config.cluster().servers_size()),
-        chunk_floats_(ChunkFloats(config.cluster().max_message_bytes())),
+        chunk_floats_(ChunkFloats(config.cluster())),
         fingerprint_(JobFingerprint(config)) {}
 
   // The whole model cut per shard into chunks of at most chunk_floats_:

@@ -1,8 +1,8 @@
 // A child process whose stdout and stderr arrive on one pipe, split into
 // lines. Linux only (prctl(PR_SET_PDEATHSIG)): a child dies with the
 // launcher, so no process outlives a killed launcher.
-#ifndef CSERPS_TOOLS_LAUNCH_CHILD_PROCESS_H_
-#define CSERPS_TOOLS_LAUNCH_CHILD_PROCESS_H_
+#ifndef CSERPS_TOOLS_CLUSTER_CHILD_PROCESS_H_
+#define CSERPS_TOOLS_CLUSTER_CHILD_PROCESS_H_
 
 #include <sys/types.h>
 
@@ -48,4 +48,4 @@ class ChildProcess {
 
 }  // namespace cserps
 
-#endif  // CSERPS_TOOLS_LAUNCH_CHILD_PROCESS_H_
+#endif  // CSERPS_TOOLS_CLUSTER_CHILD_PROCESS_H_

@@ -1,4 +1,4 @@
-#include "tools/launch/child_process.h"
+#include "tools/cluster/child_process.h"
 
 #include <fcntl.h>
 #include <signal.h>
