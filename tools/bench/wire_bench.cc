@@ -12,7 +12,9 @@
 // member and in all (2 x selected payload / round: push and pull), server and
 // client CPU seconds per GB moved (servers: /proc of their processes;
 // client: this process), the bytes PsClient serialised against the payload
-// (selected floats x 4), and the limits' GB/s with cserps' share of them.
+// (selected floats x 4), the balance of the shards' bytes (max over mean),
+// and the limits' GB/s with cserps' share of them. Built a second time as
+// cserps-bench-scale, whose defaults are many members against 1 to 8 shards.
 #include <poll.h>
 #include <signal.h>
 #include <sys/resource.h>
@@ -42,11 +44,20 @@
 #include "tools/cluster/child_process.h"
 #include "worker/ps/ps_client.h"
 
+#ifdef CSERPS_BENCH_SCALE
+// cserps-bench-scale: the same measurements for many members (threads with
+// synthetic values, no model) against 1 to 8 shards.
+ABSL_FLAG(std::string, sizes, "1048576", "Dense payloads per member, in bytes.");
+ABSL_FLAG(std::string, layouts, "1x2,1x16,1x64,2x64,4x64,8x64", "Shards x members.");
+ABSL_FLAG(std::string, grbs_ratios, "256",
+          "GRBS ratios R of the sparse cases (1/R of the blocks per round).");
+#else
 ABSL_FLAG(std::string, sizes, "65536,1048576,4194304,16777216,67108864",
           "Dense payloads per member, in bytes.");
 ABSL_FLAG(std::string, layouts, "1x1,2x2,4x4", "Shards x members.");
 ABSL_FLAG(std::string, grbs_ratios, "32,256,1024",
           "GRBS ratios R of the sparse cases (1/R of the blocks per round).");
+#endif
 ABSL_FLAG(int64_t, grbs_bytes, 4 << 20, "Model size of the GRBS cases, in bytes.");
 ABSL_FLAG(int, block_size, 1024, "algorithm.block_size (floats).");
 ABSL_FLAG(double, seconds, 2.0, "Measured time per case, about (5 rounds at least).");
@@ -211,6 +222,7 @@ struct Measured {
   double server_cpu = 0;               // seconds over the measured rounds
   double client_cpu = 0;
   int count = 0;                       // measured rounds
+  double balance = 0;                  // max / mean of the shards' bytes
 };
 
 // Every member's rounds [first, first + count) on its own thread.
@@ -273,6 +285,16 @@ absl::StatusOr<Measured> MeasureCserps(const Case& c, const std::string& server)
   result.server_cpu = servers->CpuSeconds() - server_before;
   result.client_cpu = SelfCpuSeconds() - client_before;
   const TrafficCounts after = clients[0]->traffic(v1::MODEL);
+  // Every byte each shard received and sent during the case (its servers'
+  // cserps_server_bytes_in_total and _out_total).
+  double most = 0, total = 0;
+  for (int s = 0; s < c.shards; ++s) {
+    ASSIGN_OR_RETURN(const v1::GetStatusResponse status, clients[0]->GetStatus(s));
+    const double bytes = static_cast<double>(status.bytes_in() + status.bytes_out());
+    most = std::max(most, bytes);
+    total += bytes;
+  }
+  result.balance = total > 0 ? most / (total / c.shards) : 0;
   // A round's reply carries as many floats as its request.
   result.selected_bytes =
       2.0 * 4 * (after.request_floats - before.request_floats) / result.count;
@@ -296,11 +318,12 @@ absl::Status RunCase(const Case& c, const std::string& server) {
   const double moved_gb = m.selected_bytes * c.members * m.count / 1e9;
   const double tcp_rate = m.selected_bytes / Seconds(tcp) / 1e9;
   const double grpc_rate = m.selected_bytes / Seconds(grpc) / 1e9;
-  std::printf("%dx%d %8s R=%-5u %8.3f %8.3f %8.3f %8.3f %7.3f %7.3f %7.4f %8.3f %8.3f %6.2f %6.2f\n",
-              c.shards, c.members, Bytes(c.bytes).c_str(), c.ratio, 1e3 * p50,
-              1e3 * Percentile(m.rounds, 0.99), per_member, per_member * c.members,
-              m.server_cpu / moved_gb, m.client_cpu / moved_gb, m.wire_bytes / m.selected_bytes,
-              tcp_rate, grpc_rate, per_member / tcp_rate, per_member / grpc_rate);
+  std::printf(
+      "%dx%d %8s R=%-5u %8.3f %8.3f %8.3f %8.3f %7.3f %7.3f %7.4f %7.3f %8.3f %8.3f %6.2f %6.2f\n",
+      c.shards, c.members, Bytes(c.bytes).c_str(), c.ratio, 1e3 * p50,
+      1e3 * Percentile(m.rounds, 0.99), per_member, per_member * c.members,
+      m.server_cpu / moved_gb, m.client_cpu / moved_gb, m.wire_bytes / m.selected_bytes,
+      m.balance, tcp_rate, grpc_rate, per_member / tcp_rate, per_member / grpc_rate);
   std::fflush(stdout);
   return absl::OkStatus();
 }
@@ -341,11 +364,11 @@ absl::Status Run() {
   const absl::Duration copy = MemcpyTime(64 << 20, 10);
   std::printf("memcpy of 64 MiB: %.3f GB/s (one thread)\n", (64 << 20) / Seconds(copy) / 1e9);
   std::printf("GB/s: 2 x selected payload per round (push and pull); CPU in s per GB moved "
-              "(all members); wire: serialised bytes / payload bytes; x tcp, x grpc: cserps' "
-              "GB/s per member over the limit's\n");
-  std::printf("%-3s %8s %-7s %8s %8s %8s %8s %7s %7s %7s %8s %8s %6s %6s\n", "SxM", "model",
+              "(all members); wire: serialised bytes / payload bytes; shards: max / mean of "
+              "the shards' bytes; x tcp, x grpc: cserps' GB/s per member over the limit's\n");
+  std::printf("%-3s %8s %-7s %8s %8s %8s %8s %7s %7s %7s %7s %8s %8s %6s %6s\n", "SxM", "model",
               "ratio", "p50 ms", "p99 ms", "GB/s/m", "GB/s", "srv s/G", "cli s/G", "wire",
-              "tcp GB/s", "grpc", "x tcp", "x grpc");
+              "shards", "tcp GB/s", "grpc", "x tcp", "x grpc");
   for (const auto& [s, m] : layouts) {
     for (uint64_t bytes : sizes) RETURN_IF_ERROR(RunCase({s, m, bytes, 1}, server));
     for (uint64_t r : ratios) {
