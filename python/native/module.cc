@@ -127,7 +127,7 @@ class Trainer {
  public:
   Trainer(std::shared_ptr<Job> job, int requested_rank, const std::string& worker_id,
           double setup_timeout_s, double rpc_slack_s, uint64_t steps_per_epoch, int device,
-          int local_rank, const std::string& group_dir)
+          int local_rank)
       : job_(std::move(job)), device_(device) {
     ExternalTrainerOptions options;
     options.requested_rank = requested_rank;
@@ -138,7 +138,7 @@ class Trainer {
     absl::StatusOr<std::unique_ptr<ExternalTrainer>> trainer;
     {
       py::gil_scoped_release release;
-      trainer = Create(options, local_rank, group_dir);
+      trainer = Create(options, local_rank);
     }
     ThrowIfError(trainer.status());
     trainer_ = *std::move(trainer);
@@ -213,8 +213,7 @@ class Trainer {
 
  private:
   absl::StatusOr<std::unique_ptr<ExternalTrainer>> Create(ExternalTrainerOptions options,
-                                                           int local_rank,
-                                                           const std::string& group_dir) {
+                                                           int local_rank) {
     const v1::JobConfig& config = job_->config;
     const uint32_t local_size = config.cluster().local_size();
     if (local_size == 1) {
@@ -233,9 +232,7 @@ class Trainer {
           "node's rank, so each must claim it (RANK / LOCAL_WORLD_SIZE)"));
     }
     if (options.worker_id.empty()) options.worker_id = DefaultNodeId(options.requested_rank);
-    const std::string dir = group_dir.empty()
-                                ? DefaultNodeGroupDir(config.name(), options.worker_id)
-                                : group_dir;
+    const std::string dir = DefaultNodeGroupDir(config.name(), options.worker_id);
     PsClientOptions client;
     client.setup_timeout = options.setup_timeout;
     client.rpc_slack = options.rpc_slack;
@@ -380,11 +377,10 @@ PYBIND11_MODULE(_native, m) {
 
   py::class_<Trainer>(m, "Trainer")
       .def(py::init<std::shared_ptr<Job>, int, const std::string&, double, double, uint64_t,
-                    int, int, const std::string&>(),
+                    int, int>(),
            py::arg("job"), py::arg("rank") = -1, py::arg("worker_id") = "",
            py::arg("setup_timeout_s") = 120.0, py::arg("rpc_slack_s") = 30.0,
-           py::arg("steps_per_epoch") = 0, py::arg("device") = -1, py::arg("local_rank") = -1,
-           py::arg("group_dir") = "")
+           py::arg("steps_per_epoch") = 0, py::arg("device") = -1, py::arg("local_rank") = -1)
       .def("initialize_model", &Trainer::InitializeModel, py::arg("params"), py::arg("count"))
       .def("step", &Trainer::Step, py::arg("lr"), py::arg("grad"), py::arg("params"),
            py::arg("count"))
