@@ -56,6 +56,7 @@ void ApplyDefaults(v1::JobConfig* config) {
   if (algorithm->block_size() == 0) algorithm->set_block_size(1024);
 
   if (config->log_every_steps() == 0) config->set_log_every_steps(50);
+  if (config->evals_per_epoch() == 0) config->set_evals_per_epoch(1);
   if (config->output_dir().empty()) config->set_output_dir("out");
 }
 

@@ -16,7 +16,8 @@ namespace cserps {
 // num_classes 10; data.dir
 // /usr/share/datasets/fashion-mnist; optimizer.momentum_kind NONE and
 // schedule CONSTANT when UNSPECIFIED; algorithm.name "ssgd",
-// algorithm.block_size 1024; log_every_steps 50; output_dir "out".
+// algorithm.block_size 1024; log_every_steps 50; evals_per_epoch 1;
+// output_dir "out".
 // Idempotent. Call before ValidateJobConfig. Note that a field explicitly set
 // to zero (e.g. log_every_steps 0, "never") is indistinguishable from an unset
 // one in proto3 and gets the default.

@@ -745,6 +745,7 @@ TEST(JobFingerprintTest, IsFnv1aOfNormalisedSerialization) {
   normalised.mutable_cluster()->set_servers(1, "");
   normalised.mutable_data()->clear_dir();
   normalised.clear_log_every_steps();
+  normalised.clear_evals_per_epoch();
   normalised.clear_output_dir();
   // A proto3 message without maps serializes in field-number order, so the
   // plain serialization is the deterministic one.
@@ -778,6 +779,7 @@ TEST(JobFingerprintTest, IgnoresLocalFields) {
   local.mutable_cluster()->set_servers(1, "server-b.internal:7001");
   local.mutable_data()->set_dir("/mnt/elsewhere");
   local.set_log_every_steps(1);
+  local.set_evals_per_epoch(10);
   local.set_output_dir("/tmp/other-out");
   EXPECT_EQ(JobFingerprint(base), JobFingerprint(local));
   absl::Status status = CompareJobConfigs(base, local, "server", "worker");

@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/status.h"
 #include "spdlog/spdlog.h"
@@ -18,21 +20,28 @@ constexpr size_t kEvalBatch = 1000;
 
 // The learning-curve row of the epoch that just ended (epoch is 1-based),
 // logged as the epoch's progress line.
-CurvePoint EndOfEpoch(uint64_t epoch, uint64_t step, double train_loss_sum,
+// A test evaluation after `steps` of the steps_per_epoch steps of epoch
+// `epoch` (1-based), whose losses sum to train_loss_sum.
+CurvePoint Evaluation(uint64_t epoch, uint64_t step, double train_loss_sum, size_t steps,
                       size_t steps_per_epoch, const EvalSums& test, double wall_seconds,
                       const PsClient& client, const std::string& log_prefix) {
   CurvePoint point;
   point.epoch = epoch;
   point.step = step;
-  point.train_loss = train_loss_sum / steps_per_epoch;
+  point.epochs = static_cast<double>(step) / steps_per_epoch;
+  point.train_loss = train_loss_sum / steps;
   point.test_loss = test.loss_sum / std::max<size_t>(1, test.count);
   point.test_accuracy = Accuracy(test);
   point.wall_seconds = wall_seconds;
   point.bytes_pushed = client.bytes_pushed();
   point.bytes_pulled = client.bytes_pulled();
-  spdlog::info("{}epoch {} done: train loss {:.4f} test loss {:.4f} test accuracy {:.2f}% ({:.1f} s)",
-               log_prefix, point.epoch, point.train_loss, point.test_loss,
-               100 * point.test_accuracy, point.wall_seconds);
+  spdlog::info("{}epoch {}{}: train loss {:.4f} test loss {:.4f} test accuracy {:.2f}% ({:.1f} s)",
+               log_prefix, point.epoch,
+               steps == steps_per_epoch ? std::string(" done")
+                                        : absl::StrFormat(" at %d/%d steps", steps,
+                                                          steps_per_epoch),
+               point.train_loss, point.test_loss, 100 * point.test_accuracy,
+               point.wall_seconds);
   return point;
 }
 
@@ -220,12 +229,22 @@ absl::Status Trainer::RunEpochs(absl::Time start) {
   const uint32_t log_every = config_.log_every_steps();
   absl::Time window_start = start;
   uint64_t window_steps = 0;
+  const size_t spe = plan_.steps_per_epoch;
+  const size_t evals = std::min<size_t>(config_.evals_per_epoch(), spe);
   for (uint64_t epoch = 0; epoch < config_.epochs(); ++epoch) {
     double loss_sum = 0;
-    for (size_t i = 0; i < plan_.steps_per_epoch; ++i) {
+    size_t next_eval = 1;  // of evals; evaluation k follows step k * spe / evals
+    for (size_t i = 0; i < spe; ++i) {
       ASSIGN_OR_RETURN(const float loss, Step());
       loss_sum += loss;
       ++window_steps;
+      if (i + 1 == next_eval * spe / evals) {
+        ++next_eval;
+        ASSIGN_OR_RETURN(const EvalSums test, EvaluateTest());
+        curve_.push_back(Evaluation(epoch + 1, step_, loss_sum, i + 1, spe, test,
+                                    absl::ToDoubleSeconds(absl::Now() - start), *client_,
+                                    plan_.log_prefix));
+      }
       if (log_every != 0 && step_ % log_every == 0) {
         const absl::Time now = absl::Now();
         const double seconds = absl::ToDoubleSeconds(now - window_start);
@@ -235,10 +254,6 @@ absl::Status Trainer::RunEpochs(absl::Time start) {
         window_steps = 0;
       }
     }
-    ASSIGN_OR_RETURN(const EvalSums test, EvaluateTest());
-    curve_.push_back(EndOfEpoch(epoch + 1, step_, loss_sum, plan_.steps_per_epoch, test,
-                                absl::ToDoubleSeconds(absl::Now() - start), *client_,
-                                plan_.log_prefix));
   }
   return absl::OkStatus();
 }

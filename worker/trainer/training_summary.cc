@@ -60,11 +60,12 @@ absl::Status WriteTrainingSummary(const TrainingSummary& summary) {
   const std::string base = SummaryBaseName(config, summary.rank, summary.local_rank);
   {
     std::ofstream csv(dir / (base + ".csv"));
-    csv << "epoch,step,train_loss,test_loss,test_accuracy,wall_seconds,bytes_pushed,bytes_pulled\n";
+    csv << "epoch,step,train_loss,test_loss,test_accuracy,wall_seconds,bytes_pushed,bytes_pulled,"
+           "epochs\n";
     for (const CurvePoint& p : *summary.curve) {
-      csv << absl::StrFormat("%d,%d,%.6f,%.6f,%.6f,%.3f,%d,%d\n", p.epoch, p.step,
+      csv << absl::StrFormat("%d,%d,%.6f,%.6f,%.6f,%.3f,%d,%d,%.4f\n", p.epoch, p.step,
                              p.train_loss, p.test_loss, p.test_accuracy,
-                             p.wall_seconds, p.bytes_pushed, p.bytes_pulled);
+                             p.wall_seconds, p.bytes_pushed, p.bytes_pulled, p.epochs);
     }
     if (!csv) return absl::DataLossError(absl::StrCat("cannot write ", (dir / (base + ".csv")).string()));
   }

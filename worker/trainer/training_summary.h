@@ -18,9 +18,10 @@ namespace cserps {
 
 // One row of the learning curve, written at the end of every epoch.
 struct CurvePoint {
-  uint64_t epoch = 0;
+  uint64_t epoch = 0;     // epochs begun (the one in progress, 1-based)
   uint64_t step = 0;
-  double train_loss = 0;  // mean over the epoch's steps
+  double epochs = 0;      // steps / steps per epoch: where in the training it is
+  double train_loss = 0;  // mean over the epoch's steps so far
   double test_loss = 0;
   double test_accuracy = 0;
   double wall_seconds = 0;

@@ -6,6 +6,7 @@
 // and the final model agree bit for bit, for flat workers and for nodes of
 // two local ranks (thread groups). On the GPU the same trainer runs on
 // CudaBackend against HostBackend (tests/gpu).
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <string>
@@ -304,6 +305,50 @@ TEST(TrainerRunTest, RunWritesTheSummaryOfItsCurve) {
                                                           curves[r][0].test_accuracy)));
     const std::string json = testing::ReadFile(dir + absl::StrCat("/worker_", r, ".json"));
     EXPECT_EQ(testing::JsonNumber(json, "steps"), static_cast<double>(steps[r]));
+  }
+}
+
+// evals_per_epoch E: E rows per epoch, evenly spaced by steps, the last at
+// the epoch's end, each the test accuracy of the model at its step.
+TEST(TrainerRunTest, SeveralEvaluationsPerEpochAreRowsOfTheCurve) {
+  const std::string dir = ::testing::TempDir() + "/trainer_evals";
+  v1::JobConfig config = MakeConfig(R"(name: "ssgd")", "lr: 0.05", 1, dir);
+  config.set_epochs(2);
+  config.set_evals_per_epoch(3);
+  absl::StatusOr<std::unique_ptr<testing::InProcessCluster>> cluster =
+      testing::InProcessCluster::Start(config, testing::NumParams(config));
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  std::vector<std::vector<CurvePoint>> curves(2);
+  std::vector<size_t> steps_per_epoch(2);
+  ASSERT_TRUE((*cluster)->OnEveryRank([&](int r) -> absl::Status {
+    ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
+                     Trainer::Create((*cluster)->config(), &(*cluster)->client(r), &TrainSet(),
+                                     &TestSet()));
+    RETURN_IF_ERROR(trainer->Run());
+    curves[r] = trainer->curve();
+    steps_per_epoch[r] = trainer->steps_per_epoch();
+    return absl::OkStatus();
+  }).ok());
+  for (int r = 0; r < 2; ++r) {
+    SCOPED_TRACE(absl::StrCat("rank ", r));
+    const size_t spe = steps_per_epoch[r];
+    ASSERT_GE(spe, 3u);
+    ASSERT_EQ(curves[r].size(), 6u);
+    for (size_t e = 0; e < 2; ++e) {
+      for (size_t k = 1; k <= 3; ++k) {
+        const CurvePoint& p = curves[r][e * 3 + k - 1];
+        EXPECT_EQ(p.epoch, e + 1);
+        EXPECT_EQ(p.step, e * spe + k * spe / 3);
+        EXPECT_DOUBLE_EQ(p.epochs, static_cast<double>(p.step) / spe);
+      }
+    }
+    // The model changes between evaluations, and so does what they measure.
+    EXPECT_NE(curves[r][0].test_loss, curves[r][1].test_loss);
+    const std::string csv = testing::ReadFile(dir + absl::StrCat("/worker_", r, ".csv"));
+    EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 7) << csv;  // header and 6 rows
+    EXPECT_THAT(csv, ::testing::HasSubstr(absl::StrFormat(
+                         "1,%d,%.6f,%.6f,%.6f,", curves[r][0].step, curves[r][0].train_loss,
+                         curves[r][0].test_loss, curves[r][0].test_accuracy)));
   }
 }
 
