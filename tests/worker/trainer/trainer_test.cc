@@ -272,26 +272,43 @@ TEST(NodeDivergenceTest, ADivergedLocalRankStopsItsNodeAtOnce) {
   EXPECT_THAT(std::string(status[0].message()), ::testing::HasSubstr("local rank 1 failed"));
 }
 
+// What Run() left on each rank of a 2-worker in-process job.
+struct RankRun {
+  std::vector<CurvePoint> curve;
+  uint64_t steps = 0;
+  size_t steps_per_epoch = 0;
+};
+
+absl::StatusOr<std::vector<RankRun>> RunEveryRank(const v1::JobConfig& config) {
+  ASSIGN_OR_RETURN(std::unique_ptr<testing::InProcessCluster> cluster,
+                   testing::InProcessCluster::Start(config, testing::NumParams(config)));
+  std::vector<RankRun> runs(cluster->num_workers());
+  RETURN_IF_ERROR(cluster->OnEveryRank([&](int r) -> absl::Status {
+    ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
+                     Trainer::Create(cluster->config(), &cluster->client(r), &TrainSet(),
+                                     &TestSet()));
+    RETURN_IF_ERROR(trainer->Run());
+    runs[r] = {trainer->curve(), trainer->step(), trainer->steps_per_epoch()};
+    return absl::OkStatus();
+  }));
+  return runs;
+}
+
 // Run() trains every epoch and writes the summary files, whose curve is the
 // trainer's.
 TEST(TrainerRunTest, RunWritesTheSummaryOfItsCurve) {
   const std::string dir = ::testing::TempDir() + "/trainer_run";
   const v1::JobConfig config =
       MakeConfig(R"(name: "cser" period: 2 ratio_c1: 2 ratio_c2: 4)", "lr: 0.05", 1, dir);
-  absl::StatusOr<std::unique_ptr<testing::InProcessCluster>> cluster =
-      testing::InProcessCluster::Start(config, testing::NumParams(config));
-  ASSERT_TRUE(cluster.ok()) << cluster.status();
-  std::vector<std::vector<CurvePoint>> curves(2);
-  std::vector<uint64_t> steps(2);
-  ASSERT_TRUE((*cluster)->OnEveryRank([&](int r) -> absl::Status {
-    ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
-                     Trainer::Create((*cluster)->config(), &(*cluster)->client(r), &TrainSet(),
-                                     &TestSet()));
-    RETURN_IF_ERROR(trainer->Run());
-    curves[r] = trainer->curve();
-    steps[r] = trainer->step();
-    return absl::OkStatus();
-  }).ok());
+  absl::StatusOr<std::vector<RankRun>> runs = RunEveryRank(config);
+  ASSERT_TRUE(runs.ok()) << runs.status();
+  ASSERT_EQ(runs->size(), 2u);
+  std::vector<std::vector<CurvePoint>> curves;
+  std::vector<uint64_t> steps;
+  for (const RankRun& run : *runs) {
+    curves.push_back(run.curve);
+    steps.push_back(run.steps);
+  }
   for (int r = 0; r < 2; ++r) {
     SCOPED_TRACE(absl::StrCat("rank ", r));
     // One epoch: one curve row, after every step of the epoch.
@@ -315,20 +332,15 @@ TEST(TrainerRunTest, SeveralEvaluationsPerEpochAreRowsOfTheCurve) {
   v1::JobConfig config = MakeConfig(R"(name: "ssgd")", "lr: 0.05", 1, dir);
   config.set_epochs(2);
   config.set_evals_per_epoch(3);
-  absl::StatusOr<std::unique_ptr<testing::InProcessCluster>> cluster =
-      testing::InProcessCluster::Start(config, testing::NumParams(config));
-  ASSERT_TRUE(cluster.ok()) << cluster.status();
-  std::vector<std::vector<CurvePoint>> curves(2);
-  std::vector<size_t> steps_per_epoch(2);
-  ASSERT_TRUE((*cluster)->OnEveryRank([&](int r) -> absl::Status {
-    ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
-                     Trainer::Create((*cluster)->config(), &(*cluster)->client(r), &TrainSet(),
-                                     &TestSet()));
-    RETURN_IF_ERROR(trainer->Run());
-    curves[r] = trainer->curve();
-    steps_per_epoch[r] = trainer->steps_per_epoch();
-    return absl::OkStatus();
-  }).ok());
+  absl::StatusOr<std::vector<RankRun>> runs = RunEveryRank(config);
+  ASSERT_TRUE(runs.ok()) << runs.status();
+  ASSERT_EQ(runs->size(), 2u);
+  std::vector<std::vector<CurvePoint>> curves;
+  std::vector<size_t> steps_per_epoch;
+  for (const RankRun& run : *runs) {
+    curves.push_back(run.curve);
+    steps_per_epoch.push_back(run.steps_per_epoch);
+  }
   for (int r = 0; r < 2; ++r) {
     SCOPED_TRACE(absl::StrCat("rank ", r));
     const size_t spe = steps_per_epoch[r];
