@@ -78,9 +78,12 @@ cleanup() {
     ip netns del "$ns" 2> /dev/null || true
   done
 }
-trap cleanup EXIT INT TERM
+trap cleanup EXIT
+trap 'exit 130' INT TERM
 
-# Namespaces and links: worker w on 127.3.w.2, its server side 127.3.w.1.
+# Namespaces and links: worker w is 127.3.w.2 on its link, whose server end
+# is 127.3.w.1. The servers listen on every address of their namespace,
+# which has no others (a worker reaches them at its link's server end).
 network() {
   local rate=$1
   ip netns add "$SERVER_NS"
