@@ -917,6 +917,16 @@ v1::JobConfig LoadShipped(const std::string& name) {
   return config.ok() ? *config : v1::JobConfig();
 }
 
+// The test vectors of docs/protocol.md 4.2, which an independent client
+// checks its fingerprint against: they must stay what the C++ computes.
+TEST(ShippedConfigsTest, FingerprintsAreTheDocumentedVectors) {
+  v1::JobConfig seed_only;
+  seed_only.set_seed(7);
+  EXPECT_EQ(JobFingerprint(seed_only), 0x87f0b124b6d7c9c1ull);
+  EXPECT_EQ(JobFingerprint(LoadShipped("tiny.textproto")), 0x9a98a65a87cb504bull);
+  EXPECT_EQ(JobFingerprint(LoadShipped("quickstart.textproto")), 0x43e37ee658167651ull);
+}
+
 TEST(ShippedConfigsTest, EveryConfigParsesAndValidates) {
   int count = 0;
   for (const auto& entry : std::filesystem::directory_iterator(
