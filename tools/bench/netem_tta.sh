@@ -12,8 +12,9 @@
 # Prints, per rate and method, the wall time until the test accuracy (rank
 # 0's local model, evals per epoch) first reaches the target, the final
 # global accuracy, the bytes rank 0 pushed and pulled, and the speedup over
-# S-SGD on the same link; writes the table to <out>/tta.md and each run's
-# worker outputs under <out>/<rate>/<method>/. Needs root (network
+# S-SGD on the same link; writes the table to <out>/tta.md, a plot per rate
+# to <out>/tta_<rate>.png (with python3-matplotlib) and each run's worker
+# outputs under <out>/<rate>/<method>/. Needs root (network
 # namespaces, tc). Results: docs/results/tta.md.
 set -euo pipefail
 
@@ -182,3 +183,4 @@ for rate in ${RATES//,/ }; do
   cleanup
 done
 echo "table: $TABLE"
+/usr/bin/python3 tools/bench/plot_tta.py "$OUT" "$TARGET"
