@@ -303,25 +303,20 @@ TEST(TrainerRunTest, RunWritesTheSummaryOfItsCurve) {
   absl::StatusOr<std::vector<RankRun>> runs = RunEveryRank(config);
   ASSERT_TRUE(runs.ok()) << runs.status();
   ASSERT_EQ(runs->size(), 2u);
-  std::vector<std::vector<CurvePoint>> curves;
-  std::vector<uint64_t> steps;
-  for (const RankRun& run : *runs) {
-    curves.push_back(run.curve);
-    steps.push_back(run.steps);
-  }
   for (int r = 0; r < 2; ++r) {
     SCOPED_TRACE(absl::StrCat("rank ", r));
+    const RankRun& run = (*runs)[r];
     // One epoch: one curve row, after every step of the epoch.
-    ASSERT_EQ(curves[r].size(), 1u);
-    EXPECT_EQ(curves[r][0].step, steps[r]);
-    EXPECT_GT(steps[r], 0u);
+    ASSERT_EQ(run.curve.size(), 1u);
+    EXPECT_EQ(run.curve[0].step, run.steps);
+    EXPECT_GT(run.steps, 0u);
     const std::string csv = testing::ReadFile(dir + absl::StrCat("/worker_", r, ".csv"));
-    EXPECT_THAT(csv, ::testing::HasSubstr(absl::StrFormat("1,%d,%.6f,%.6f,%.6f,", steps[r],
-                                                          curves[r][0].train_loss,
-                                                          curves[r][0].test_loss,
-                                                          curves[r][0].test_accuracy)));
+    EXPECT_THAT(csv, ::testing::HasSubstr(absl::StrFormat("1,%d,%.6f,%.6f,%.6f,", run.steps,
+                                                          run.curve[0].train_loss,
+                                                          run.curve[0].test_loss,
+                                                          run.curve[0].test_accuracy)));
     const std::string json = testing::ReadFile(dir + absl::StrCat("/worker_", r, ".json"));
-    EXPECT_EQ(testing::JsonNumber(json, "steps"), static_cast<double>(steps[r]));
+    EXPECT_EQ(testing::JsonNumber(json, "steps"), static_cast<double>(run.steps));
   }
 }
 
@@ -335,32 +330,27 @@ TEST(TrainerRunTest, SeveralEvaluationsPerEpochAreRowsOfTheCurve) {
   absl::StatusOr<std::vector<RankRun>> runs = RunEveryRank(config);
   ASSERT_TRUE(runs.ok()) << runs.status();
   ASSERT_EQ(runs->size(), 2u);
-  std::vector<std::vector<CurvePoint>> curves;
-  std::vector<size_t> steps_per_epoch;
-  for (const RankRun& run : *runs) {
-    curves.push_back(run.curve);
-    steps_per_epoch.push_back(run.steps_per_epoch);
-  }
   for (int r = 0; r < 2; ++r) {
     SCOPED_TRACE(absl::StrCat("rank ", r));
-    const size_t spe = steps_per_epoch[r];
+    const std::vector<CurvePoint>& curve = (*runs)[r].curve;
+    const size_t spe = (*runs)[r].steps_per_epoch;
     ASSERT_GE(spe, 3u);
-    ASSERT_EQ(curves[r].size(), 6u);
+    ASSERT_EQ(curve.size(), 6u);
     for (size_t e = 0; e < 2; ++e) {
       for (size_t k = 1; k <= 3; ++k) {
-        const CurvePoint& p = curves[r][e * 3 + k - 1];
+        const CurvePoint& p = curve[e * 3 + k - 1];
         EXPECT_EQ(p.epoch, e + 1);
         EXPECT_EQ(p.step, e * spe + k * spe / 3);
         EXPECT_DOUBLE_EQ(p.epochs, static_cast<double>(p.step) / spe);
       }
     }
     // The model changes between evaluations, and so does what they measure.
-    EXPECT_NE(curves[r][0].test_loss, curves[r][1].test_loss);
+    EXPECT_NE(curve[0].test_loss, curve[1].test_loss);
     const std::string csv = testing::ReadFile(dir + absl::StrCat("/worker_", r, ".csv"));
     EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 7) << csv;  // header and 6 rows
     EXPECT_THAT(csv, ::testing::HasSubstr(absl::StrFormat(
-                         "1,%d,%.6f,%.6f,%.6f,", curves[r][0].step, curves[r][0].train_loss,
-                         curves[r][0].test_loss, curves[r][0].test_accuracy)));
+                         "1,%d,%.6f,%.6f,%.6f,", curve[0].step, curve[0].train_loss,
+                         curve[0].test_loss, curve[0].test_accuracy)));
   }
 }
 
