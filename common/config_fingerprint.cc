@@ -31,6 +31,7 @@ v1::JobConfig Normalised(const v1::JobConfig& config) {
   copy.mutable_data()->clear_dir();
   copy.clear_log_every_steps();
   copy.clear_evals_per_epoch();
+  copy.mutable_cluster()->clear_transport();
   copy.clear_output_dir();
   return copy;
 }

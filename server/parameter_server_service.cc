@@ -102,6 +102,7 @@ grpc::ServerUnaryReactor* ParameterServerService::Register(
   response->set_model_size(layout_.num_params());
   response->set_block_size(layout_.block_size());
   FillShardInfo(response->mutable_shard());
+  response->set_bulk_port(bulk_port_);
   return FinishWith(context, absl::OkStatus());
 }
 
@@ -119,81 +120,108 @@ void ParameterServerService::OnRoundComplete(const RoundKey& key, float lr,
                    key.chunk * chunk_floats_, mean, lr);
 }
 
+std::string ParameterServerService::CallName(const PushPullHead& head) {
+  return absl::StrCat("PushPull (step ", head.step, ", stream ", StreamName(head.stream),
+                      ", chunk ", head.chunk, ") from rank ", head.rank);
+}
+
+absl::StatusOr<size_t> ParameterServerService::AdmitPushPull(const PushPullHead& head,
+                                                             absl::Time arrived) {
+  auto refuse = [&](const absl::Status& status) {
+    return Prefixed(CallName(head), status);
+  };
+  absl::Status ok = shard_.Admit(head.fingerprint, head.rank, arrived);
+  if (!ok.ok()) return refuse(ok);
+  if (head.stream != v1::GRAD && head.stream != v1::MODEL) {
+    return refuse(absl::InvalidArgumentError(
+        absl::StrCat("unknown stream ", head.stream, " (known: GRAD, MODEL)")));
+  }
+  if (!std::isfinite(head.lr) || head.lr < 0) {
+    return refuse(absl::InvalidArgumentError(
+        absl::StrCat("lr ", head.lr, " must be finite and >= 0")));
+  }
+  if (head.ratio < 1) {
+    return refuse(absl::InvalidArgumentError("ratio must be >= 1 (1 selects every block)"));
+  }
+  ok = CheckRoundRatio(config_.algorithm(), head.stream, head.ratio);
+  if (!ok.ok()) return refuse(ok);
+  const RoundKey key{head.step, head.stream, head.chunk, head.ratio};
+  const ShardPayload payload = PayloadOf(key);
+  const uint32_t num_chunks = NumChunks(payload.size(), chunk_floats_);
+  if (head.chunk >= num_chunks) {
+    return refuse(absl::InvalidArgumentError(absl::StrCat(
+        "chunk ", head.chunk, " is out of range: this round has ", num_chunks, " chunks")));
+  }
+  const uint64_t begin = uint64_t{head.chunk} * chunk_floats_;
+  return static_cast<size_t>(std::min(chunk_floats_, payload.size() - begin));
+}
+
+void ParameterServerService::JoinRound(const PushPullHead& head,
+                                       absl::Span<const float> values,
+                                       uint64_t request_bytes, absl::Time arrived,
+                                       RoundCallback done) {
+  stream_traffic_[head.stream].AddRequest(request_bytes, values.size());
+  const RoundKey key{head.step, head.stream, head.chunk, head.ratio};
+  shard_.activity().CallStarted(head.rank, arrived);
+  rounds_.Push(key, head.rank, head.weight, head.lr, values, arrived,
+               [this, head, done = std::move(done)](absl::StatusOr<RoundMean> mean) {
+                 shard_.activity().CallEnded(head.rank, options_.now());
+                 if (!mean.ok()) {
+                   done(Prefixed(CallName(head), mean.status()));
+                 } else {
+                   done(std::move(mean));
+                 }
+               });
+}
+
+void ParameterServerService::CountReply(int stream, uint64_t bytes) {
+  traffic_.AddReply(bytes);
+  stream_traffic_[stream].AddReply(bytes);
+}
+
 grpc::ServerUnaryReactor* ParameterServerService::PushPull(
     grpc::CallbackServerContext* context, const v1::PushPullRequest* request,
     v1::PushPullResponse* response) {
-  traffic_.AddRequest(request->ByteSizeLong());
-  const std::string round = absl::StrCat(
-      "PushPull (step ", request->step(), ", stream ",
-      StreamName(request->stream()), ", chunk ", request->chunk(),
-      ") from rank ", request->rank());
+  const uint64_t request_bytes = request->ByteSizeLong();
+  CountRequest(request_bytes);
+  const PushPullHead head{request->fingerprint(), request->rank(),  request->step(),
+                          request->stream(),      request->ratio(), request->chunk(),
+                          request->weight(),      request->lr()};
   auto refuse = [&](const absl::Status& status) {
-    other_traffic_.AddRequest(request->ByteSizeLong());
-    return FinishWith(context, Prefixed(round, status));
+    CountRefused(request_bytes);
+    return FinishWith(context, status);
   };
   const absl::Time arrived = options_.now();
-  absl::Status ok = shard_.Admit(request->fingerprint(), request->rank(), arrived);
-  if (!ok.ok()) return refuse(ok);
-  if (request->stream() != v1::GRAD && request->stream() != v1::MODEL) {
-    return refuse(absl::InvalidArgumentError(
-        absl::StrCat("unknown stream ", request->stream(), " (known: GRAD, MODEL)")));
-  }
-  if (!std::isfinite(request->lr()) || request->lr() < 0) {
-    return refuse(absl::InvalidArgumentError(absl::StrCat(
-        "lr ", request->lr(), " must be finite and >= 0")));
-  }
-  if (request->ratio() < 1) {
-    return refuse(absl::InvalidArgumentError("ratio must be >= 1 (1 selects every block)"));
-  }
-  ok = CheckRoundRatio(config_.algorithm(), request->stream(), request->ratio());
-  if (!ok.ok()) return refuse(ok);
-  const RoundKey key{request->step(), request->stream(), request->chunk(),
-                     request->ratio()};
-  const ShardPayload payload = PayloadOf(key);
-  const uint32_t num_chunks = NumChunks(payload.size(), chunk_floats_);
-  if (request->chunk() >= num_chunks) {
-    return refuse(absl::InvalidArgumentError(absl::StrCat(
-        "chunk ", request->chunk(), " is out of range: this round has ",
-        num_chunks, " chunks")));
-  }
-  const uint64_t begin = request->chunk() * chunk_floats_;
-  const size_t count = std::min(chunk_floats_, payload.size() - begin);
+  absl::StatusOr<size_t> count = AdmitPushPull(head, arrived);
+  if (!count.ok()) return refuse(count.status());
   // The round reads the values only while Push runs, so the request's own
   // bytes serve when they are float-aligned; a copy only when they are not.
   const std::string& bytes = request->values();
   std::vector<float> copy;
   absl::Span<const float> values;
   if (reinterpret_cast<uintptr_t>(bytes.data()) % alignof(float) == 0 &&
-      bytes.size() == count * sizeof(float)) {
-    values = absl::MakeConstSpan(reinterpret_cast<const float*>(bytes.data()), count);
+      bytes.size() == *count * sizeof(float)) {
+    values = absl::MakeConstSpan(reinterpret_cast<const float*>(bytes.data()), *count);
   } else {
-    copy.resize(count);
-    ok = BytesToFloats(bytes, absl::MakeSpan(copy), "values");
-    if (!ok.ok()) return refuse(ok);
+    copy.resize(*count);
+    absl::Status ok = BytesToFloats(bytes, absl::MakeSpan(copy), "values");
+    if (!ok.ok()) return refuse(Prefixed(CallName(head), ok));
     values = copy;
   }
-
-  const int stream = request->stream();
-  stream_traffic_[stream].AddRequest(request->ByteSizeLong(), values.size());
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  response->set_step(key.step);
+  response->set_step(head.step);
   response->set_stream(request->stream());
-  response->set_chunk(key.chunk);
-  const uint32_t rank = request->rank();
-  shard_.activity().CallStarted(rank, arrived);
-  rounds_.Push(key, rank, request->weight(), request->lr(), values, arrived,
-               [this, reactor, response, round, stream, rank](absl::StatusOr<RoundMean> mean) {
-                 shard_.activity().CallEnded(rank, options_.now());
-                 if (!mean.ok()) {
-                   reactor->Finish(ToGrpcStatus(Prefixed(round, mean.status())));
-                   return;
-                 }
-                 response->set_mean(FloatsToBytes(**mean));
-                 const uint64_t bytes = response->ByteSizeLong();
-                 traffic_.AddReply(bytes);
-                 stream_traffic_[stream].AddReply(bytes);
-                 reactor->Finish(grpc::Status::OK);
-               });
+  response->set_chunk(head.chunk);
+  JoinRound(head, values, request_bytes, arrived,
+            [this, reactor, response, stream = head.stream](absl::StatusOr<RoundMean> mean) {
+              if (!mean.ok()) {
+                reactor->Finish(ToGrpcStatus(mean.status()));
+                return;
+              }
+              response->set_mean(FloatsToBytes(**mean));
+              CountReply(stream, response->ByteSizeLong());
+              reactor->Finish(grpc::Status::OK);
+            });
   return reactor;
 }
 

@@ -74,6 +74,38 @@ class ParameterServerService final : public v1::ParameterServer::CallbackService
     on_round_latency_ = std::move(observer);
   }
 
+  // A PushPull from either transport (gRPC, or server/bulk_server.h): the
+  // fields of docs/protocol.md 8.2 but the values.
+  struct PushPullHead {
+    uint64_t fingerprint = 0;
+    uint32_t rank = 0;
+    uint64_t step = 0;
+    int stream = 0;
+    uint32_t ratio = 1;
+    uint32_t chunk = 0;
+    float weight = 1;
+    float lr = 0;
+  };
+  // "PushPull (step 3, stream GRAD, chunk 0) from rank 1": what refusals
+  // and failed rounds are prefixed with.
+  static std::string CallName(const PushPullHead& head);
+  // Admits `head`, arrived at `arrived`, and returns how many floats its
+  // chunk carries; else the refusal, prefixed with CallName.
+  absl::StatusOr<size_t> AdmitPushPull(const PushPullHead& head, absl::Time arrived);
+  // Adds the values of an admitted head to its round; `done` as
+  // RoundTable::Push, errors prefixed with CallName.
+  void JoinRound(const PushPullHead& head, absl::Span<const float> values,
+                 uint64_t request_bytes, absl::Time arrived, RoundCallback done);
+  // The transports count every request, the refused ones, and the replies
+  // of rounds.
+  void CountRequest(uint64_t bytes) { traffic_.AddRequest(bytes); }
+  void CountRefused(uint64_t bytes) { other_traffic_.AddRequest(bytes); }
+  void CountReply(int stream, uint64_t bytes);
+
+  // The port Register advertises for the bulk transport (0: none). Set
+  // before the service receives calls.
+  void set_bulk_port(uint32_t port) { bulk_port_ = port; }
+
   const BlockLayout& layout() const { return layout_; }
   uint32_t shard() const { return shard_.shard(); }
   uint64_t fingerprint() const { return shard_.fingerprint(); }
@@ -105,6 +137,7 @@ class ParameterServerService final : public v1::ParameterServer::CallbackService
   MemberRegistry& members_;
   ShardStore& store_;
   std::function<void(const RoundKey&, absl::Duration)> on_round_latency_;
+  uint32_t bulk_port_ = 0;
   RoundTable rounds_;
 
   TrafficCounter traffic_;

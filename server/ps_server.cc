@@ -16,7 +16,7 @@ namespace cserps {
 absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(
     const v1::JobConfig& config, uint32_t shard,
     const std::string& listen_address,
-    ParameterServerService::Options options, MetricsRegistry* metrics) {
+    ParameterServerService::Options options, MetricsRegistry* metrics, int bulk_port) {
   std::unique_ptr<PsServer> server(new PsServer());
   ASSIGN_OR_RETURN(server->shard_, ShardContext::Create(config, shard));
   if (metrics != nullptr) {
@@ -30,6 +30,20 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(
                    SparseExchangeService::Create(server->shard_.get(), {.now = now}));
   ASSIGN_OR_RETURN(server->async_service_,
                    AsyncService::Create(server->shard_.get(), {.now = now}));
+  if (bulk_port >= 0) {
+    std::string host;
+    int unused = 0;
+    RETURN_IF_ERROR(SplitHostPort(listen_address, &host, &unused));
+    absl::StatusOr<std::unique_ptr<BulkServer>> bulk =
+        BulkServer::Start(server->shard_.get(), server->service_.get(), host, bulk_port);
+    if (!bulk.ok()) {
+      return absl::Status(bulk.status().code(),
+                          absl::StrCat("shard ", shard, ": listening on ", listen_address, ": ",
+                                       bulk.status().message()));
+    }
+    server->bulk_ = *std::move(bulk);
+    server->service_->set_bulk_port(static_cast<uint32_t>(server->bulk_->port()));
+  }
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(listen_address, grpc::InsecureServerCredentials(), &port);
@@ -103,6 +117,8 @@ void PsServer::Shutdown() {
   if (shut_down_.exchange(true)) return;
   // Start() may have failed half-way.
   if (service_ != nullptr) service_->Shutdown();
+  // After the service's Shutdown, whose failed rounds it still answers.
+  if (bulk_ != nullptr) bulk_->Shutdown();
   if (sparse_service_ != nullptr) sparse_service_->Shutdown();
   if (async_service_ != nullptr) async_service_->Shutdown();
   if (server_ != nullptr) {

@@ -12,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "common/metrics.h"
 #include "server/async_service.h"
+#include "server/bulk_server.h"
 #include "server/parameter_server_service.h"
 #include "server/sparse_exchange_service.h"
 #include "server/shard_context.h"
@@ -25,16 +26,19 @@ class PsServer {
   // timeouts, async liveness, member activity); `options.expiry_thread`
   // applies to the ParameterServer service only. With `metrics` (which
   // outlives the server), exports the shard's ServerMetrics there, every
-  // service counted.
+  // service counted. The bulk transport (bulk_server.h) listens on
+  // `listen_address`'s host at `bulk_port` (0: a free port; < 0: none).
   static absl::StatusOr<std::unique_ptr<PsServer>> Start(
       const v1::JobConfig& config, uint32_t shard,
       const std::string& listen_address,
       ParameterServerService::Options options = {},
-      MetricsRegistry* metrics = nullptr);
+      MetricsRegistry* metrics = nullptr, int bulk_port = 0);
   ~PsServer();
 
   // "host:port" with the port actually bound.
   const std::string& address() const { return address_; }
+  // The bulk transport's port; 0 when it has none.
+  int bulk_port() const { return bulk_ != nullptr ? bulk_->port() : 0; }
   ParameterServerService& service() { return *service_; }
 
   // Fails parked calls, then stops the server. Idempotent.
@@ -53,6 +57,8 @@ class PsServer {
   std::unique_ptr<ParameterServerService> service_;
   std::unique_ptr<SparseExchangeService> sparse_service_;
   std::unique_ptr<AsyncService> async_service_;
+  // After service_, which it feeds.
+  std::unique_ptr<BulkServer> bulk_;
   std::unique_ptr<grpc::Server> server_;
   std::string address_;
   std::atomic<bool> shut_down_{false};

@@ -21,6 +21,11 @@ ABSL_FLAG(int, shard, 0, "Shard index of this server (0-based).");
 ABSL_FLAG(std::string, listen, "",
           "Address to listen on; default: cluster.servers[shard] from the "
           "config. Port 0 picks a free port.");
+ABSL_FLAG(int, bulk_port, 0,
+          "Port of the bulk transport for PushPull rounds (docs/protocol.md 17), on "
+          "the --listen host; 0 picks a free port, -1 turns it off (workers then "
+          "use gRPC). Register tells workers the port, so a published port must "
+          "be the same number as the container's.");
 ABSL_FLAG(std::string, metrics_address, "",
           "Serve Prometheus metrics on http://ADDRESS/metrics (host:port; port 0 "
           "picks a free port); empty: no metrics.");
@@ -67,7 +72,8 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
   }
   absl::StatusOr<std::unique_ptr<cserps::PsServer>> server =
-      cserps::PsServer::Start(*config, shard, listen, {}, metrics.get());
+      cserps::PsServer::Start(*config, shard, listen, {}, metrics.get(),
+                              absl::GetFlag(FLAGS_bulk_port));
   if (!server.ok()) {
     spdlog::error("{}", server.status().ToString());
     return 1;
@@ -81,6 +87,9 @@ int main(int argc, char** argv) {
   // The launcher reads this line to learn the port.
   std::printf("cserps-server shard %d listening on %s\n", shard,
               (*server)->address().c_str());
+  if ((*server)->bulk_port() != 0) {
+    spdlog::info("shard {}: bulk transport on port {}", shard, (*server)->bulk_port());
+  }
   std::fflush(stdout);
 
   stop->WaitForNotification();

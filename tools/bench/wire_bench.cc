@@ -63,6 +63,9 @@ ABSL_FLAG(int, block_size, 1024, "algorithm.block_size (floats).");
 ABSL_FLAG(double, seconds, 2.0, "Measured time per case, about (5 rounds at least).");
 ABSL_FLAG(int, max_rounds, 200, "Measured rounds per case at most.");
 ABSL_FLAG(std::string, server, "", "The cserps-server binary; default: beside this one.");
+ABSL_FLAG(std::string, transport, "AUTO",
+          "cluster.transport of the members: AUTO (the servers' bulk transport) or GRPC.");
+ABSL_FLAG(int64_t, chunk_bytes, 0, "cluster.chunk_bytes; 0: the default.");
 ABSL_FLAG(int64_t, max_message_bytes, 0,
           "cluster.max_message_bytes (the chunk size follows it); 0: the default.");
 
@@ -204,7 +207,10 @@ std::string JobText(const Case& c, int block_size) {
   return absl::StrCat("name: \"wire-bench\"\ncluster {", servers, " num_workers: ", c.members,
                       " round_timeout_s: 60 max_step_lag: 100000",
                       max_message > 0 ? absl::StrCat(" max_message_bytes: ", max_message) : "",
-                      " }\n",
+                      absl::GetFlag(FLAGS_chunk_bytes) > 0
+                          ? absl::StrCat(" chunk_bytes: ", absl::GetFlag(FLAGS_chunk_bytes))
+                          : "",
+                      " transport: ", absl::GetFlag(FLAGS_transport), " }\n",
                       "model { kind: FLAT num_params: ", c.bytes / 4, " }\n",
                       "data { batch_size: 1 }\nepochs: 1\noptimizer { lr: 0.1 }\n",
                       // An algorithm whose rounds are the case's: every one

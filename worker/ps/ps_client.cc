@@ -22,6 +22,8 @@
 #include "common/status.h"
 #include "common/traffic_counter.h"
 #include "cserps/v1/parameter_server.grpc.pb.h"
+#include "spdlog/spdlog.h"
+#include "worker/ps/bulk_channel.h"
 
 namespace cserps {
 
@@ -39,12 +41,17 @@ struct RoundSetup {
   float lr = 0;
   uint64_t chunk_floats = 0;
   absl::Duration deadline;
+  // By shard: the bulk channel its chunks go over; null (or empty): gRPC.
+  std::vector<BulkChannel*> bulk;
   TrafficCounter* total = nullptr;   // every call's bytes
   TrafficCounter* traffic = nullptr;  // the stream's
   std::atomic<int64_t>* waited_nanos = nullptr;
 };
 
 namespace {
+
+// A bulk port that does not answer this soon is given up for gRPC.
+constexpr absl::Duration kBulkConnectTimeout = absl::Seconds(5);
 
 // gRPC retries calls that fail UNAVAILABLE (a shard restarting, a
 // connection reset); the server answers retried pushes from the round.
@@ -146,18 +153,19 @@ struct PushPullCall {
   uint64_t count = 0;
 };
 
-// One PushPull round, shard by shard: the chunking, the RPCs and the checks
-// of the replies, for AverageBlocks (which gathers from a model-sized vector)
-// and for BeginShardedAverage (whose caller gathers).
+// Where floats [begin, begin + count) of a shard's payload are in the
+// caller's memory, as spans in payload order.
+using PayloadSpans =
+    std::function<void(uint64_t begin, uint64_t count, std::vector<absl::Span<const float>>*)>;
+using MeanSpans =
+    std::function<void(uint64_t begin, uint64_t count, std::vector<absl::Span<float>>*)>;
+
+// One PushPull round, shard by shard: the chunking, the requests (gRPC, or
+// the shard's bulk channel) and the checks of the replies, for AverageBlocks
+// (which gathers from a model-sized vector) and for BeginShardedAverage
+// (whose caller gathers).
 class PushPullRound final : public ShardedAverage {
  public:
-  // fill(begin, count, out): payload floats [begin, begin + count) appended
-  // to out (reserved for them; appending copies once, where resizing first
-  // would also zero every byte).
-  using FillFn = std::function<void(uint64_t begin, uint64_t count, std::string* out)>;
-  // deliver(begin, count, bytes): the mean of those floats, from bytes.
-  using DeliverFn = std::function<void(uint64_t begin, uint64_t count, const char* bytes)>;
-
   // `payload_sizes`: by shard, 0 for the shards the round does not send to.
   PushPullRound(RoundSetup setup, std::vector<uint64_t> payload_sizes)
       : setup_(std::move(setup)), shard_state_(payload_sizes.size()) {
@@ -168,8 +176,16 @@ class PushPullRound final : public ShardedAverage {
     }
   }
   ~PushPullRound() override {
-    for (const auto& state : shard_state_) {
-      if (state->started && !state->waited) state->batch.Wait().IgnoreError();
+    for (uint32_t s = 0; s < shard_state_.size(); ++s) {
+      ShardState& state = *shard_state_[s];
+      if (!state.started || state.waited) continue;
+      if (state.channel != nullptr) {
+        for (uint64_t id : state.bulk_ids) {
+          state.channel->Wait(id, state.deadline).IgnoreError();
+        }
+      } else {
+        state.batch.Wait().IgnoreError();
+      }
     }
   }
 
@@ -190,44 +206,38 @@ class PushPullRound final : public ShardedAverage {
     }
     Start(
         shard,
-        [payload](uint64_t begin, uint64_t count, std::string* out) {
-          AppendFloats(payload.subspan(begin, count), out);
+        [payload](uint64_t begin, uint64_t count, std::vector<absl::Span<const float>>* out) {
+          out->push_back(payload.subspan(begin, count));
         },
-        [mean](uint64_t begin, uint64_t count, const char* bytes) {
-          std::memcpy(mean.data() + begin, bytes, count * sizeof(float));
+        [mean](uint64_t begin, uint64_t count, std::vector<absl::Span<float>>* out) {
+          out->push_back(mean.subspan(begin, count));
         });
     return absl::OkStatus();
   }
 
   // Sends every chunk of `shard` (one whose payload is not empty, not yet
-  // started), filled by `fill`; WaitShard hands the replies to `deliver`.
-  void Start(uint32_t shard, const FillFn& fill, DeliverFn deliver) {
+  // started) from the floats `payload` names; WaitShard writes the replies
+  // where `mean` says.
+  void Start(uint32_t shard, const PayloadSpans& payload, MeanSpans mean) {
     ShardState& state = *shard_state_[shard];
     state.started = true;
-    state.deliver = std::move(deliver);
+    state.mean = std::move(mean);
+    state.deadline = absl::Now() + setup_.deadline;
+    state.channel = setup_.bulk.empty() ? nullptr : setup_.bulk[shard];
     const uint32_t chunks = NumChunks(state.size, setup_.chunk_floats);
+    std::vector<absl::Span<const float>> values;
     for (uint32_t c = 0; c < chunks; ++c) {
-      auto call = std::make_unique<PushPullCall>();
-      call->shard = shard;
-      call->begin = c * setup_.chunk_floats;
-      call->count = std::min(setup_.chunk_floats, state.size - call->begin);
-      v1::PushPullRequest& request = call->request;
-      request.set_fingerprint(setup_.fingerprint);
-      request.set_rank(setup_.rank);
-      request.set_step(setup_.step);
-      request.set_stream(setup_.stream);
-      request.set_ratio(setup_.ratio);
-      request.set_chunk(c);
-      request.set_weight(setup_.weight);
-      request.set_lr(setup_.lr);
-      std::string* bytes = request.mutable_values();
-      bytes->reserve(call->count * sizeof(float));
-      fill(call->begin, call->count, bytes);
-      setup_.total->AddRequest(request.ByteSizeLong());
-      setup_.traffic->AddRequest(request.ByteSizeLong(), call->count);
-      SetDeadline(&call->context, setup_.deadline);
-      state.calls.push_back(std::move(call));
+      const uint64_t begin = c * setup_.chunk_floats;
+      const uint64_t count = std::min(setup_.chunk_floats, state.size - begin);
+      values.clear();
+      payload(begin, count, &values);
+      if (state.channel != nullptr) {
+        SendBulk(state, c, begin, count, values);
+      } else {
+        AddGrpcCall(state, shard, c, begin, count, values);
+      }
     }
+    if (state.channel != nullptr) return;
     // Started once the shard's calls are complete: callbacks may run at once.
     for (auto& call : state.calls) {
       state.batch.Add();
@@ -251,7 +261,9 @@ class PushPullRound final : public ShardedAverage {
     }
     ShardState& state = *shard_state_[shard];
     state.waited = true;
+    if (state.channel != nullptr) return WaitBulk(state);
     RETURN_IF_ERROR(TimedWait(state.batch, setup_.waited_nanos));
+    std::vector<absl::Span<float>> spans;
     for (const auto& call : state.calls) {
       const std::string& bytes = call->response.mean();
       if (bytes.size() != call->count * sizeof(float)) {
@@ -262,7 +274,13 @@ class PushPullRound final : public ShardedAverage {
       }
       setup_.total->AddReply(call->response.ByteSizeLong());
       setup_.traffic->AddReply(call->response.ByteSizeLong());
-      state.deliver(call->begin, call->count, bytes.data());
+      spans.clear();
+      state.mean(call->begin, call->count, &spans);
+      const char* from = bytes.data();
+      for (absl::Span<float> span : spans) {
+        std::memcpy(span.data(), from, span.size() * sizeof(float));
+        from += span.size() * sizeof(float);
+      }
     }
     return absl::OkStatus();
   }
@@ -272,10 +290,83 @@ class PushPullRound final : public ShardedAverage {
     uint64_t size = 0;
     bool started = false;
     bool waited = false;
+    absl::Time deadline;
+    MeanSpans mean;
+    // gRPC
     CallBatch batch;
     std::vector<std::unique_ptr<PushPullCall>> calls;
-    DeliverFn deliver;
+    // bulk: the channel, the requests sent and their floats, the first error
+    BulkChannel* channel = nullptr;
+    std::vector<uint64_t> bulk_ids;
+    std::vector<uint64_t> bulk_counts;
+    absl::Status bulk_error;
   };
+
+  void AddGrpcCall(ShardState& state, uint32_t shard, uint32_t chunk, uint64_t begin,
+                   uint64_t count, absl::Span<const absl::Span<const float>> values) {
+    auto call = std::make_unique<PushPullCall>();
+    call->shard = shard;
+    call->begin = begin;
+    call->count = count;
+    v1::PushPullRequest& request = call->request;
+    request.set_fingerprint(setup_.fingerprint);
+    request.set_rank(setup_.rank);
+    request.set_step(setup_.step);
+    request.set_stream(setup_.stream);
+    request.set_ratio(setup_.ratio);
+    request.set_chunk(chunk);
+    request.set_weight(setup_.weight);
+    request.set_lr(setup_.lr);
+    std::string* bytes = request.mutable_values();
+    // Appending copies once, where resizing first would also zero every byte.
+    bytes->reserve(count * sizeof(float));
+    for (absl::Span<const float> v : values) AppendFloats(v, bytes);
+    setup_.total->AddRequest(request.ByteSizeLong());
+    setup_.traffic->AddRequest(request.ByteSizeLong(), count);
+    SetDeadline(&call->context, setup_.deadline);
+    state.calls.push_back(std::move(call));
+  }
+
+  void SendBulk(ShardState& state, uint32_t chunk, uint64_t begin, uint64_t count,
+                absl::Span<const absl::Span<const float>> values) {
+    if (!state.bulk_error.ok()) return;
+    std::vector<absl::Span<float>> mean;
+    state.mean(begin, count, &mean);
+    const bulk::Request request{.step = setup_.step,
+                                .stream = static_cast<uint32_t>(setup_.stream),
+                                .ratio = setup_.ratio,
+                                .chunk = chunk,
+                                .weight = setup_.weight,
+                                .lr = setup_.lr};
+    absl::StatusOr<uint64_t> id =
+        state.channel->Send(request, values, std::move(mean), state.deadline);
+    if (!id.ok()) {
+      state.bulk_error = id.status();
+      return;
+    }
+    const uint64_t bytes = bulk::Request::kBytes + count * sizeof(float);
+    setup_.total->AddRequest(bytes);
+    setup_.traffic->AddRequest(bytes, count);
+    state.bulk_ids.push_back(*id);
+    state.bulk_counts.push_back(count);
+  }
+
+  absl::Status WaitBulk(ShardState& state) {
+    const absl::Time start = absl::Now();
+    absl::Status status = state.bulk_error;
+    for (size_t i = 0; i < state.bulk_ids.size(); ++i) {
+      absl::Status one = state.channel->Wait(state.bulk_ids[i], state.deadline);
+      if (one.ok()) {
+        const uint64_t bytes = bulk::Reply::kBytes + state.bulk_counts[i] * sizeof(float);
+        setup_.total->AddReply(bytes);
+        setup_.traffic->AddReply(bytes);
+      } else if (status.ok()) {
+        status = std::move(one);
+      }
+    }
+    setup_.waited_nanos->fetch_add(absl::ToInt64Nanoseconds(absl::Now() - start));
+    return status;
+  }
 
   absl::Status CheckStartable(uint32_t shard) const {
     if (shard >= shard_state_.size() || shard_state_[shard]->size == 0 ||
@@ -307,16 +398,16 @@ class HostSpanRound final {
       const ShardPayload& payload = payloads_[s];
       round_.Start(
           s,
-          [&payload, values](uint64_t begin, uint64_t count, std::string* out) {
-            // The pieces come in payload order, so each appends after the last.
+          [&payload, values](uint64_t begin, uint64_t count,
+                             std::vector<absl::Span<const float>>* out) {
             payload.ForEachPiece(begin, count, [&](uint64_t m, uint64_t, uint64_t n) {
-              AppendFloats(values.subspan(m, n), out);
+              out->push_back(values.subspan(m, n));
             });
           },
-          [&payload, mean = mean_](uint64_t begin, uint64_t count, const char* bytes) {
-            payload.ForEachPiece(begin, count, [&](uint64_t m, uint64_t p, uint64_t n) {
-              std::memcpy(mean.data() + m, bytes + (p - begin) * sizeof(float),
-                          n * sizeof(float));
+          [&payload, mean = mean_](uint64_t begin, uint64_t count,
+                                   std::vector<absl::Span<float>>* out) {
+            payload.ForEachPiece(begin, count, [&](uint64_t m, uint64_t, uint64_t n) {
+              out->push_back(mean.subspan(m, n));
             });
           });
     }
@@ -384,6 +475,9 @@ struct PsClient::Impl {
   bool TalksTo(uint32_t shard) const {
     return shard % options_.shard_stride == options_.shard_offset;
   }
+  // The bulk channel of `shard`, (re)connected when it is offered and
+  // wanted; null: the shard's rounds go over gRPC.
+  BulkChannel* BulkFor(uint32_t shard);
 
   const v1::JobConfig config_;
   const PsClientOptions options_;
@@ -397,6 +491,9 @@ struct PsClient::Impl {
   std::vector<std::unique_ptr<v1::ParameterServer::Stub>> stubs_;
   std::vector<std::unique_ptr<v1::AsyncParameterServer::Stub>> async_stubs_;
   std::vector<std::unique_ptr<v1::SparseExchange::Stub>> sparse_stubs_;
+  // By shard: the bulk port Register reported (0: none) and the channel.
+  std::vector<uint32_t> bulk_ports_;
+  std::vector<std::unique_ptr<BulkChannel>> bulk_;
   uint32_t rank_ = 0;
   std::atomic<int64_t> wait_nanos_{0};
   TrafficCounter total_;       // every call
@@ -419,6 +516,8 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(
         " must be below shard_stride ", options.shard_stride));
   }
   auto impl = std::make_unique<Impl>(config, num_params, options);
+  impl->bulk_ports_.assign(config.cluster().servers_size(), 0);
+  impl->bulk_.resize(config.cluster().servers_size());
   for (const std::string& address : config.cluster().servers()) {
     const uint32_t shard = static_cast<uint32_t>(impl->addresses_.size());
     impl->addresses_.push_back(address);
@@ -473,9 +572,36 @@ absl::StatusOr<uint32_t> PsClient::Register(int requested_rank,
           impl_->layout_.num_params(), " floats: check the order of cluster.servers"));
     }
     rank = static_cast<int>(response.rank());
+    impl_->bulk_ports_[s] = response.bulk_port();
   }
   impl_->rank_ = static_cast<uint32_t>(rank);
+  for (uint32_t s : impl_->shards_) impl_->BulkFor(s);
   return impl_->rank_;
+}
+
+BulkChannel* PsClient::Impl::BulkFor(uint32_t shard) {
+  if (config_.cluster().transport() == v1::ClusterConfig::GRPC || bulk_ports_[shard] == 0) {
+    return nullptr;
+  }
+  if (bulk_[shard] != nullptr && !bulk_[shard]->broken()) return bulk_[shard].get();
+  const std::string name =
+      absl::StrCat("shard ", shard, " at ", addresses_[shard], " (bulk port ", bulk_ports_[shard], ")");
+  std::string host;
+  int port = 0;
+  absl::Status ok = SplitHostPort(addresses_[shard], &host, &port);
+  absl::StatusOr<std::unique_ptr<BulkChannel>> channel =
+      ok.ok() ? BulkChannel::Connect(host, static_cast<int>(bulk_ports_[shard]), fingerprint_,
+                                     rank_, absl::Now() + kBulkConnectTimeout, name)
+              : absl::StatusOr<std::unique_ptr<BulkChannel>>(ok);
+  if (!channel.ok()) {
+    // A firewalled or unpublished bulk port costs speed, not the job.
+    spdlog::warn("{}; its rounds go over gRPC", channel.status().ToString());
+    bulk_[shard] = nullptr;
+    bulk_ports_[shard] = 0;
+    return nullptr;
+  }
+  bulk_[shard] = *std::move(channel);
+  return bulk_[shard].get();
 }
 
 std::vector<PsClient::Impl::ModelChunk> PsClient::Impl::ModelChunks() const {
@@ -534,6 +660,8 @@ RoundSetup PsClient::Impl::MakeRoundSetup(v1::Stream stream, uint64_t step, uint
   setup.weight = weight;
   setup.lr = lr;
   setup.chunk_floats = chunk_floats_;
+  setup.bulk.assign(addresses_.size(), nullptr);
+  for (uint32_t s : shards_) setup.bulk[s] = BulkFor(s);
   setup.deadline = absl::Seconds(config_.cluster().round_timeout_s()) + options_.rpc_slack;
   setup.total = &total_;
   setup.traffic = &streams_[stream];

@@ -1,0 +1,269 @@
+#include "common/socket_io.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstring>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+
+namespace cserps {
+namespace {
+
+absl::Status Errno(absl::string_view what, absl::string_view call) {
+  return absl::UnavailableError(
+      absl::StrCat(what, ": ", call, ": ", std::strerror(errno)));
+}
+
+absl::Status Configure(int fd, absl::string_view what) {
+  const int flags = fcntl(fd, F_GETFL, 0);
+  if (flags < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) < 0) {
+    return Errno(what, "fcntl");
+  }
+  int one = 1;
+  // Frames are written whole (one sendmsg each); Nagle would only hold back
+  // the last segment of every one.
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  return absl::OkStatus();
+}
+
+// Waits until `fd` is ready for `events` or the deadline passes.
+absl::Status WaitFor(int fd, short events, absl::Time deadline, absl::string_view what) {
+  for (;;) {
+    int timeout_ms = -1;
+    if (deadline != absl::InfiniteFuture()) {
+      const absl::Duration left = deadline - absl::Now();
+      if (left <= absl::ZeroDuration()) {
+        return absl::DeadlineExceededError(
+            absl::StrCat(what, ": deadline exceeded waiting for the peer"));
+      }
+      timeout_ms = static_cast<int>(
+          std::min<int64_t>(absl::ToInt64Milliseconds(left) + 1, INT_MAX));
+    }
+    pollfd p{fd, events, 0};
+    const int r = poll(&p, 1, timeout_ms);
+    if (r > 0) return absl::OkStatus();  // errors show in the next call
+    if (r < 0 && errno != EINTR) return Errno(what, "poll");
+  }
+}
+
+// Drops the first `n` bytes of `iov`; returns the entries left.
+absl::Span<iovec> Consume(absl::Span<iovec> iov, size_t n) {
+  while (!iov.empty() && n >= iov.front().iov_len) {
+    n -= iov.front().iov_len;
+    iov.remove_prefix(1);
+  }
+  if (n > 0) {
+    iov.front().iov_base = static_cast<char*>(iov.front().iov_base) + n;
+    iov.front().iov_len -= n;
+  }
+  // Empty entries would make a later call move 0 bytes and look like EOF.
+  while (!iov.empty() && iov.front().iov_len == 0) iov.remove_prefix(1);
+  return iov;
+}
+
+size_t TotalBytes(absl::Span<const iovec> iov) {
+  size_t total = 0;
+  for (const iovec& v : iov) total += v.iov_len;
+  return total;
+}
+
+msghdr Message(absl::Span<iovec> iov) {
+  msghdr m{};
+  m.msg_iov = iov.data();
+  m.msg_iovlen = std::min<size_t>(iov.size(), IOV_MAX);
+  return m;
+}
+
+struct AddrInfoList {
+  addrinfo* head = nullptr;
+  ~AddrInfoList() {
+    if (head != nullptr) freeaddrinfo(head);
+  }
+};
+
+absl::Status Resolve(const std::string& host, int port, bool passive, AddrInfoList* out,
+                     absl::string_view what) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  if (passive) hints.ai_flags = AI_PASSIVE;
+  const std::string service = absl::StrCat(port);
+  const int rc = getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(),
+                             &hints, &out->head);
+  if (rc != 0) {
+    return absl::UnavailableError(absl::StrCat(what, ": cannot resolve '", host,
+                                               "': ", gai_strerror(rc)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+Socket& Socket::operator=(Socket&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) close(fd_);
+    fd_ = other.release();
+  }
+  return *this;
+}
+
+Socket::~Socket() {
+  if (fd_ >= 0) close(fd_);
+}
+
+int Socket::release() {
+  const int fd = fd_;
+  fd_ = -1;
+  return fd;
+}
+
+absl::Status SplitHostPort(absl::string_view address, std::string* host, int* port) {
+  const size_t colon = address.rfind(':');
+  int parsed = -1;
+  if (colon == absl::string_view::npos ||
+      !absl::SimpleAtoi(address.substr(colon + 1), &parsed) || parsed < 0 ||
+      parsed > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("address '", address, "' is not host:port"));
+  }
+  absl::string_view h = address.substr(0, colon);
+  if (h.size() >= 2 && h.front() == '[' && h.back() == ']') h = h.substr(1, h.size() - 2);
+  *host = std::string(h);
+  *port = parsed;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Socket> ListenTcp(const std::string& host, int port, int* bound_port) {
+  const std::string what = absl::StrCat("listen on ", host, ":", port);
+  AddrInfoList list;
+  if (absl::Status s = Resolve(host, port, /*passive=*/true, &list, what); !s.ok()) return s;
+  absl::Status last = absl::UnavailableError(absl::StrCat(what, ": no address"));
+  for (addrinfo* a = list.head; a != nullptr; a = a->ai_next) {
+    Socket s(socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol));
+    if (!s.valid()) {
+      last = Errno(what, "socket");
+      continue;
+    }
+    int one = 1;
+    setsockopt(s.fd(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (bind(s.fd(), a->ai_addr, a->ai_addrlen) != 0) {
+      last = Errno(what, "bind");
+      continue;
+    }
+    if (listen(s.fd(), SOMAXCONN) != 0) {
+      last = Errno(what, "listen");
+      continue;
+    }
+    sockaddr_storage bound{};
+    socklen_t len = sizeof(bound);
+    getsockname(s.fd(), reinterpret_cast<sockaddr*>(&bound), &len);
+    *bound_port = ntohs(bound.ss_family == AF_INET6
+                            ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
+                            : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+    return s;
+  }
+  return last;
+}
+
+absl::StatusOr<Socket> AcceptTcp(const Socket& listener) {
+  for (;;) {
+    const int fd = accept4(listener.fd(), nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd >= 0) {
+      Socket s(fd);
+      if (absl::Status ok = Configure(fd, "accepted connection"); !ok.ok()) return ok;
+      return s;
+    }
+    if (errno == EINTR || errno == ECONNABORTED) continue;
+    return Errno("bulk listener", "accept");
+  }
+}
+
+absl::StatusOr<Socket> ConnectTcp(const std::string& host, int port, absl::Time deadline,
+                                  absl::string_view what) {
+  AddrInfoList list;
+  if (absl::Status s = Resolve(host, port, /*passive=*/false, &list, what); !s.ok()) return s;
+  absl::Status last = absl::UnavailableError(absl::StrCat(what, ": no address"));
+  for (addrinfo* a = list.head; a != nullptr; a = a->ai_next) {
+    Socket s(socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol));
+    if (!s.valid()) {
+      last = Errno(what, "socket");
+      continue;
+    }
+    if (absl::Status ok = Configure(s.fd(), what); !ok.ok()) return ok;
+    if (connect(s.fd(), a->ai_addr, a->ai_addrlen) != 0) {
+      if (errno != EINPROGRESS) {
+        last = Errno(what, "connect");
+        continue;
+      }
+      if (absl::Status ready = WaitFor(s.fd(), POLLOUT, deadline, what); !ready.ok()) {
+        return ready;
+      }
+      int error = 0;
+      socklen_t len = sizeof(error);
+      getsockopt(s.fd(), SOL_SOCKET, SO_ERROR, &error, &len);
+      if (error != 0) {
+        errno = error;
+        last = Errno(what, "connect");
+        continue;
+      }
+    }
+    return s;
+  }
+  return last;
+}
+
+absl::Status SendAll(int fd, absl::Span<iovec> iov, absl::Time deadline,
+                     absl::string_view what) {
+  iov = Consume(iov, 0);
+  while (!iov.empty()) {
+    msghdr m = Message(iov);
+    const ssize_t n = sendmsg(fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n >= 0) {
+      iov = Consume(iov, static_cast<size_t>(n));
+    } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      if (absl::Status ok = WaitFor(fd, POLLOUT, deadline, what); !ok.ok()) return ok;
+    } else if (errno != EINTR) {
+      return Errno(what, "send");
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RecvAll(int fd, absl::Span<iovec> iov, absl::Time deadline,
+                     absl::string_view what) {
+  iov = Consume(iov, 0);
+  const size_t want = TotalBytes(iov);
+  size_t got = 0;
+  while (!iov.empty()) {
+    msghdr m = Message(iov);
+    const ssize_t n = recvmsg(fd, &m, MSG_DONTWAIT);
+    if (n > 0) {
+      got += static_cast<size_t>(n);
+      iov = Consume(iov, static_cast<size_t>(n));
+    } else if (n == 0) {
+      return absl::UnavailableError(
+          got == 0 ? absl::StrCat(what, ": connection closed by the peer")
+                   : absl::StrCat(what, ": connection closed by the peer after ", got,
+                                  " of ", want, " bytes"));
+    } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      if (absl::Status ok = WaitFor(fd, POLLIN, deadline, what); !ok.ok()) return ok;
+    } else if (errno != EINTR) {
+      return Errno(what, "recv");
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace cserps

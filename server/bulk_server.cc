@@ -1,0 +1,313 @@
+#include "server/bulk_server.h"
+
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <deque>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/bulk_wire.h"
+#include "common/status.h"
+#include "spdlog/spdlog.h"
+
+namespace cserps {
+namespace {
+
+// A connection must say who it is this soon after it opens.
+constexpr absl::Duration kHelloTimeout = absl::Seconds(30);
+// At shutdown, how long writers may take to send what is queued.
+constexpr absl::Duration kDrainTimeout = absl::Seconds(3);
+
+}  // namespace
+
+class BulkServer::Connection : public std::enable_shared_from_this<Connection> {
+ public:
+  Connection(Socket socket, ShardContext* shard, ParameterServerService* service)
+      : socket_(std::move(socket)),
+        shard_(*shard),
+        service_(*service),
+        chunk_floats_(shard->chunk_floats()),
+        reply_timeout_(absl::Seconds(shard->config().cluster().round_timeout_s())) {}
+
+  // Starts both threads; `refusal`, when not OK, is answered to the hello
+  // instead (too many connections) and the connection ends.
+  void Start(absl::Status refusal) {
+    auto self = shared_from_this();
+    writer_ = std::thread([self] { self->WriteLoop(); });
+    reader_ = std::thread([self, refusal = std::move(refusal)] { self->ReadLoop(refusal); });
+  }
+
+  bool ended() const {
+    absl::MutexLock lock(&mu_);
+    return reader_done_ && writer_done_;
+  }
+
+  // Stops reading; the writer sends what is queued within kDrainTimeout, then
+  // the socket is shut both ways. Joins both threads.
+  void StopAndJoin() {
+    shutdown(socket_.fd(), SHUT_RD);
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.AwaitWithTimeout(absl::Condition(&writer_done_), kDrainTimeout);
+    }
+    shutdown(socket_.fd(), SHUT_RDWR);
+    Join();
+  }
+
+  void Join() {
+    if (reader_.joinable()) reader_.join();
+    if (writer_.joinable()) writer_.join();
+  }
+
+ private:
+  struct Outgoing {
+    bulk::Reply head;
+    std::string message;
+    RoundMean mean;  // code 0
+    int stream = 0;
+  };
+
+  void ReadLoop(const absl::Status& refusal) {
+    absl::Status ended = Serve(refusal);
+    if (!ended.ok() && !absl::IsUnavailable(ended)) {
+      spdlog::warn("shard {} bulk connection: {}", shard_.shard(), std::string(ended.message()));
+    }
+    absl::MutexLock lock(&mu_);
+    reader_done_ = true;
+  }
+
+  // Answers the hello, then every request, until the peer closes or a frame
+  // cannot be read on from (then answered with the reason, request_id 0).
+  absl::Status Serve(const absl::Status& refusal) {
+    char hello_bytes[bulk::Hello::kBytes];
+    absl::Status ok = RecvAll(socket_.fd(), hello_bytes, sizeof(hello_bytes),
+                              absl::Now() + kHelloTimeout, "bulk hello");
+    if (!ok.ok()) return ok;
+    const bulk::Hello hello = bulk::DecodeHello(hello_bytes);
+    if (hello.magic != bulk::kMagic || hello.version != bulk::kVersion) {
+      return Fatal(absl::InvalidArgumentError(absl::StrCat(
+          "not a cserps bulk connection: magic 0x", absl::Hex(hello.magic), " version ",
+          hello.version, " (expected 0x", absl::Hex(bulk::kMagic), " version ",
+          bulk::kVersion, ")")));
+    }
+    if (!refusal.ok()) return Fatal(refusal);
+    ok = shard_.Admit(hello.fingerprint, hello.rank, absl::Now());
+    if (!ok.ok()) return Fatal(ok);
+    Enqueue(Outgoing{});  // the hello's OK
+
+    auto buffer = std::make_unique<float[]>(chunk_floats_);
+    for (;;) {
+      char head_bytes[bulk::Request::kBytes];
+      RETURN_IF_ERROR(RecvAll(socket_.fd(), head_bytes, sizeof(head_bytes),
+                              absl::InfiniteFuture(), "bulk request"));
+      const bulk::Request request = bulk::DecodeRequest(head_bytes);
+      if (request.kind != bulk::kPushPull) {
+        return Fatal(absl::InvalidArgumentError(
+            absl::StrCat("unknown bulk request kind ", request.kind, " (known: 1, PushPull)")));
+      }
+      if (request.count > chunk_floats_) {
+        return Fatal(absl::InvalidArgumentError(absl::StrCat(
+            "bulk request ", request.request_id, " carries ", request.count,
+            " floats; a chunk holds at most ", chunk_floats_)));
+      }
+      RETURN_IF_ERROR(RecvAll(socket_.fd(), buffer.get(), request.count * sizeof(float),
+                              absl::Now() + reply_timeout_, "bulk request values"));
+      const absl::Time arrived = absl::Now();
+      const uint64_t bytes = bulk::Request::kBytes + uint64_t{request.count} * sizeof(float);
+      const ParameterServerService::PushPullHead head{
+          hello.fingerprint, hello.rank,    request.step,   static_cast<int>(request.stream),
+          request.ratio,     request.chunk, request.weight, request.lr};
+      service_.CountRequest(bytes);
+      absl::StatusOr<size_t> count = service_.AdmitPushPull(head, arrived);
+      if (count.ok() && *count != request.count) {
+        count = absl::InvalidArgumentError(absl::StrCat(
+            ParameterServerService::CallName(head), ": values: expected ", *count,
+            " float32 values, got ", request.count));
+      }
+      if (!count.ok()) {
+        service_.CountRefused(bytes);
+        Enqueue(Failure(request.request_id, count.status()));
+        continue;
+      }
+      // The round reads the values during JoinRound only, so the buffer is
+      // free for the next request when it returns.
+      JoinRound(head, request.request_id, absl::MakeConstSpan(buffer.get(), request.count),
+                bytes, arrived);
+    }
+  }
+
+  void JoinRound(const ParameterServerService::PushPullHead& head, uint64_t request_id,
+                 absl::Span<const float> values, uint64_t bytes, absl::Time arrived) {
+    std::weak_ptr<Connection> weak = weak_from_this();
+    service_.JoinRound(head, values, bytes, arrived,
+                       [weak, request_id, stream = head.stream](absl::StatusOr<RoundMean> mean) {
+                         std::shared_ptr<Connection> self = weak.lock();
+                         if (self == nullptr) return;
+                         if (!mean.ok()) {
+                           self->Enqueue(Failure(request_id, mean.status()));
+                           return;
+                         }
+                         Outgoing out;
+                         out.head.request_id = request_id;
+                         out.head.count = static_cast<uint32_t>((*mean)->size());
+                         out.mean = *std::move(mean);
+                         out.stream = stream;
+                         self->Enqueue(std::move(out));
+                       });
+  }
+
+  static Outgoing Failure(uint64_t request_id, const absl::Status& status) {
+    Outgoing out;
+    out.head.request_id = request_id;
+    out.head.code = static_cast<uint32_t>(status.code());
+    out.message = std::string(status.message().substr(0, bulk::kMaxMessageBytes));
+    out.head.message_bytes = static_cast<uint32_t>(out.message.size());
+    return out;
+  }
+
+  // Answers `status` with request_id 0 and ends the connection.
+  absl::Status Fatal(const absl::Status& status) {
+    Enqueue(Failure(0, status));
+    return status;
+  }
+
+  void Enqueue(Outgoing out) {
+    absl::MutexLock lock(&mu_);
+    if (!writer_done_) queue_.push_back(std::move(out));
+  }
+
+  void WriteLoop() {
+    for (;;) {
+      Outgoing out;
+      {
+        absl::MutexLock lock(&mu_);
+        mu_.Await(absl::Condition(
+            +[](Connection* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(c->mu_) {
+              return !c->queue_.empty() || c->reader_done_;
+            },
+            this));
+        if (queue_.empty()) break;
+        out = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      char head[bulk::Reply::kBytes];
+      bulk::Encode(out.head, head);
+      iovec iov[3] = {{head, sizeof(head)},
+                      {out.message.data(), out.message.size()},
+                      {nullptr, 0}};
+      if (out.mean != nullptr) {
+        iov[2] = {const_cast<float*>(out.mean->data()), out.mean->size() * sizeof(float)};
+      }
+      // A member that reads nothing for a round's timeout is dropped.
+      absl::Status sent =
+          SendAll(socket_.fd(), absl::MakeSpan(iov), absl::Now() + reply_timeout_, "bulk reply");
+      if (!sent.ok()) {
+        shutdown(socket_.fd(), SHUT_RDWR);  // the reader stops too
+        break;
+      }
+      if (out.mean != nullptr) {
+        service_.CountReply(out.stream, bulk::Reply::kBytes + out.mean->size() * sizeof(float));
+      }
+      // A refusal of the connection itself is its last frame.
+      if (out.head.code != 0 && out.head.request_id == 0) {
+        shutdown(socket_.fd(), SHUT_RDWR);
+        break;
+      }
+    }
+    absl::MutexLock lock(&mu_);
+    writer_done_ = true;
+    queue_.clear();
+  }
+
+  const Socket socket_;
+  ShardContext& shard_;
+  ParameterServerService& service_;
+  const uint64_t chunk_floats_;
+  const absl::Duration reply_timeout_;
+  mutable absl::Mutex mu_;
+  std::deque<Outgoing> queue_ ABSL_GUARDED_BY(mu_);
+  bool reader_done_ ABSL_GUARDED_BY(mu_) = false;
+  bool writer_done_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread reader_;
+  std::thread writer_;
+};
+
+absl::StatusOr<std::unique_ptr<BulkServer>> BulkServer::Start(ShardContext* shard,
+                                                              ParameterServerService* service,
+                                                              const std::string& host,
+                                                              int port) {
+  int bound = 0;
+  absl::StatusOr<Socket> listener = ListenTcp(host, port, &bound);
+  if (!listener.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat("bulk transport: ", listener.status().message()));
+  }
+  std::unique_ptr<BulkServer> server(
+      new BulkServer(shard, service, *std::move(listener), bound));
+  server->acceptor_ = std::thread([s = server.get()] { s->AcceptLoop(); });
+  return server;
+}
+
+BulkServer::BulkServer(ShardContext* shard, ParameterServerService* service, Socket listener,
+                       int port)
+    : shard_(*shard),
+      service_(*service),
+      listener_(std::move(listener)),
+      port_(port),
+      max_connections_(size_t{kConnectionsPerMember} * shard->config().cluster().num_workers()) {}
+
+BulkServer::~BulkServer() { Shutdown(); }
+
+size_t BulkServer::open_connections() const {
+  absl::MutexLock lock(&mu_);
+  size_t open = 0;
+  for (const auto& c : connections_) open += c->ended() ? 0 : 1;
+  return open;
+}
+
+void BulkServer::AcceptLoop() {
+  for (;;) {
+    absl::StatusOr<Socket> socket = AcceptTcp(listener_);
+    absl::MutexLock lock(&mu_);
+    if (shut_down_) return;
+    if (!socket.ok()) {
+      spdlog::warn("shard {}: {}", shard_.shard(), std::string(socket.status().message()));
+      continue;
+    }
+    Reap();
+    absl::Status refusal;
+    if (connections_.size() >= max_connections_) {
+      refusal = absl::ResourceExhaustedError(absl::StrCat(
+          "shard ", shard_.shard(), " holds its limit of ", max_connections_,
+          " bulk connections (", kConnectionsPerMember, " per member)"));
+    }
+    auto connection = std::make_shared<Connection>(*std::move(socket), &shard_, &service_);
+    connection->Start(std::move(refusal));
+    connections_.push_back(std::move(connection));
+  }
+}
+
+void BulkServer::Reap() {
+  auto ended = std::partition(connections_.begin(), connections_.end(),
+                              [](const auto& c) { return !c->ended(); });
+  for (auto it = ended; it != connections_.end(); ++it) (*it)->Join();
+  connections_.erase(ended, connections_.end());
+}
+
+void BulkServer::Shutdown() {
+  std::vector<std::shared_ptr<Connection>> connections;
+  {
+    absl::MutexLock lock(&mu_);
+    if (shut_down_) return;
+    shut_down_ = true;
+    connections.swap(connections_);
+  }
+  // Wakes the acceptor, which sees shut_down_.
+  shutdown(listener_.fd(), SHUT_RDWR);
+  if (acceptor_.joinable()) acceptor_.join();
+  for (const auto& c : connections) c->StopAndJoin();
+}
+
+}  // namespace cserps

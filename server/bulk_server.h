@@ -1,0 +1,72 @@
+// The bulk transport of one shard (docs/protocol.md 17): PushPull rounds
+// over plain TCP, next to the gRPC service, into the same RoundTable, so a
+// round may mix members of both. A connection's floats are read into one
+// buffer it keeps and added to the round from there; each reply is written
+// from the round's mean, which every member's reply shares.
+//
+// Threads: an acceptor, and per connection a reader (requests, into the
+// rounds) and a writer (replies, in the order rounds complete), so a member
+// that is slow to read never holds up the rounds of others.
+#ifndef CSERPS_SERVER_BULK_SERVER_H_
+#define CSERPS_SERVER_BULK_SERVER_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "common/socket_io.h"
+#include "server/parameter_server_service.h"
+#include "server/shard_context.h"
+
+namespace cserps {
+
+class BulkServer {
+ public:
+  // Connections one member may hold at once (each PsClient opens one per
+  // shard; a restarted worker's new one may overlap its old one's end).
+  static constexpr uint32_t kConnectionsPerMember = 4;
+
+  // Listens on host:port (port 0 picks a free one). `shard` and `service`
+  // outlive the server.
+  static absl::StatusOr<std::unique_ptr<BulkServer>> Start(ShardContext* shard,
+                                                           ParameterServerService* service,
+                                                           const std::string& host,
+                                                           int port);
+  ~BulkServer();
+
+  int port() const { return port_; }
+  // Connections open now.
+  size_t open_connections() const;
+
+  // Stops accepting, ends every connection once its queued replies are sent
+  // (at most a few seconds), and joins every thread. Call after the
+  // service's Shutdown, whose failed rounds are replies too. Idempotent.
+  void Shutdown();
+
+ private:
+  class Connection;
+  BulkServer(ShardContext* shard, ParameterServerService* service, Socket listener,
+             int port);
+  void AcceptLoop();
+  // Joins and drops the connections whose threads have ended.
+  void Reap() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  ShardContext& shard_;
+  ParameterServerService& service_;
+  Socket listener_;
+  const int port_;
+  const size_t max_connections_;
+  mutable absl::Mutex mu_;
+  std::vector<std::shared_ptr<Connection>> connections_ ABSL_GUARDED_BY(mu_);
+  bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread acceptor_;
+};
+
+}  // namespace cserps
+
+#endif  // CSERPS_SERVER_BULK_SERVER_H_

@@ -1,0 +1,346 @@
+// The bulk transport (docs/protocol.md 17) on in-process shards: members on
+// gRPC and on bulk connections average into the same rounds; the shard's
+// refusals of bad hellos and frames, spoken here with raw sockets from the
+// documented frame layout (common/bulk_wire.h), name what is wrong, and the
+// shard serves on; a shutdown answers a waiting member.
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/bulk_wire.h"
+#include "common/config_fingerprint.h"
+#include "common/socket_io.h"
+#include "common/status.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/ps_server.h"
+#include "tests/testing/test_support.h"
+#include "tools/cluster/in_process_cluster.h"
+#include "worker/ps/ps_client.h"
+
+namespace cserps {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr uint64_t kD = 3000;  // FLAT: one chunk on one shard
+constexpr absl::Duration kIo = absl::Seconds(20);
+
+v1::JobConfig MakeConfig(uint32_t workers) {
+  return testing::TestConfig(absl::StrCat(R"pb(
+    name: "bulk-test"
+    seed: 5
+    cluster { servers: "127.0.0.1:0" num_workers: )pb", workers, R"pb( round_timeout_s: 20 }
+    model { kind: FLAT num_params: )pb", kD, R"pb( }
+    data { batch_size: 1 }
+    optimizer { lr: 0.1 }
+    algorithm { name: "ssgd" }
+    epochs: 1
+  )pb"));
+}
+
+std::vector<float> Values(int rank) {
+  std::vector<float> v(kD);
+  for (uint64_t i = 0; i < kD; ++i) v[i] = 0.25f * static_cast<float>(i % 97) - rank * 1.5f;
+  return v;
+}
+
+absl::StatusOr<std::unique_ptr<PsClient>> Member(v1::JobConfig config,
+                                                 v1::ClusterConfig::Transport transport,
+                                                 int rank) {
+  config.mutable_cluster()->set_transport(transport);
+  ASSIGN_OR_RETURN(std::unique_ptr<PsClient> client, PsClient::Connect(config, kD));
+  RETURN_IF_ERROR(client->Register(rank, absl::StrCat("member-", rank)).status());
+  return client;
+}
+
+// A connection speaking the frames by hand.
+class RawConnection {
+ public:
+  static absl::StatusOr<RawConnection> Open(const PsServer& server) {
+    ASSIGN_OR_RETURN(Socket socket, ConnectTcp("127.0.0.1", server.bulk_port(),
+                                               absl::Now() + kIo, "raw bulk connection"));
+    return RawConnection(std::move(socket));
+  }
+
+  absl::Status Send(const void* data, size_t size) {
+    iovec iov{const_cast<void*>(data), size};
+    return SendAll(socket_.fd(), absl::MakeSpan(&iov, 1), absl::Now() + kIo, "raw send");
+  }
+  absl::Status SendHello(uint64_t fingerprint, uint32_t rank, uint32_t magic = bulk::kMagic) {
+    char bytes[bulk::Hello::kBytes];
+    bulk::Encode(bulk::Hello{.magic = magic, .fingerprint = fingerprint, .rank = rank}, bytes);
+    return Send(bytes, sizeof(bytes));
+  }
+  absl::Status SendRequest(const bulk::Request& request, absl::Span<const float> values) {
+    char bytes[bulk::Request::kBytes];
+    bulk::Encode(request, bytes);
+    RETURN_IF_ERROR(Send(bytes, sizeof(bytes)));
+    return Send(values.data(), values.size() * sizeof(float));
+  }
+
+  // A reply: its header, and its message or floats.
+  struct Answer {
+    bulk::Reply reply;
+    std::string message;
+    std::vector<float> floats;
+  };
+  absl::StatusOr<Answer> Receive() {
+    char head[bulk::Reply::kBytes];
+    RETURN_IF_ERROR(RecvAll(socket_.fd(), head, sizeof(head), absl::Now() + kIo, "raw recv"));
+    Answer a;
+    a.reply = bulk::DecodeReply(head);
+    a.message.resize(a.reply.code != 0 ? a.reply.message_bytes : 0);
+    RETURN_IF_ERROR(
+        RecvAll(socket_.fd(), a.message.data(), a.message.size(), absl::Now() + kIo, "raw recv"));
+    a.floats.resize(a.reply.code == 0 ? a.reply.count : 0);
+    RETURN_IF_ERROR(RecvAll(socket_.fd(), a.floats.data(), a.floats.size() * sizeof(float),
+                            absl::Now() + kIo, "raw recv"));
+    return a;
+  }
+  // True when the shard has closed the connection.
+  bool Closed() {
+    char byte;
+    return !RecvAll(socket_.fd(), &byte, 1, absl::Now() + kIo, "raw recv").ok();
+  }
+
+ private:
+  explicit RawConnection(Socket socket) : socket_(std::move(socket)) {}
+  Socket socket_;
+};
+
+class BulkTransportTest : public ::testing::Test {
+ protected:
+  void StartJob(uint32_t workers) {
+    config_ = MakeConfig(workers);
+    ASSERT_TRUE(servers_.Start(&config_).ok());
+    ASSERT_NE(servers_.shard(0).bulk_port(), 0);
+  }
+  uint64_t fingerprint() const { return JobFingerprint(config_); }
+
+  v1::JobConfig config_;
+  testing::ServerSet servers_;
+};
+
+TEST_F(BulkTransportTest, MembersOnGrpcAndOnBulkAverageIntoTheSameRound) {
+  StartJob(2);
+  auto grpc_member = Member(config_, v1::ClusterConfig::GRPC, 0);
+  auto bulk_member = Member(config_, v1::ClusterConfig::AUTO, 1);
+  ASSERT_TRUE(grpc_member.ok()) << grpc_member.status();
+  ASSERT_TRUE(bulk_member.ok()) << bulk_member.status();
+  const std::vector<float> v0 = Values(0), v1 = Values(1);
+  std::vector<float> mean0(kD), mean1(kD);
+  absl::Status s0, s1;
+  std::thread t0([&] {
+    s0 = (*grpc_member)->AverageBlocks(v1::MODEL, 1, 1, v0, 1.0f, 0.0f, absl::MakeSpan(mean0));
+  });
+  std::thread t1([&] {
+    s1 = (*bulk_member)->AverageBlocks(v1::MODEL, 1, 1, v1, 3.0f, 0.0f, absl::MakeSpan(mean1));
+  });
+  t0.join();
+  t1.join();
+  ASSERT_TRUE(s0.ok()) << s0;
+  ASSERT_TRUE(s1.ok()) << s1;
+  for (uint64_t i = 0; i < kD; ++i) {
+    const float want = static_cast<float>((1.0 * v0[i] + 3.0 * v1[i]) / 4.0);
+    ASSERT_EQ(mean0[i], want) << i;
+    ASSERT_EQ(std::memcmp(&mean0[i], &mean1[i], sizeof(float)), 0) << i;
+  }
+  // The bulk member's round went over its connection: one frame each way,
+  // a 48-byte request header and a 24-byte reply header.
+  const TrafficCounts bulk = (*bulk_member)->traffic(v1::MODEL);
+  EXPECT_EQ(bulk.request_bytes, bulk::Request::kBytes + kD * sizeof(float));
+  EXPECT_EQ(bulk.reply_bytes, bulk::Reply::kBytes + kD * sizeof(float));
+  EXPECT_NE((*grpc_member)->traffic(v1::MODEL).request_bytes, bulk.request_bytes);
+}
+
+TEST_F(BulkTransportTest, WithoutABulkPortMembersUseGrpc) {
+  config_ = MakeConfig(1);
+  auto server = PsServer::Start(config_, 0, "127.0.0.1:0", {}, nullptr, /*bulk_port=*/-1);
+  ASSERT_TRUE(server.ok()) << server.status();
+  config_.mutable_cluster()->set_servers(0, (*server)->address());
+  EXPECT_EQ((*server)->bulk_port(), 0);
+  auto member = Member(config_, v1::ClusterConfig::AUTO, 0);
+  ASSERT_TRUE(member.ok()) << member.status();
+  const std::vector<float> v = Values(0);
+  std::vector<float> mean(kD);
+  ASSERT_TRUE((*member)->AverageBlocks(v1::MODEL, 1, 1, v, 1.0f, 0.0f, absl::MakeSpan(mean)).ok());
+  EXPECT_EQ(mean, v);
+  EXPECT_NE((*member)->traffic(v1::MODEL).request_bytes,
+            bulk::Request::kBytes + kD * sizeof(float));
+}
+
+TEST_F(BulkTransportTest, HellosOfStrangersAreRefusedNamingWhatIsWrong) {
+  StartJob(1);
+  struct Case {
+    uint32_t magic;
+    uint64_t fingerprint;
+    uint32_t rank;
+    absl::StatusCode code;
+    std::string says;
+  };
+  const std::vector<Case> cases = {
+      {0x20544547, fingerprint(), 0, absl::StatusCode::kInvalidArgument,
+       "not a cserps bulk connection"},
+      {bulk::kMagic, fingerprint() + 1, 0, absl::StatusCode::kFailedPrecondition, "fingerprint"},
+      // Rank 0 has not registered with the shard.
+      {bulk::kMagic, fingerprint(), 0, absl::StatusCode::kFailedPrecondition, "rank 0"},
+      {bulk::kMagic, fingerprint(), 7, absl::StatusCode::kInvalidArgument, "rank 7"},
+  };
+  for (const Case& c : cases) {
+    auto raw = RawConnection::Open(servers_.shard(0));
+    ASSERT_TRUE(raw.ok()) << raw.status();
+    ASSERT_TRUE(raw->SendHello(c.fingerprint, c.rank, c.magic).ok());
+    auto answer = raw->Receive();
+    ASSERT_TRUE(answer.ok()) << answer.status();
+    EXPECT_EQ(answer->reply.code, static_cast<uint32_t>(c.code)) << answer->message;
+    EXPECT_EQ(answer->reply.request_id, 0u);
+    EXPECT_THAT(answer->message, HasSubstr(c.says));
+    EXPECT_TRUE(raw->Closed()) << c.says;
+  }
+}
+
+TEST_F(BulkTransportTest, BadRequestsAreRefusedAndTheShardServesOn) {
+  StartJob(1);
+  auto member = Member(config_, v1::ClusterConfig::GRPC, 0);  // registers rank 0
+  ASSERT_TRUE(member.ok()) << member.status();
+  auto raw = RawConnection::Open(servers_.shard(0));
+  ASSERT_TRUE(raw.ok());
+  ASSERT_TRUE(raw->SendHello(fingerprint(), 0).ok());
+  auto hello = raw->Receive();
+  ASSERT_TRUE(hello.ok());
+  ASSERT_EQ(hello->reply.code, 0u) << hello->message;
+
+  const std::vector<float> v = Values(0);
+  // Too few floats for the chunk: refused, and the connection reads on.
+  bulk::Request request{.request_id = 11, .step = 1, .stream = v1::MODEL};
+  request.count = 10;
+  ASSERT_TRUE(raw->SendRequest(request, absl::MakeConstSpan(v).first(10)).ok());
+  auto refused = raw->Receive();
+  ASSERT_TRUE(refused.ok());
+  EXPECT_EQ(refused->reply.request_id, 11u);
+  EXPECT_EQ(refused->reply.code, static_cast<uint32_t>(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(refused->message, HasSubstr(absl::StrCat("expected ", kD, " float32 values, got 10")));
+  // An unknown stream: refused by the same checks as gRPC's.
+  request = {.count = static_cast<uint32_t>(kD), .request_id = 12, .step = 1, .stream = 9};
+  ASSERT_TRUE(raw->SendRequest(request, v).ok());
+  refused = raw->Receive();
+  ASSERT_TRUE(refused.ok());
+  EXPECT_EQ(refused->reply.request_id, 12u);
+  EXPECT_THAT(refused->message, HasSubstr("unknown stream 9"));
+  // A good one completes its round.
+  request = {.count = static_cast<uint32_t>(kD), .request_id = 13, .step = 1,
+             .stream = v1::MODEL};
+  ASSERT_TRUE(raw->SendRequest(request, v).ok());
+  auto answered = raw->Receive();
+  ASSERT_TRUE(answered.ok());
+  EXPECT_EQ(answered->reply.request_id, 13u);
+  ASSERT_EQ(answered->reply.code, 0u) << answered->message;
+  EXPECT_EQ(answered->floats, v);
+  // More floats than a chunk holds cannot be read past: the shard says so
+  // and ends the connection.
+  request = {.count = 1u << 30, .request_id = 14, .step = 2, .stream = v1::MODEL};
+  char head[bulk::Request::kBytes];
+  bulk::Encode(request, head);
+  ASSERT_TRUE(raw->Send(head, sizeof(head)).ok());
+  auto fatal = raw->Receive();
+  ASSERT_TRUE(fatal.ok());
+  EXPECT_EQ(fatal->reply.request_id, 0u);
+  EXPECT_THAT(fatal->message, HasSubstr("a chunk holds at most"));
+  EXPECT_TRUE(raw->Closed());
+
+  // The shard serves on: the member's next round over a fresh connection.
+  auto again = Member(config_, v1::ClusterConfig::AUTO, 0);
+  ASSERT_TRUE(again.ok()) << again.status();
+  std::vector<float> mean(kD);
+  ASSERT_TRUE((*again)->AverageBlocks(v1::MODEL, 2, 1, v, 1.0f, 0.0f, absl::MakeSpan(mean)).ok());
+  EXPECT_EQ(mean, v);
+}
+
+TEST_F(BulkTransportTest, APushCutShortIsNotCounted) {
+  StartJob(2);
+  auto member0 = Member(config_, v1::ClusterConfig::AUTO, 0);
+  auto member1 = Member(config_, v1::ClusterConfig::AUTO, 1);
+  ASSERT_TRUE(member0.ok() && member1.ok());
+  const std::vector<float> v0 = Values(0), v1 = Values(1);
+  {
+    // Rank 1's push of half its floats, then the connection drops.
+    auto raw = RawConnection::Open(servers_.shard(0));
+    ASSERT_TRUE(raw.ok());
+    ASSERT_TRUE(raw->SendHello(fingerprint(), 1).ok());
+    ASSERT_TRUE(raw->Receive().ok());
+    char head[bulk::Request::kBytes];
+    bulk::Encode(bulk::Request{.count = static_cast<uint32_t>(kD), .request_id = 1, .step = 1,
+                               .stream = v1::MODEL},
+                 head);
+    ASSERT_TRUE(raw->Send(head, sizeof(head)).ok());
+    ASSERT_TRUE(raw->Send(v1.data(), kD / 2 * sizeof(float)).ok());
+  }
+  std::vector<float> mean0(kD), mean1(kD);
+  absl::Status s0, s1;
+  std::thread t0([&] {
+    s0 = (*member0)->AverageBlocks(v1::MODEL, 1, 1, v0, 1.0f, 0.0f, absl::MakeSpan(mean0));
+  });
+  std::thread t1([&] {
+    s1 = (*member1)->AverageBlocks(v1::MODEL, 1, 1, v0, 1.0f, 0.0f, absl::MakeSpan(mean1));
+  });
+  t0.join();
+  t1.join();
+  ASSERT_TRUE(s0.ok()) << s0;
+  ASSERT_TRUE(s1.ok()) << s1;
+  // Both members pushed v0: the cut push of v1 is not in the mean.
+  EXPECT_EQ(mean0, v0);
+  EXPECT_EQ(mean1, v0);
+}
+
+TEST_F(BulkTransportTest, ShutdownAnswersAWaitingPushWithUnavailable) {
+  StartJob(2);
+  auto member = Member(config_, v1::ClusterConfig::GRPC, 0);  // registers rank 0
+  ASSERT_TRUE(member.ok());
+  auto raw = RawConnection::Open(servers_.shard(0));
+  ASSERT_TRUE(raw.ok());
+  ASSERT_TRUE(raw->SendHello(fingerprint(), 0).ok());
+  ASSERT_TRUE(raw->Receive().ok());
+  // Rank 1 never pushes, so request 1 waits in its round. Requests are
+  // read in order: once request 2's refusal is back, request 1 is in.
+  const std::vector<float> v = Values(0);
+  ASSERT_TRUE(raw->SendRequest({.count = static_cast<uint32_t>(kD), .request_id = 1, .step = 1,
+                                .stream = v1::MODEL},
+                               v)
+                  .ok());
+  ASSERT_TRUE(raw->SendRequest({.count = static_cast<uint32_t>(kD), .request_id = 2, .step = 1,
+                                .stream = 9},
+                               v)
+                  .ok());
+  auto refused = raw->Receive();
+  ASSERT_TRUE(refused.ok());
+  ASSERT_EQ(refused->reply.request_id, 2u);
+  servers_.shard(0).Shutdown();
+  auto answer = raw->Receive();
+  ASSERT_TRUE(answer.ok()) << answer.status();
+  EXPECT_EQ(answer->reply.request_id, 1u);
+  EXPECT_EQ(answer->reply.code, static_cast<uint32_t>(absl::StatusCode::kUnavailable));
+  EXPECT_THAT(answer->message, HasSubstr("shutting down"));
+}
+
+TEST_F(BulkTransportTest, AShardGoneFailsTheRoundWithUnavailableNamingIt) {
+  StartJob(1);
+  auto member = Member(config_, v1::ClusterConfig::AUTO, 0);
+  ASSERT_TRUE(member.ok());
+  servers_.shard(0).Shutdown();
+  const std::vector<float> v = Values(0);
+  std::vector<float> mean(kD);
+  const absl::Status status =
+      (*member)->AverageBlocks(v1::MODEL, 1, 1, v, 1.0f, 0.0f, absl::MakeSpan(mean));
+  EXPECT_TRUE(absl::IsUnavailable(status)) << status;
+  EXPECT_THAT(status.message(), HasSubstr("PushPull to shard 0 at "));
+  EXPECT_THAT(status.message(), HasSubstr("bulk port"));
+}
+
+}  // namespace
+}  // namespace cserps

@@ -1,0 +1,195 @@
+#include "worker/ps/bulk_channel.h"
+
+#include <sys/socket.h>
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+
+namespace cserps {
+namespace {
+
+absl::Status WithPrefix(absl::string_view prefix, const absl::Status& status) {
+  return absl::Status(status.code(), absl::StrCat(prefix, ": ", status.message()));
+}
+
+// Reads the message of a reply with code != 0: the refusal it carries, or
+// the error reading it.
+absl::StatusOr<absl::Status> ReadRefusal(int fd, const bulk::Reply& reply,
+                                         absl::Time deadline, absl::string_view what) {
+  if (reply.message_bytes > bulk::kMaxMessageBytes) {
+    return absl::DataLossError(absl::StrCat("a reply's message of ", reply.message_bytes,
+                                            " bytes (at most ", bulk::kMaxMessageBytes, ")"));
+  }
+  std::string message(reply.message_bytes, '\0');
+  RETURN_IF_ERROR(RecvAll(fd, message.data(), message.size(), deadline, what));
+  return absl::Status(static_cast<absl::StatusCode>(reply.code), message);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<BulkChannel>> BulkChannel::Connect(
+    const std::string& host, int port, uint64_t fingerprint, uint32_t rank,
+    absl::Time deadline, std::string name) {
+  const std::string what = absl::StrCat("bulk connection to ", name);
+  absl::StatusOr<Socket> socket = ConnectTcp(host, port, deadline, what);
+  if (!socket.ok()) return socket.status();
+  char hello[bulk::Hello::kBytes];
+  bulk::Encode(bulk::Hello{.fingerprint = fingerprint, .rank = rank}, hello);
+  iovec iov{hello, sizeof(hello)};
+  RETURN_IF_ERROR(SendAll(socket->fd(), absl::MakeSpan(&iov, 1), deadline, what));
+  char head[bulk::Reply::kBytes];
+  RETURN_IF_ERROR(RecvAll(socket->fd(), head, sizeof(head), deadline, what));
+  const bulk::Reply reply = bulk::DecodeReply(head);
+  if (reply.code != 0) {
+    absl::StatusOr<absl::Status> refusal = ReadRefusal(socket->fd(), reply, deadline, what);
+    return WithPrefix(what, refusal.ok() ? *refusal : refusal.status());
+  }
+  if (reply.request_id != 0 || reply.count != 0) {
+    return absl::DataLossError(absl::StrCat(what, ": the hello's answer is not a bulk reply"));
+  }
+  return std::unique_ptr<BulkChannel>(new BulkChannel(*std::move(socket), std::move(name)));
+}
+
+bool BulkChannel::broken() const {
+  absl::MutexLock lock(&mu_);
+  return !broken_.ok();
+}
+
+void BulkChannel::Break(absl::Status status) {
+  if (broken_.ok()) {
+    broken_ = WithPrefix(absl::StrCat("PushPull to ", name_), status);
+    shutdown(socket_.fd(), SHUT_RDWR);
+  }
+  // The request being read into stays pending until its reader is back.
+  for (auto& [id, pending] : pending_) {
+    if (!pending.done && !(reading_ && id == reading_id_)) {
+      pending.done = true;
+      pending.status = broken_;
+    }
+  }
+}
+
+absl::StatusOr<uint64_t> BulkChannel::Send(bulk::Request request,
+                                           absl::Span<const absl::Span<const float>> values,
+                                           std::vector<absl::Span<float>> mean,
+                                           absl::Time deadline) {
+  uint64_t count = 0;
+  for (const auto& v : values) count += v.size();
+  uint64_t mean_count = 0;
+  for (const auto& m : mean) mean_count += m.size();
+  if (count != mean_count || count > UINT32_MAX) {
+    return absl::InvalidArgumentError(absl::StrCat("PushPull to ", name_, ": ", count,
+                                                   " floats pushed, ", mean_count,
+                                                   " floats of mean"));
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    if (!broken_.ok()) return broken_;
+    request.request_id = next_id_++;
+    pending_[request.request_id] = Pending{std::move(mean), count, false, absl::OkStatus()};
+  }
+  request.count = static_cast<uint32_t>(count);
+  char head[bulk::Request::kBytes];
+  bulk::Encode(request, head);
+  std::vector<iovec> iov;
+  iov.reserve(values.size() + 1);
+  iov.push_back({head, sizeof(head)});
+  for (const auto& v : values) {
+    iov.push_back({const_cast<float*>(v.data()), v.size() * sizeof(float)});
+  }
+  absl::Status sent;
+  {
+    absl::MutexLock lock(&send_mu_);
+    sent = SendAll(socket_.fd(), absl::MakeSpan(iov), deadline, "send");
+  }
+  if (!sent.ok()) {
+    absl::MutexLock lock(&mu_);
+    Break(sent);
+    return broken_;
+  }
+  return request.request_id;
+}
+
+absl::Status BulkChannel::Wait(uint64_t id, absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  for (;;) {
+    auto it = pending_.find(id);
+    if (it == pending_.end()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("PushPull to ", name_, ": no request ", id, " is pending"));
+    }
+    if (it->second.done) {
+      absl::Status status = std::move(it->second.status);
+      pending_.erase(it);
+      return status;
+    }
+    if (!broken_.ok()) {
+      Break(broken_);
+      continue;
+    }
+    if (!reading_) {
+      reading_ = true;
+      mu_.Unlock();
+      absl::Status read = ReadOne(deadline);
+      mu_.Lock();
+      reading_ = false;
+      reading_id_ = 0;
+      if (!read.ok()) Break(read);
+      continue;
+    }
+    // Another waiter is reading, bounded by its own deadline; it may be
+    // filling this request's mean, so this one waits for it, not for its
+    // deadline.
+    mu_.Await(absl::Condition(
+        +[](BulkChannel* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(c->mu_) { return !c->reading_; },
+        this));
+  }
+}
+
+absl::Status BulkChannel::ReadOne(absl::Time deadline) {
+  char head[bulk::Reply::kBytes];
+  RETURN_IF_ERROR(RecvAll(socket_.fd(), head, sizeof(head), deadline, "receive"));
+  const bulk::Reply reply = bulk::DecodeReply(head);
+  std::vector<absl::Span<float>> mean;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = pending_.find(reply.request_id);
+    if (it == pending_.end() || it->second.done) {
+      // Request 0: the shard ends the connection, saying why.
+      if (reply.request_id == 0 && reply.code != 0) {
+        absl::StatusOr<absl::Status> refusal =
+            ReadRefusal(socket_.fd(), reply, deadline, "receive");
+        return refusal.ok() ? *refusal : refusal.status();
+      }
+      return absl::DataLossError(
+          absl::StrCat("a reply to request ", reply.request_id, ", which is not pending"));
+    }
+    if (reply.code == 0 && reply.count != it->second.count) {
+      return absl::DataLossError(absl::StrCat("request ", reply.request_id, " answered with ",
+                                              reply.count, " floats; it pushed ",
+                                              it->second.count));
+    }
+    mean = it->second.mean;  // the owner keeps them alive until it is done
+    reading_id_ = reply.request_id;
+  }
+  absl::Status status;
+  if (reply.code != 0) {
+    ASSIGN_OR_RETURN(absl::Status refusal,
+                     ReadRefusal(socket_.fd(), reply, deadline, "receive"));
+    status = WithPrefix(absl::StrCat("PushPull to ", name_), refusal);
+  } else {
+    std::vector<iovec> iov;
+    iov.reserve(mean.size());
+    for (const auto& m : mean) iov.push_back({m.data(), m.size() * sizeof(float)});
+    RETURN_IF_ERROR(RecvAll(socket_.fd(), absl::MakeSpan(iov), deadline, "receive"));
+  }
+  absl::MutexLock lock(&mu_);
+  Pending& pending = pending_[reply.request_id];
+  pending.done = true;
+  pending.status = std::move(status);
+  return absl::OkStatus();
+}
+
+}  // namespace cserps

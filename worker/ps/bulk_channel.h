@@ -1,0 +1,83 @@
+// A worker's bulk connection to one shard (docs/protocol.md 17): PushPull
+// requests written from the caller's floats (gathered from its spans, no
+// copy), and their replies read straight into the caller's mean spans.
+// Requests of several rounds may be in flight; a reply is delivered to its
+// own request whichever waiter reads it.
+//
+// Any I/O or framing error breaks the channel: every request then fails
+// with that error and nothing more is read, so no reply can land in memory
+// its owner has given up. Thread-safe.
+#ifndef CSERPS_WORKER_PS_BULK_CHANNEL_H_
+#define CSERPS_WORKER_PS_BULK_CHANNEL_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "common/bulk_wire.h"
+#include "common/socket_io.h"
+
+namespace cserps {
+
+class BulkChannel {
+ public:
+  // Connects and says hello as `rank` of the job with `fingerprint`; the
+  // shard's refusal (a wrong fingerprint, an unregistered rank, too many
+  // connections) is the error, prefixed with `name` ("bulk connection to
+  // shard 1 at host:port"), as every later error is.
+  static absl::StatusOr<std::unique_ptr<BulkChannel>> Connect(const std::string& host, int port,
+                                                              uint64_t fingerprint, uint32_t rank,
+                                                              absl::Time deadline,
+                                                              std::string name);
+
+  // Sends `request` (its request_id assigned here, its count the floats of
+  // `values`) with the floats of `values` in order. The reply's floats will
+  // go to `mean` (as many, in order), which must stay alive until Wait
+  // returns for the id returned.
+  absl::StatusOr<uint64_t> Send(bulk::Request request,
+                                absl::Span<const absl::Span<const float>> values,
+                                std::vector<absl::Span<float>> mean, absl::Time deadline);
+  // Blocks until request `id`'s reply is in its mean; the shard's error for
+  // the request, or the channel's.
+  absl::Status Wait(uint64_t id, absl::Time deadline);
+
+  bool broken() const;
+  const std::string& name() const { return name_; }
+
+ private:
+  struct Pending {
+    std::vector<absl::Span<float>> mean;
+    uint64_t count = 0;
+    bool done = false;
+    absl::Status status;
+  };
+
+  BulkChannel(Socket socket, std::string name) : socket_(std::move(socket)), name_(std::move(name)) {}
+  // Reads one reply into its request's mean; an error breaks the channel.
+  absl::Status ReadOne(absl::Time deadline);
+  void Break(absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const Socket socket_;
+  const std::string name_;
+  // Held while a request is written, so frames never interleave.
+  absl::Mutex send_mu_;
+  mutable absl::Mutex mu_;
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  absl::flat_hash_map<uint64_t, Pending> pending_ ABSL_GUARDED_BY(mu_);
+  // One waiter reads at a time; the others wait for it.
+  bool reading_ ABSL_GUARDED_BY(mu_) = false;
+  // The request whose mean the reader is filling; 0: none yet.
+  uint64_t reading_id_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Status broken_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace cserps
+
+#endif  // CSERPS_WORKER_PS_BULK_CHANNEL_H_
