@@ -58,8 +58,9 @@ absl::Status WaitFor(int fd, short events, absl::Time deadline, absl::string_vie
   }
 }
 
-// Drops the first `n` bytes of `iov`; returns the entries left.
-absl::Span<iovec> Consume(absl::Span<iovec> iov, size_t n) {
+}  // namespace
+
+absl::Span<iovec> SkipBytes(absl::Span<iovec> iov, size_t n) {
   while (!iov.empty() && n >= iov.front().iov_len) {
     n -= iov.front().iov_len;
     iov.remove_prefix(1);
@@ -72,6 +73,8 @@ absl::Span<iovec> Consume(absl::Span<iovec> iov, size_t n) {
   while (!iov.empty() && iov.front().iov_len == 0) iov.remove_prefix(1);
   return iov;
 }
+
+namespace {
 
 size_t TotalBytes(absl::Span<const iovec> iov) {
   size_t total = 0;
@@ -107,6 +110,23 @@ absl::Status Resolve(const std::string& host, int port, bool passive, AddrInfoLi
                                                "': ", gai_strerror(rc)));
   }
   return absl::OkStatus();
+}
+
+// Tries the addresses of host:port in turn, each on a fresh socket of its
+// family, with use(socket, address); the first socket it accepts, else the
+// last error.
+template <typename Use>
+absl::StatusOr<Socket> OnFirstAddress(const std::string& host, int port, bool passive,
+                                      absl::string_view what, Use use) {
+  AddrInfoList list;
+  if (absl::Status s = Resolve(host, port, passive, &list, what); !s.ok()) return s;
+  absl::Status last = absl::UnavailableError(absl::StrCat(what, ": no address"));
+  for (addrinfo* a = list.head; a != nullptr; a = a->ai_next) {
+    Socket s(socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol));
+    last = s.valid() ? use(s, *a) : Errno(what, "socket");
+    if (last.ok()) return s;
+  }
+  return last;
 }
 
 }  // namespace
@@ -147,34 +167,20 @@ absl::Status SplitHostPort(absl::string_view address, std::string* host, int* po
 
 absl::StatusOr<Socket> ListenTcp(const std::string& host, int port, int* bound_port) {
   const std::string what = absl::StrCat("listen on ", host, ":", port);
-  AddrInfoList list;
-  if (absl::Status s = Resolve(host, port, /*passive=*/true, &list, what); !s.ok()) return s;
-  absl::Status last = absl::UnavailableError(absl::StrCat(what, ": no address"));
-  for (addrinfo* a = list.head; a != nullptr; a = a->ai_next) {
-    Socket s(socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol));
-    if (!s.valid()) {
-      last = Errno(what, "socket");
-      continue;
-    }
+  return OnFirstAddress(host, port, /*passive=*/true, what, [&](const Socket& s,
+                                                                const addrinfo& a) {
     int one = 1;
     setsockopt(s.fd(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    if (bind(s.fd(), a->ai_addr, a->ai_addrlen) != 0) {
-      last = Errno(what, "bind");
-      continue;
-    }
-    if (listen(s.fd(), SOMAXCONN) != 0) {
-      last = Errno(what, "listen");
-      continue;
-    }
+    if (bind(s.fd(), a.ai_addr, a.ai_addrlen) != 0) return Errno(what, "bind");
+    if (listen(s.fd(), SOMAXCONN) != 0) return Errno(what, "listen");
     sockaddr_storage bound{};
     socklen_t len = sizeof(bound);
     getsockname(s.fd(), reinterpret_cast<sockaddr*>(&bound), &len);
     *bound_port = ntohs(bound.ss_family == AF_INET6
                             ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
                             : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
-    return s;
-  }
-  return last;
+    return absl::OkStatus();
+  });
 }
 
 absl::StatusOr<Socket> AcceptTcp(const Socket& listener) {
@@ -192,46 +198,31 @@ absl::StatusOr<Socket> AcceptTcp(const Socket& listener) {
 
 absl::StatusOr<Socket> ConnectTcp(const std::string& host, int port, absl::Time deadline,
                                   absl::string_view what) {
-  AddrInfoList list;
-  if (absl::Status s = Resolve(host, port, /*passive=*/false, &list, what); !s.ok()) return s;
-  absl::Status last = absl::UnavailableError(absl::StrCat(what, ": no address"));
-  for (addrinfo* a = list.head; a != nullptr; a = a->ai_next) {
-    Socket s(socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol));
-    if (!s.valid()) {
-      last = Errno(what, "socket");
-      continue;
-    }
+  return OnFirstAddress(host, port, /*passive=*/false, what, [&](const Socket& s,
+                                                                 const addrinfo& a) {
     if (absl::Status ok = Configure(s.fd(), what); !ok.ok()) return ok;
-    if (connect(s.fd(), a->ai_addr, a->ai_addrlen) != 0) {
-      if (errno != EINPROGRESS) {
-        last = Errno(what, "connect");
-        continue;
-      }
-      if (absl::Status ready = WaitFor(s.fd(), POLLOUT, deadline, what); !ready.ok()) {
-        return ready;
-      }
-      int error = 0;
-      socklen_t len = sizeof(error);
-      getsockopt(s.fd(), SOL_SOCKET, SO_ERROR, &error, &len);
-      if (error != 0) {
-        errno = error;
-        last = Errno(what, "connect");
-        continue;
-      }
+    if (connect(s.fd(), a.ai_addr, a.ai_addrlen) == 0) return absl::OkStatus();
+    if (errno != EINPROGRESS) return Errno(what, "connect");
+    if (absl::Status ready = WaitFor(s.fd(), POLLOUT, deadline, what); !ready.ok()) {
+      return ready;
     }
-    return s;
-  }
-  return last;
+    int error = 0;
+    socklen_t len = sizeof(error);
+    getsockopt(s.fd(), SOL_SOCKET, SO_ERROR, &error, &len);
+    if (error == 0) return absl::OkStatus();
+    errno = error;
+    return Errno(what, "connect");
+  });
 }
 
 absl::Status SendAll(int fd, absl::Span<iovec> iov, absl::Time deadline,
                      absl::string_view what) {
-  iov = Consume(iov, 0);
+  iov = SkipBytes(iov, 0);
   while (!iov.empty()) {
     msghdr m = Message(iov);
     const ssize_t n = sendmsg(fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n >= 0) {
-      iov = Consume(iov, static_cast<size_t>(n));
+      iov = SkipBytes(iov, static_cast<size_t>(n));
     } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
       if (absl::Status ok = WaitFor(fd, POLLOUT, deadline, what); !ok.ok()) return ok;
     } else if (errno != EINTR) {
@@ -241,9 +232,27 @@ absl::Status SendAll(int fd, absl::Span<iovec> iov, absl::Time deadline,
   return absl::OkStatus();
 }
 
+absl::StatusOr<size_t> SendSome(int fd, absl::Span<iovec> iov, absl::string_view what) {
+  size_t total = 0;
+  iov = SkipBytes(iov, 0);
+  while (!iov.empty()) {
+    msghdr m = Message(iov);
+    const ssize_t n = sendmsg(fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n >= 0) {
+      total += static_cast<size_t>(n);
+      iov = SkipBytes(iov, static_cast<size_t>(n));
+    } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      break;
+    } else if (errno != EINTR) {
+      return Errno(what, "send");
+    }
+  }
+  return total;
+}
+
 absl::Status RecvAll(int fd, absl::Span<iovec> iov, absl::Time deadline,
                      absl::string_view what) {
-  iov = Consume(iov, 0);
+  iov = SkipBytes(iov, 0);
   const size_t want = TotalBytes(iov);
   size_t got = 0;
   while (!iov.empty()) {
@@ -251,7 +260,7 @@ absl::Status RecvAll(int fd, absl::Span<iovec> iov, absl::Time deadline,
     const ssize_t n = recvmsg(fd, &m, MSG_DONTWAIT);
     if (n > 0) {
       got += static_cast<size_t>(n);
-      iov = Consume(iov, static_cast<size_t>(n));
+      iov = SkipBytes(iov, static_cast<size_t>(n));
     } else if (n == 0) {
       return absl::UnavailableError(
           got == 0 ? absl::StrCat(what, ": connection closed by the peer")

@@ -50,6 +50,8 @@ absl::StatusOr<Socket> ConnectTcp(const std::string& host, int port, absl::Time 
 // Sends every byte of `iov` (modified: consumed as it is sent).
 absl::Status SendAll(int fd, absl::Span<iovec> iov, absl::Time deadline,
                      absl::string_view what);
+// Sends what the socket takes now, without waiting; returns the bytes sent.
+absl::StatusOr<size_t> SendSome(int fd, absl::Span<iovec> iov, absl::string_view what);
 // Fills every byte of `iov` (modified likewise).
 absl::Status RecvAll(int fd, absl::Span<iovec> iov, absl::Time deadline,
                      absl::string_view what);
@@ -58,6 +60,9 @@ inline absl::Status RecvAll(int fd, void* data, size_t size, absl::Time deadline
   iovec one{data, size};
   return RecvAll(fd, absl::MakeSpan(&one, 1), deadline, what);
 }
+
+// `iov` less its first `n` bytes (entries dropped or shortened in place).
+absl::Span<iovec> SkipBytes(absl::Span<iovec> iov, size_t n);
 
 // Splits "host:port" (the port a number in 0..65535); INVALID_ARGUMENT
 // otherwise.

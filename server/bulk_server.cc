@@ -19,6 +19,8 @@ namespace {
 constexpr absl::Duration kHelloTimeout = absl::Seconds(30);
 // At shutdown, how long writers may take to send what is queued.
 constexpr absl::Duration kDrainTimeout = absl::Seconds(3);
+// Replies up to this size may skip the writer (Connection::Enqueue).
+constexpr size_t kDirectReplyBytes = 256 << 10;
 
 }  // namespace
 
@@ -67,6 +69,7 @@ class BulkServer::Connection : public std::enable_shared_from_this<Connection> {
     std::string message;
     RoundMean mean;  // code 0
     int stream = 0;
+    size_t sent = 0;  // bytes of the frame already written
   };
 
   void ReadLoop(const absl::Status& refusal) {
@@ -173,9 +176,58 @@ class BulkServer::Connection : public std::enable_shared_from_this<Connection> {
     return status;
   }
 
+  // The frame's bytes not yet sent, as iovecs into `iov`.
+  static absl::Span<iovec> Unsent(Outgoing& out, char* head, iovec (&iov)[3]) {
+    bulk::Encode(out.head, head);
+    iov[0] = {head, bulk::Reply::kBytes};
+    iov[1] = {out.message.data(), out.message.size()};
+    iov[2] = {nullptr, 0};
+    if (out.mean != nullptr) {
+      iov[2] = {const_cast<float*>(out.mean->data()), out.mean->size() * sizeof(float)};
+    }
+    return SkipBytes(absl::MakeSpan(iov), out.sent);
+  }
+
+  static size_t FrameBytes(const Outgoing& out) {
+    return bulk::Reply::kBytes + out.message.size() +
+           (out.mean != nullptr ? out.mean->size() * sizeof(float) : 0);
+  }
+
+  // The connection's refusal, after which nothing more is sent.
+  static bool IsLast(const Outgoing& out) {
+    return out.head.code != 0 && out.head.request_id == 0;
+  }
+
+  // Accounting once a frame is out.
+  void Sent(const Outgoing& out) {
+    if (out.mean != nullptr) service_.CountReply(out.stream, FrameBytes(out));
+  }
+
+  // A small reply is written at once by the thread that produced it (the
+  // one completing a round, usually another member's reader) when nothing
+  // else is being written: most of a small round's time would otherwise be
+  // the hand-over to the writer. What the socket does not take at once, and
+  // every larger reply, the writer sends.
   void Enqueue(Outgoing out) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (writer_done_) return;
+      if (writing_ || !queue_.empty() || IsLast(out) || FrameBytes(out) > kDirectReplyBytes) {
+        queue_.push_back(std::move(out));
+        return;
+      }
+      writing_ = true;
+    }
+    char head[bulk::Reply::kBytes];
+    iovec iov[3];
+    absl::StatusOr<size_t> sent = SendSome(socket_.fd(), Unsent(out, head, iov), "bulk reply");
+    if (sent.ok()) out.sent += *sent;
+    const bool whole = sent.ok() && out.sent == FrameBytes(out);
+    if (whole) Sent(out);
     absl::MutexLock lock(&mu_);
-    if (!writer_done_) queue_.push_back(std::move(out));
+    writing_ = false;
+    // The writer finishes it (or meets the socket's error on it).
+    if (!whole) queue_.push_front(std::move(out));
   }
 
   void WriteLoop() {
@@ -185,33 +237,29 @@ class BulkServer::Connection : public std::enable_shared_from_this<Connection> {
         absl::MutexLock lock(&mu_);
         mu_.Await(absl::Condition(
             +[](Connection* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(c->mu_) {
-              return !c->queue_.empty() || c->reader_done_;
+              return !c->writing_ && (!c->queue_.empty() || c->reader_done_);
             },
             this));
         if (queue_.empty()) break;
         out = std::move(queue_.front());
         queue_.pop_front();
+        writing_ = true;
       }
       char head[bulk::Reply::kBytes];
-      bulk::Encode(out.head, head);
-      iovec iov[3] = {{head, sizeof(head)},
-                      {out.message.data(), out.message.size()},
-                      {nullptr, 0}};
-      if (out.mean != nullptr) {
-        iov[2] = {const_cast<float*>(out.mean->data()), out.mean->size() * sizeof(float)};
-      }
+      iovec iov[3];
       // A member that reads nothing for a round's timeout is dropped.
-      absl::Status sent =
-          SendAll(socket_.fd(), absl::MakeSpan(iov), absl::Now() + reply_timeout_, "bulk reply");
+      absl::Status sent = SendAll(socket_.fd(), Unsent(out, head, iov),
+                                  absl::Now() + reply_timeout_, "bulk reply");
+      {
+        absl::MutexLock lock(&mu_);
+        writing_ = false;
+      }
       if (!sent.ok()) {
         shutdown(socket_.fd(), SHUT_RDWR);  // the reader stops too
         break;
       }
-      if (out.mean != nullptr) {
-        service_.CountReply(out.stream, bulk::Reply::kBytes + out.mean->size() * sizeof(float));
-      }
-      // A refusal of the connection itself is its last frame.
-      if (out.head.code != 0 && out.head.request_id == 0) {
+      Sent(out);
+      if (IsLast(out)) {
         shutdown(socket_.fd(), SHUT_RDWR);
         break;
       }
@@ -230,6 +278,8 @@ class BulkServer::Connection : public std::enable_shared_from_this<Connection> {
   std::deque<Outgoing> queue_ ABSL_GUARDED_BY(mu_);
   bool reader_done_ ABSL_GUARDED_BY(mu_) = false;
   bool writer_done_ ABSL_GUARDED_BY(mu_) = false;
+  // A frame is being written (by the writer or by Enqueue).
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
   std::thread reader_;
   std::thread writer_;
 };

@@ -9,7 +9,6 @@
 #include "absl/strings/str_cat.h"
 #include "common/algorithm_catalog.h"
 #include "common/config.h"
-#include "common/grbs.h"
 #include "common/float_bytes.h"
 #include "common/grpc_status.h"
 #include "common/status.h"
@@ -36,7 +35,7 @@ ParameterServerService::ParameterServerService(ShardContext* shard, Options opti
     : shard_(*shard),
       config_(shard->config()),
       layout_(shard->layout()),
-      all_blocks_(ShardPayload::AllBlocks(layout_, shard->shard())),
+      payloads_(config_.seed(), layout_, shard->shard()),
       chunk_floats_(shard->chunk_floats()),
       options_(std::move(options)),
       members_(shard->members()),
@@ -106,17 +105,9 @@ grpc::ServerUnaryReactor* ParameterServerService::Register(
   return FinishWith(context, absl::OkStatus());
 }
 
-ShardPayload ParameterServerService::PayloadOf(const RoundKey& key) const {
-  if (key.ratio == 1) return all_blocks_;
-  return ShardPayload::SelectedBlocks(
-      layout_, shard_.shard(),
-      SelectBlocks(config_.seed(), key.stream, key.step, key.ratio,
-                   layout_.num_blocks()));
-}
-
 void ParameterServerService::OnRoundComplete(const RoundKey& key, float lr,
                                              const std::vector<float>& mean) {
-  store_.ApplyMean(key.stream == v1::MODEL, PayloadOf(key),
+  store_.ApplyMean(key.stream == v1::MODEL, *payloads_.Get(key.stream, key.step, key.ratio),
                    key.chunk * chunk_floats_, mean, lr);
 }
 
@@ -145,15 +136,15 @@ absl::StatusOr<size_t> ParameterServerService::AdmitPushPull(const PushPullHead&
   }
   ok = CheckRoundRatio(config_.algorithm(), head.stream, head.ratio);
   if (!ok.ok()) return refuse(ok);
-  const RoundKey key{head.step, head.stream, head.chunk, head.ratio};
-  const ShardPayload payload = PayloadOf(key);
-  const uint32_t num_chunks = NumChunks(payload.size(), chunk_floats_);
+  const std::shared_ptr<const ShardPayload> payload =
+      payloads_.Get(head.stream, head.step, head.ratio);
+  const uint32_t num_chunks = NumChunks(payload->size(), chunk_floats_);
   if (head.chunk >= num_chunks) {
     return refuse(absl::InvalidArgumentError(absl::StrCat(
         "chunk ", head.chunk, " is out of range: this round has ", num_chunks, " chunks")));
   }
   const uint64_t begin = uint64_t{head.chunk} * chunk_floats_;
-  return static_cast<size_t>(std::min(chunk_floats_, payload.size() - begin));
+  return static_cast<size_t>(std::min(chunk_floats_, payload->size() - begin));
 }
 
 void ParameterServerService::JoinRound(const PushPullHead& head,

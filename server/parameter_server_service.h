@@ -19,6 +19,7 @@
 #include "cserps/v1/parameter_server.grpc.pb.h"
 #include "server/expiry_thread.h"
 #include "server/member_registry.h"
+#include "server/payload_cache.h"
 #include "server/round_table.h"
 #include "server/service_options.h"
 #include "server/shard_context.h"
@@ -122,8 +123,6 @@ class ParameterServerService final : public v1::ParameterServer::CallbackService
  private:
   ParameterServerService(ShardContext* shard, Options options);
 
-  // The floats of this shard that round `key` covers, in payload order.
-  ShardPayload PayloadOf(const RoundKey& key) const;
   void OnRoundComplete(const RoundKey& key, float lr,
                        const std::vector<float>& mean);
   void FillShardInfo(v1::ShardInfo* info) const;
@@ -131,7 +130,7 @@ class ParameterServerService final : public v1::ParameterServer::CallbackService
   ShardContext& shard_;
   const v1::JobConfig& config_;
   const BlockLayout& layout_;
-  const ShardPayload all_blocks_;
+  PayloadCache payloads_;
   const uint64_t chunk_floats_;
   const Options options_;
   MemberRegistry& members_;

@@ -122,6 +122,14 @@ class BulkTransportTest : public ::testing::Test {
     ASSERT_NE(servers_.shard(0).bulk_port(), 0);
   }
   uint64_t fingerprint() const { return JobFingerprint(config_); }
+  // A raw connection to shard 0 whose hello as `rank` was accepted.
+  absl::StatusOr<RawConnection> Greeted(uint32_t rank) {
+    ASSIGN_OR_RETURN(RawConnection raw, RawConnection::Open(servers_.shard(0)));
+    RETURN_IF_ERROR(raw.SendHello(fingerprint(), rank));
+    ASSIGN_OR_RETURN(RawConnection::Answer hello, raw.Receive());
+    if (hello.reply.code != 0) return absl::InternalError(hello.message);
+    return raw;
+  }
 
   v1::JobConfig config_;
   testing::ServerSet servers_;
@@ -209,12 +217,8 @@ TEST_F(BulkTransportTest, BadRequestsAreRefusedAndTheShardServesOn) {
   StartJob(1);
   auto member = Member(config_, v1::ClusterConfig::GRPC, 0);  // registers rank 0
   ASSERT_TRUE(member.ok()) << member.status();
-  auto raw = RawConnection::Open(servers_.shard(0));
-  ASSERT_TRUE(raw.ok());
-  ASSERT_TRUE(raw->SendHello(fingerprint(), 0).ok());
-  auto hello = raw->Receive();
-  ASSERT_TRUE(hello.ok());
-  ASSERT_EQ(hello->reply.code, 0u) << hello->message;
+  auto raw = Greeted(0);
+  ASSERT_TRUE(raw.ok()) << raw.status();
 
   const std::vector<float> v = Values(0);
   // Too few floats for the chunk: refused, and the connection reads on.
@@ -270,10 +274,8 @@ TEST_F(BulkTransportTest, APushCutShortIsNotCounted) {
   const std::vector<float> v0 = Values(0), v1 = Values(1);
   {
     // Rank 1's push of half its floats, then the connection drops.
-    auto raw = RawConnection::Open(servers_.shard(0));
-    ASSERT_TRUE(raw.ok());
-    ASSERT_TRUE(raw->SendHello(fingerprint(), 1).ok());
-    ASSERT_TRUE(raw->Receive().ok());
+    auto raw = Greeted(1);
+    ASSERT_TRUE(raw.ok()) << raw.status();
     char head[bulk::Request::kBytes];
     bulk::Encode(bulk::Request{.count = static_cast<uint32_t>(kD), .request_id = 1, .step = 1,
                                .stream = v1::MODEL},
@@ -302,10 +304,8 @@ TEST_F(BulkTransportTest, ShutdownAnswersAWaitingPushWithUnavailable) {
   StartJob(2);
   auto member = Member(config_, v1::ClusterConfig::GRPC, 0);  // registers rank 0
   ASSERT_TRUE(member.ok());
-  auto raw = RawConnection::Open(servers_.shard(0));
-  ASSERT_TRUE(raw.ok());
-  ASSERT_TRUE(raw->SendHello(fingerprint(), 0).ok());
-  ASSERT_TRUE(raw->Receive().ok());
+  auto raw = Greeted(0);
+  ASSERT_TRUE(raw.ok()) << raw.status();
   // Rank 1 never pushes, so request 1 waits in its round. Requests are
   // read in order: once request 2's refusal is back, request 1 is in.
   const std::vector<float> v = Values(0);
