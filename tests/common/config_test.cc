@@ -781,6 +781,7 @@ TEST(JobFingerprintTest, IgnoresLocalFields) {
   local.set_log_every_steps(1);
   local.set_evals_per_epoch(10);
   local.set_output_dir("/tmp/other-out");
+  local.mutable_cluster()->set_transport(v1::ClusterConfig::GRPC);
   EXPECT_EQ(JobFingerprint(base), JobFingerprint(local));
   absl::Status status = CompareJobConfigs(base, local, "server", "worker");
   EXPECT_TRUE(status.ok()) << status;

@@ -204,51 +204,71 @@ class PushPullRound final : public ShardedAverage {
           payload.size(), " floats and mean of ", mean.size(),
           " floats; the shard's selected blocks hold ", size, " floats"));
     }
-    Start(
-        shard,
-        [payload](uint64_t begin, uint64_t count, std::vector<absl::Span<const float>>* out) {
-          out->push_back(payload.subspan(begin, count));
-        },
-        [mean](uint64_t begin, uint64_t count, std::vector<absl::Span<float>>* out) {
-          out->push_back(mean.subspan(begin, count));
-        });
+    std::vector<ShardSource> source(1);
+    source[0].shard = shard;
+    source[0].payload = [payload](uint64_t begin, uint64_t count,
+                                  std::vector<absl::Span<const float>>* out) {
+      out->push_back(payload.subspan(begin, count));
+    };
+    source[0].mean = [mean](uint64_t begin, uint64_t count,
+                            std::vector<absl::Span<float>>* out) {
+      out->push_back(mean.subspan(begin, count));
+    };
+    Start(std::move(source));
     return absl::OkStatus();
   }
 
-  // Sends every chunk of `shard` (one whose payload is not empty, not yet
-  // started) from the floats `payload` names; WaitShard writes the replies
-  // where `mean` says.
-  void Start(uint32_t shard, const PayloadSpans& payload, MeanSpans mean) {
-    ShardState& state = *shard_state_[shard];
-    state.started = true;
-    state.mean = std::move(mean);
-    state.deadline = absl::Now() + setup_.deadline;
-    state.channel = setup_.bulk.empty() ? nullptr : setup_.bulk[shard];
-    const uint32_t chunks = NumChunks(state.size, setup_.chunk_floats);
+  // A shard to start: where its payload's floats are, where its mean goes.
+  struct ShardSource {
+    uint32_t shard = 0;
+    PayloadSpans payload;
+    MeanSpans mean;
+  };
+
+  // Sends every chunk of each source's shard (one whose payload is not
+  // empty, not yet started), chunk c of every shard before chunk c + 1 of
+  // any, so that all shards have work at once; WaitShard writes the replies
+  // where the source's `mean` says.
+  void Start(std::vector<ShardSource> sources) {
+    uint32_t most_chunks = 0;
+    for (ShardSource& source : sources) {
+      ShardState& state = *shard_state_[source.shard];
+      state.started = true;
+      state.mean = std::move(source.mean);
+      state.deadline = absl::Now() + setup_.deadline;
+      state.channel = setup_.bulk.empty() ? nullptr : setup_.bulk[source.shard];
+      most_chunks = std::max(most_chunks, NumChunks(state.size, setup_.chunk_floats));
+    }
     std::vector<absl::Span<const float>> values;
-    for (uint32_t c = 0; c < chunks; ++c) {
-      const uint64_t begin = c * setup_.chunk_floats;
-      const uint64_t count = std::min(setup_.chunk_floats, state.size - begin);
-      values.clear();
-      payload(begin, count, &values);
-      if (state.channel != nullptr) {
-        SendBulk(state, c, begin, count, values);
-      } else {
-        AddGrpcCall(state, shard, c, begin, count, values);
+    for (uint32_t c = 0; c < most_chunks; ++c) {
+      for (const ShardSource& source : sources) {
+        ShardState& state = *shard_state_[source.shard];
+        const uint64_t begin = c * setup_.chunk_floats;
+        if (begin >= state.size) continue;
+        const uint64_t count = std::min(setup_.chunk_floats, state.size - begin);
+        values.clear();
+        source.payload(begin, count, &values);
+        if (state.channel != nullptr) {
+          SendBulk(state, c, begin, count, values);
+        } else {
+          AddGrpcCall(state, source.shard, c, begin, count, values);
+        }
       }
     }
-    if (state.channel != nullptr) return;
-    // Started once the shard's calls are complete: callbacks may run at once.
-    for (auto& call : state.calls) {
-      state.batch.Add();
-      CallBatch* batch = &state.batch;
-      const std::string context = absl::StrCat("PushPull to shard ", shard, " at ",
-                                               (*setup_.addresses)[shard]);
-      (*setup_.stubs)[shard]->async()->PushPull(
-          &call->context, &call->request, &call->response,
-          [batch, context](grpc::Status status) {
-            batch->Done(FromGrpcStatus(status, context));
-          });
+    for (const ShardSource& source : sources) {
+      ShardState& state = *shard_state_[source.shard];
+      // Started once the shard's calls are complete: callbacks may run at once.
+      for (auto& call : state.calls) {
+        state.batch.Add();
+        CallBatch* batch = &state.batch;
+        const std::string context = absl::StrCat("PushPull to shard ", source.shard, " at ",
+                                                 (*setup_.addresses)[source.shard]);
+        (*setup_.stubs)[source.shard]->async()->PushPull(
+            &call->context, &call->request, &call->response,
+            [batch, context](grpc::Status status) {
+              batch->Done(FromGrpcStatus(status, context));
+            });
+      }
     }
   }
 
@@ -394,23 +414,25 @@ class HostSpanRound final {
         round_(std::move(setup), PayloadSizes(payloads_)) {}
 
   void Start(absl::Span<const float> values) {
+    std::vector<PushPullRound::ShardSource> sources;
     for (uint32_t s : round_.shards()) {
       const ShardPayload& payload = payloads_[s];
-      round_.Start(
-          s,
-          [&payload, values](uint64_t begin, uint64_t count,
-                             std::vector<absl::Span<const float>>* out) {
-            payload.ForEachPiece(begin, count, [&](uint64_t m, uint64_t, uint64_t n) {
-              out->push_back(values.subspan(m, n));
-            });
-          },
-          [&payload, mean = mean_](uint64_t begin, uint64_t count,
-                                   std::vector<absl::Span<float>>* out) {
-            payload.ForEachPiece(begin, count, [&](uint64_t m, uint64_t, uint64_t n) {
-              out->push_back(mean.subspan(m, n));
-            });
-          });
+      sources.push_back(
+          {s,
+           [&payload, values](uint64_t begin, uint64_t count,
+                              std::vector<absl::Span<const float>>* out) {
+             payload.ForEachPiece(begin, count, [&](uint64_t m, uint64_t, uint64_t n) {
+               out->push_back(values.subspan(m, n));
+             });
+           },
+           [&payload, mean = mean_](uint64_t begin, uint64_t count,
+                                    std::vector<absl::Span<float>>* out) {
+             payload.ForEachPiece(begin, count, [&](uint64_t m, uint64_t, uint64_t n) {
+               out->push_back(mean.subspan(m, n));
+             });
+           }});
     }
+    round_.Start(std::move(sources));
   }
 
   absl::Status Wait() {
