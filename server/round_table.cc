@@ -4,22 +4,46 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/status.h"
 #include "server/round_lifecycle_impl.h"
 
 namespace cserps {
 
 template class RoundLifecycle<WeightedSum>;
 
-WeightedSum::WeightedSum(const Contribution& first, uint32_t /*world_size*/)
-    : size_(first.values.size()),
-      sum_(new double[first.values.size()]),  // left uninitialised: see Add
-      lr_(first.lr) {}
+WeightedSum::WeightedSum(const Contribution& first, uint32_t world_size)
+    : size_(first.values.size()), world_size_(world_size), lr_(first.lr) {
+  // The last push writes the mean, not the sum: a round of one member
+  // needs no sum at all.
+  if (world_size > 1) sum_.reset(new double[size_]);  // uninitialised: see Add
+}
 
 void WeightedSum::Add(uint32_t /*rank*/, const Contribution& push) {
   const double w = push.weight;
   const float* v = push.values.data();
   double* sum = sum_.get();
-  if (weight_total_ == 0.0) {
+  const bool first = added_ == 0;
+  ++added_;
+  if (added_ == world_size_) {
+    // The round's last push: sum_i w_i v_i / sum_i w_i in one pass, the same
+    // double operations in the same order as adding and then dividing.
+    const double total = weight_total_ + w;
+    weight_total_ = total;
+    auto mean = std::make_shared<std::vector<float>>(size_);
+    float* out = mean->data();
+    if (first) {
+      for (size_t i = 0; i < size_; ++i) {
+        out[i] = static_cast<float>((0.0 + w * static_cast<double>(v[i])) / total);
+      }
+    } else {
+      for (size_t i = 0; i < size_; ++i) {
+        out[i] = static_cast<float>((sum[i] + w * static_cast<double>(v[i])) / total);
+      }
+    }
+    mean_ = std::move(mean);
+    return;
+  }
+  if (first) {
     // 0.0 + x, not x: a -0.0 sums to +0.0, as it did into a zeroed buffer.
     for (size_t i = 0; i < size_; ++i) sum[i] = 0.0 + w * static_cast<double>(v[i]);
   } else {
@@ -29,11 +53,8 @@ void WeightedSum::Add(uint32_t /*rank*/, const Contribution& push) {
 }
 
 RoundMean WeightedSum::Mean() const {
-  auto mean = std::make_shared<std::vector<float>>(size_);
-  const double* sum = sum_.get();
-  float* out = mean->data();
-  for (size_t i = 0; i < size_; ++i) out[i] = static_cast<float>(sum[i] / weight_total_);
-  return mean;
+  CSERPS_CHECK(mean_ != nullptr);  // the lifecycle asks once every member pushed
+  return mean_;
 }
 
 std::string WeightedSum::RoundName(const RoundKey& key) {

@@ -71,8 +71,10 @@ class WeightedSum {
   static constexpr absl::string_view kKind = "";
 
   WeightedSum(const Contribution& first, uint32_t world_size);
+  // Each member once; the last of world_size computes the mean.
   void Add(uint32_t rank, const Contribution& push);
-  // sum_i w_i v_i / sum_i w_i, rounded to float once.
+  // sum_i w_i v_i / sum_i w_i, rounded to float once; once every member
+  // has been added.
   RoundMean Mean() const;
   float lr() const { return lr_; }
 
@@ -89,8 +91,12 @@ class WeightedSum {
 
  private:
   size_t size_ = 0;
-  std::unique_ptr<double[]> sum_;  // size_ values, written by the first Add
-  double weight_total_ = 0.0;      // 0 until the first Add: weights are > 0
+  uint32_t world_size_ = 1;
+  uint32_t added_ = 0;
+  // size_ values, written by the first Add; none when world_size_ is 1.
+  std::unique_ptr<double[]> sum_;
+  double weight_total_ = 0.0;
+  RoundMean mean_;  // written by the last Add
   float lr_ = 0.0f;
 };
 
