@@ -8,6 +8,7 @@
 #   sudo tools/bench/netem_tta.sh [--rates=100mbit,1gbit] [--methods=ssgd,m-cser-256]
 #       [--job=configs/quickstart.textproto] [--target=0.85] [--epochs=3]
 #       [--evals=10] [--out=out/tta] [--bin=build/bin] [--max_seconds=1800]
+#       [--set='field=value;...']   (more job overrides, for every run)
 #
 # Prints, per rate and method, the wall time until the test accuracy (rank
 # 0's local model, evals per epoch) first reaches the target, the final
@@ -28,6 +29,7 @@ EVALS=10
 OUT=out/tta
 BIN=build/bin
 MAX_SECONDS=1800  # per run: its processes are stopped after this
+EXTRA_SET=""
 for arg in "$@"; do
   case "$arg" in
     --rates=*) RATES=${arg#*=} ;;
@@ -39,6 +41,7 @@ for arg in "$@"; do
     --out=*) OUT=${arg#*=} ;;
     --bin=*) BIN=${arg#*=} ;;
     --max_seconds=*) MAX_SECONDS=${arg#*=} ;;
+    --set=*) EXTRA_SET=${arg#*=} ;;
     *) echo "netem_tta.sh: unknown argument $arg" >&2; exit 2 ;;
   esac
 done
@@ -111,7 +114,7 @@ network() {
 run_method() {
   local dir=$1 overrides=$2
   mkdir -p "$dir"
-  local common="$overrides;epochs=$EPOCHS;evals_per_epoch=$EVALS;output_dir=$dir"
+  local common="$overrides;epochs=$EPOCHS;evals_per_epoch=$EVALS;output_dir=$dir${EXTRA_SET:+;$EXTRA_SET}"
   for ((s = 0; s < SHARDS; s++)); do
     timeout "$MAX_SECONDS" ip netns exec "$SERVER_NS" "$BIN/cserps-server" --config="$JOB" --shard=$s \
       --listen="0.0.0.0:$((17000 + s))" --set="$common" > "$dir/server_$s.log" 2>&1 &
