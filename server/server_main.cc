@@ -1,4 +1,6 @@
 // cserps-server: one shard of the parameter server.
+#include <malloc.h>
+
 #include <cstdio>
 #include <string>
 
@@ -34,6 +36,13 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "cserps-server --config=job.textproto --shard=S [--listen=host:port]");
   absl::ParseCommandLine(argc, argv);
+  // Every round allocates its sum and mean (a chunk: 1 MiB by default, its
+  // sum twice that) and frees them a few steps later. glibc hands blocks
+  // this large back to the kernel (unmapped, or trimmed off the heap's top),
+  // so each round paid page faults on fresh memory; kept in the heap they
+  // are reused (docs/decisions.md has the figures).
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TRIM_THRESHOLD, 512 << 20);
   // Lives as long as the signal thread, which is never joined.
   auto* stop = new absl::Notification();
   cserps::CallOnTerminationSignal([stop](int signo) {
