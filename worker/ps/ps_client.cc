@@ -7,13 +7,11 @@
 
 #include <atomic>
 #include <cstring>
-#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
 #include "common/algorithm_catalog.h"
 #include "common/config.h"
 #include "common/float_bytes.h"
@@ -24,29 +22,10 @@
 #include "cserps/v1/parameter_server.grpc.pb.h"
 #include "spdlog/spdlog.h"
 #include "worker/ps/bulk_channel.h"
+#include "worker/ps/call_batch.h"
+#include "worker/ps/push_pull_round.h"
 
 namespace cserps {
-
-// What a PushPull round needs of its client; every pointer outlives the
-// round.
-struct RoundSetup {
-  const std::vector<std::unique_ptr<v1::ParameterServer::Stub>>* stubs = nullptr;
-  const std::vector<std::string>* addresses = nullptr;
-  uint64_t fingerprint = 0;
-  uint32_t rank = 0;
-  v1::Stream stream = v1::GRAD;
-  uint64_t step = 0;
-  uint32_t ratio = 1;
-  float weight = 1;
-  float lr = 0;
-  uint64_t chunk_floats = 0;
-  absl::Duration deadline;
-  // By shard: the bulk channel its chunks go over; null (or empty): gRPC.
-  std::vector<BulkChannel*> bulk;
-  TrafficCounter* total = nullptr;   // every call's bytes
-  TrafficCounter* traffic = nullptr;  // the stream's
-  std::atomic<int64_t>* waited_nanos = nullptr;
-};
 
 namespace {
 
@@ -70,31 +49,6 @@ constexpr char kServiceConfig[] = R"({
   }]
 })";
 
-// Counts the RPCs of one operation and keeps the first error.
-class CallBatch {
- public:
-  void Add() {
-    absl::MutexLock lock(&mu_);
-    ++outstanding_;
-  }
-  void Done(absl::Status status) {
-    absl::MutexLock lock(&mu_);
-    if (!status.ok() && first_error_.ok()) first_error_ = std::move(status);
-    --outstanding_;
-  }
-  absl::Status Wait() {
-    absl::MutexLock lock(&mu_);
-    mu_.Await(absl::Condition(
-        +[](int* n) { return *n == 0; }, &outstanding_));
-    return first_error_;
-  }
-
- private:
-  absl::Mutex mu_;
-  int outstanding_ ABSL_GUARDED_BY(mu_) = 0;
-  absl::Status first_error_ ABSL_GUARDED_BY(mu_);
-};
-
 // One RPC to one shard: what gRPC's callback API needs to outlive the call.
 template <typename Request, typename Response>
 struct ShardCall {
@@ -111,14 +65,6 @@ absl::Status CheckModelSize(absl::string_view what, size_t size, uint64_t num_pa
   return absl::InvalidArgumentError(absl::StrCat(what, ": ", size,
                                                  " floats, the job's model has ",
                                                  num_params));
-}
-
-// Adds the time spent in `wait` to *waited (nanoseconds).
-absl::Status TimedWait(CallBatch& batch, std::atomic<int64_t>* waited) {
-  const absl::Time start = absl::Now();
-  absl::Status status = batch.Wait();
-  waited->fetch_add(absl::ToInt64Nanoseconds(absl::Now() - start));
-  return status;
 }
 
 // Starts every call with start(call, done), then waits for all of them;
@@ -138,319 +84,6 @@ absl::Status RunAll(const std::vector<std::unique_ptr<Call>>& calls,
   }
   return TimedWait(batch, waited);
 }
-
-void SetDeadline(grpc::ClientContext* context, absl::Duration timeout) {
-  context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-  context->set_wait_for_ready(true);
-}
-
-struct PushPullCall {
-  grpc::ClientContext context;
-  v1::PushPullRequest request;
-  v1::PushPullResponse response;
-  uint32_t shard = 0;
-  uint64_t begin = 0;  // payload offset of the chunk
-  uint64_t count = 0;
-};
-
-// Where floats [begin, begin + count) of a shard's payload are in the
-// caller's memory, as spans in payload order.
-using PayloadSpans =
-    std::function<void(uint64_t begin, uint64_t count, std::vector<absl::Span<const float>>*)>;
-using MeanSpans =
-    std::function<void(uint64_t begin, uint64_t count, std::vector<absl::Span<float>>*)>;
-
-// One PushPull round, shard by shard: the chunking, the requests (gRPC, or
-// the shard's bulk channel) and the checks of the replies, for AverageBlocks
-// (which gathers from a model-sized vector) and for BeginShardedAverage
-// (whose caller gathers).
-class PushPullRound final : public ShardedAverage {
- public:
-  // `payload_sizes`: by shard, 0 for the shards the round does not send to.
-  PushPullRound(RoundSetup setup, std::vector<uint64_t> payload_sizes)
-      : setup_(std::move(setup)), shard_state_(payload_sizes.size()) {
-    for (uint32_t s = 0; s < payload_sizes.size(); ++s) {
-      shard_state_[s] = std::make_unique<ShardState>();
-      shard_state_[s]->size = payload_sizes[s];
-      if (payload_sizes[s] > 0) shards_.push_back(s);
-    }
-  }
-  ~PushPullRound() override {
-    for (uint32_t s = 0; s < shard_state_.size(); ++s) {
-      ShardState& state = *shard_state_[s];
-      if (!state.started || state.waited) continue;
-      if (state.channel != nullptr) {
-        for (uint64_t id : state.bulk_ids) {
-          state.channel->Wait(id, state.deadline).IgnoreError();
-        }
-      } else {
-        state.batch.Wait().IgnoreError();
-      }
-    }
-  }
-
-  const std::vector<uint32_t>& shards() const override { return shards_; }
-  uint64_t payload_size(uint32_t shard) const override {
-    return shard < shard_state_.size() ? shard_state_[shard]->size : 0;
-  }
-
-  absl::Status StartShard(uint32_t shard, absl::Span<const float> payload,
-                          absl::Span<float> mean) override {
-    RETURN_IF_ERROR(CheckStartable(shard));
-    const uint64_t size = shard_state_[shard]->size;
-    if (payload.size() != size || mean.size() != size) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "ShardedAverage step ", setup_.step, " shard ", shard, ": payload of ",
-          payload.size(), " floats and mean of ", mean.size(),
-          " floats; the shard's selected blocks hold ", size, " floats"));
-    }
-    std::vector<ShardSource> source(1);
-    source[0].shard = shard;
-    source[0].payload = [payload](uint64_t begin, uint64_t count,
-                                  std::vector<absl::Span<const float>>* out) {
-      out->push_back(payload.subspan(begin, count));
-    };
-    source[0].mean = [mean](uint64_t begin, uint64_t count,
-                            std::vector<absl::Span<float>>* out) {
-      out->push_back(mean.subspan(begin, count));
-    };
-    Start(std::move(source));
-    return absl::OkStatus();
-  }
-
-  // A shard to start: where its payload's floats are, where its mean goes.
-  struct ShardSource {
-    uint32_t shard = 0;
-    PayloadSpans payload;
-    MeanSpans mean;
-  };
-
-  // Sends every chunk of each source's shard (one whose payload is not
-  // empty, not yet started), chunk c of every shard before chunk c + 1 of
-  // any, so that all shards have work at once; WaitShard writes the replies
-  // where the source's `mean` says.
-  void Start(std::vector<ShardSource> sources) {
-    uint32_t most_chunks = 0;
-    for (ShardSource& source : sources) {
-      ShardState& state = *shard_state_[source.shard];
-      state.started = true;
-      state.mean = std::move(source.mean);
-      state.deadline = absl::Now() + setup_.deadline;
-      state.channel = setup_.bulk.empty() ? nullptr : setup_.bulk[source.shard];
-      most_chunks = std::max(most_chunks, NumChunks(state.size, setup_.chunk_floats));
-    }
-    std::vector<absl::Span<const float>> values;
-    for (uint32_t c = 0; c < most_chunks; ++c) {
-      for (const ShardSource& source : sources) {
-        ShardState& state = *shard_state_[source.shard];
-        const uint64_t begin = c * setup_.chunk_floats;
-        if (begin >= state.size) continue;
-        const uint64_t count = std::min(setup_.chunk_floats, state.size - begin);
-        values.clear();
-        source.payload(begin, count, &values);
-        if (state.channel != nullptr) {
-          SendBulk(state, c, begin, count, values);
-        } else {
-          AddGrpcCall(state, source.shard, c, begin, count, values);
-        }
-      }
-    }
-    for (const ShardSource& source : sources) {
-      ShardState& state = *shard_state_[source.shard];
-      // Started once the shard's calls are complete: callbacks may run at once.
-      for (auto& call : state.calls) {
-        state.batch.Add();
-        CallBatch* batch = &state.batch;
-        const std::string context = absl::StrCat("PushPull to shard ", source.shard, " at ",
-                                                 (*setup_.addresses)[source.shard]);
-        (*setup_.stubs)[source.shard]->async()->PushPull(
-            &call->context, &call->request, &call->response,
-            [batch, context](grpc::Status status) {
-              batch->Done(FromGrpcStatus(status, context));
-            });
-      }
-    }
-  }
-
-  absl::Status WaitShard(uint32_t shard) override {
-    if (shard >= shard_state_.size() || !shard_state_[shard]->started ||
-        shard_state_[shard]->waited) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "ShardedAverage step ", setup_.step, " shard ", shard,
-          ": not started, or already awaited"));
-    }
-    ShardState& state = *shard_state_[shard];
-    state.waited = true;
-    if (state.channel != nullptr) return WaitBulk(state);
-    RETURN_IF_ERROR(TimedWait(state.batch, setup_.waited_nanos));
-    std::vector<absl::Span<float>> spans;
-    for (const auto& call : state.calls) {
-      const std::string& bytes = call->response.mean();
-      if (bytes.size() != call->count * sizeof(float)) {
-        return absl::DataLossError(absl::StrCat(
-            "shard ", call->shard, " answered step ", call->request.step(),
-            " chunk ", call->request.chunk(), " with ", bytes.size(),
-            " bytes; expected ", call->count * sizeof(float)));
-      }
-      setup_.total->AddReply(call->response.ByteSizeLong());
-      setup_.traffic->AddReply(call->response.ByteSizeLong());
-      spans.clear();
-      state.mean(call->begin, call->count, &spans);
-      const char* from = bytes.data();
-      for (absl::Span<float> span : spans) {
-        std::memcpy(span.data(), from, span.size() * sizeof(float));
-        from += span.size() * sizeof(float);
-      }
-    }
-    return absl::OkStatus();
-  }
-
- private:
-  struct ShardState {
-    uint64_t size = 0;
-    bool started = false;
-    bool waited = false;
-    absl::Time deadline;
-    MeanSpans mean;
-    // gRPC
-    CallBatch batch;
-    std::vector<std::unique_ptr<PushPullCall>> calls;
-    // bulk: the channel, the requests sent and their floats, the first error
-    BulkChannel* channel = nullptr;
-    std::vector<uint64_t> bulk_ids;
-    std::vector<uint64_t> bulk_counts;
-    absl::Status bulk_error;
-  };
-
-  void AddGrpcCall(ShardState& state, uint32_t shard, uint32_t chunk, uint64_t begin,
-                   uint64_t count, absl::Span<const absl::Span<const float>> values) {
-    auto call = std::make_unique<PushPullCall>();
-    call->shard = shard;
-    call->begin = begin;
-    call->count = count;
-    v1::PushPullRequest& request = call->request;
-    request.set_fingerprint(setup_.fingerprint);
-    request.set_rank(setup_.rank);
-    request.set_step(setup_.step);
-    request.set_stream(setup_.stream);
-    request.set_ratio(setup_.ratio);
-    request.set_chunk(chunk);
-    request.set_weight(setup_.weight);
-    request.set_lr(setup_.lr);
-    std::string* bytes = request.mutable_values();
-    // Appending copies once, where resizing first would also zero every byte.
-    bytes->reserve(count * sizeof(float));
-    for (absl::Span<const float> v : values) AppendFloats(v, bytes);
-    setup_.total->AddRequest(request.ByteSizeLong());
-    setup_.traffic->AddRequest(request.ByteSizeLong(), count);
-    SetDeadline(&call->context, setup_.deadline);
-    state.calls.push_back(std::move(call));
-  }
-
-  void SendBulk(ShardState& state, uint32_t chunk, uint64_t begin, uint64_t count,
-                absl::Span<const absl::Span<const float>> values) {
-    if (!state.bulk_error.ok()) return;
-    std::vector<absl::Span<float>> mean;
-    state.mean(begin, count, &mean);
-    const bulk::Request request{.step = setup_.step,
-                                .stream = static_cast<uint32_t>(setup_.stream),
-                                .ratio = setup_.ratio,
-                                .chunk = chunk,
-                                .weight = setup_.weight,
-                                .lr = setup_.lr};
-    absl::StatusOr<uint64_t> id =
-        state.channel->Send(request, values, std::move(mean), state.deadline);
-    if (!id.ok()) {
-      state.bulk_error = id.status();
-      return;
-    }
-    const uint64_t bytes = bulk::Request::kBytes + count * sizeof(float);
-    setup_.total->AddRequest(bytes);
-    setup_.traffic->AddRequest(bytes, count);
-    state.bulk_ids.push_back(*id);
-    state.bulk_counts.push_back(count);
-  }
-
-  absl::Status WaitBulk(ShardState& state) {
-    const absl::Time start = absl::Now();
-    absl::Status status = state.bulk_error;
-    for (size_t i = 0; i < state.bulk_ids.size(); ++i) {
-      absl::Status one = state.channel->Wait(state.bulk_ids[i], state.deadline);
-      if (one.ok()) {
-        const uint64_t bytes = bulk::Reply::kBytes + state.bulk_counts[i] * sizeof(float);
-        setup_.total->AddReply(bytes);
-        setup_.traffic->AddReply(bytes);
-      } else if (status.ok()) {
-        status = std::move(one);
-      }
-    }
-    setup_.waited_nanos->fetch_add(absl::ToInt64Nanoseconds(absl::Now() - start));
-    return status;
-  }
-
-  absl::Status CheckStartable(uint32_t shard) const {
-    if (shard >= shard_state_.size() || shard_state_[shard]->size == 0 ||
-        shard_state_[shard]->started) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "ShardedAverage step ", setup_.step, " shard ", shard,
-          ": not one of the round's shards, or already started"));
-    }
-    return absl::OkStatus();
-  }
-
-  const RoundSetup setup_;
-  std::vector<uint32_t> shards_;
-  std::vector<std::unique_ptr<ShardState>> shard_state_;  // by shard
-};
-
-// AverageBlocks' round: payloads gathered from, and means scattered into,
-// model-sized vectors.
-class HostSpanRound final {
- public:
-  HostSpanRound(RoundSetup setup, std::vector<ShardPayload> payloads,
-                  absl::Span<float> mean)
-      : payloads_(std::move(payloads)),
-        mean_(mean),
-        round_(std::move(setup), PayloadSizes(payloads_)) {}
-
-  void Start(absl::Span<const float> values) {
-    std::vector<PushPullRound::ShardSource> sources;
-    for (uint32_t s : round_.shards()) {
-      const ShardPayload& payload = payloads_[s];
-      sources.push_back(
-          {s,
-           [&payload, values](uint64_t begin, uint64_t count,
-                              std::vector<absl::Span<const float>>* out) {
-             payload.ForEachPiece(begin, count, [&](uint64_t m, uint64_t, uint64_t n) {
-               out->push_back(values.subspan(m, n));
-             });
-           },
-           [&payload, mean = mean_](uint64_t begin, uint64_t count,
-                                    std::vector<absl::Span<float>>* out) {
-             payload.ForEachPiece(begin, count, [&](uint64_t m, uint64_t, uint64_t n) {
-               out->push_back(mean.subspan(m, n));
-             });
-           }});
-    }
-    round_.Start(std::move(sources));
-  }
-
-  absl::Status Wait() {
-    for (uint32_t s : round_.shards()) RETURN_IF_ERROR(round_.WaitShard(s));
-    return absl::OkStatus();
-  }
-
- private:
-  static std::vector<uint64_t> PayloadSizes(const std::vector<ShardPayload>& payloads) {
-    std::vector<uint64_t> sizes;
-    for (const ShardPayload& p : payloads) sizes.push_back(p.size());
-    return sizes;
-  }
-
-  const std::vector<ShardPayload> payloads_;
-  absl::Span<float> mean_;
-  PushPullRound round_;  // after payloads_, which its callbacks read
-};
 
 }  // namespace
 
@@ -697,10 +330,8 @@ absl::Status PsClient::AverageBlocks(v1::Stream stream, uint64_t step, uint32_t 
   const uint64_t d = impl_->layout_.num_params();
   RETURN_IF_ERROR(CheckModelSize("AverageBlocks: values", values.size(), d));
   RETURN_IF_ERROR(CheckModelSize("AverageBlocks: mean", mean.size(), d));
-  HostSpanRound round(impl_->MakeRoundSetup(stream, step, ratio, weight, lr),
-                      impl_->RoundPayloads(stream, step, ratio), mean);
-  round.Start(values);
-  return round.Wait();
+  return RunHostSpanRound(impl_->MakeRoundSetup(stream, step, ratio, weight, lr),
+                          impl_->RoundPayloads(stream, step, ratio), values, mean);
 }
 
 std::unique_ptr<ShardedAverage> PsClient::BeginShardedAverage(v1::Stream stream,
@@ -709,8 +340,8 @@ std::unique_ptr<ShardedAverage> PsClient::BeginShardedAverage(v1::Stream stream,
                                                               float weight, float lr) {
   std::vector<uint64_t> sizes;
   for (const ShardPayload& p : impl_->RoundPayloads(stream, step, ratio)) sizes.push_back(p.size());
-  return std::make_unique<PushPullRound>(impl_->MakeRoundSetup(stream, step, ratio, weight, lr),
-                                         std::move(sizes));
+  return MakePushPullRound(impl_->MakeRoundSetup(stream, step, ratio, weight, lr),
+                           std::move(sizes));
 }
 
 absl::Status PsClient::PushModel(absl::Span<const float> model) {
