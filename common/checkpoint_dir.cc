@@ -1,0 +1,180 @@
+#include "common/checkpoint_dir.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <system_error>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+
+namespace cserps {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr char kManifest[] = "MANIFEST";
+constexpr char kManifestFirstLine[] = "cserps checkpoint manifest 1";
+constexpr char kStepPrefix[] = "step-";
+
+// The steps with a folder in `dir`, newest first.
+std::vector<uint64_t> StepsNewestFirst(const std::string& dir) {
+  std::vector<uint64_t> steps;
+  std::error_code error;
+  for (const auto& entry : fs::directory_iterator(dir, error)) {
+    const std::string name = entry.path().filename().string();
+    uint64_t step = 0;
+    if (entry.is_directory() && absl::StartsWith(name, kStepPrefix) &&
+        absl::SimpleAtoi(absl::string_view(name).substr(sizeof(kStepPrefix) - 1), &step)) {
+      steps.push_back(step);
+    }
+  }
+  std::sort(steps.rbegin(), steps.rend());
+  return steps;
+}
+
+struct Manifest {
+  uint64_t fingerprint = 0;
+  uint64_t step = 0;
+  std::vector<CheckpointId> files;
+};
+
+// The manifest of `step`, or why there is none that can be used.
+absl::StatusOr<Manifest> ReadManifest(const std::string& dir, uint64_t step) {
+  const std::string path = (fs::path(CheckpointStepDir(dir, step)) / kManifest).string();
+  std::ifstream in(path);
+  if (!in) {
+    return absl::NotFoundError(absl::StrCat("checkpoint of step ", step, ": no ", path,
+                                            " (not complete)"));
+  }
+  auto malformed = [&](absl::string_view line) {
+    return absl::DataLossError(absl::StrCat("checkpoint manifest ", path, ": malformed line '",
+                                            line, "'"));
+  };
+  Manifest m;
+  std::string line;
+  if (!std::getline(in, line) || line != kManifestFirstLine) return malformed(line);
+  bool have_fingerprint = false, have_step = false;
+  while (std::getline(in, line)) {
+    std::vector<absl::string_view> words = absl::StrSplit(line, ' ');
+    if (words.size() != 2) return malformed(line);
+    if (words[0] == "fingerprint" && absl::SimpleHexAtoi(words[1], &m.fingerprint)) {
+      have_fingerprint = true;
+    } else if (words[0] == "step" && absl::SimpleAtoi(words[1], &m.step)) {
+      have_step = true;
+    } else if ((words[0] == "shard" || words[0] == "rank") && have_fingerprint && have_step) {
+      CheckpointId id{m.fingerprint, m.step,
+                      words[0] == "shard" ? CheckpointRole::kShard : CheckpointRole::kRank, 0};
+      if (!absl::SimpleAtoi(words[1], &id.index)) return malformed(line);
+      m.files.push_back(id);
+    } else {
+      return malformed(line);
+    }
+  }
+  if (!have_fingerprint || !have_step || m.step != step || m.files.empty()) {
+    return absl::DataLossError(absl::StrCat("checkpoint manifest ", path,
+                                            ": lacks its fingerprint, step or files, or names "
+                                            "another step"));
+  }
+  return m;
+}
+
+}  // namespace
+
+std::string CheckpointStepDir(const std::string& dir, uint64_t step) {
+  return (fs::path(dir) / absl::StrFormat("%s%020d", kStepPrefix, step)).string();
+}
+
+std::string CheckpointFileName(CheckpointRole role, uint32_t index) {
+  return absl::StrCat(role == CheckpointRole::kShard ? "shard-" : "rank-", index, ".ckpt");
+}
+
+absl::Status MakeCheckpointStepDir(const std::string& dir, uint64_t step) {
+  std::error_code error;
+  fs::create_directories(CheckpointStepDir(dir, step), error);
+  if (error) {
+    return absl::UnavailableError(absl::StrCat("checkpoint folder ",
+                                               CheckpointStepDir(dir, step), ": ",
+                                               error.message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WriteCheckpointManifest(const std::string& dir, uint64_t fingerprint,
+                                     uint64_t step, absl::Span<const CheckpointId> files) {
+  std::string text = absl::StrCat(kManifestFirstLine, "\nfingerprint ",
+                                  absl::Hex(fingerprint, absl::kZeroPad16), "\nstep ", step, "\n");
+  for (const CheckpointId& id : files) {
+    absl::StrAppend(&text, id.role == CheckpointRole::kShard ? "shard " : "rank ", id.index, "\n");
+  }
+  return WriteFileAtomically((fs::path(CheckpointStepDir(dir, step)) / kManifest).string(),
+                             {text});
+}
+
+absl::StatusOr<LoadedCheckpoint> LoadNewestCheckpoint(const std::string& dir,
+                                                      uint64_t fingerprint,
+                                                      std::vector<std::string>* passed_over) {
+  for (uint64_t step : StepsNewestFirst(dir)) {
+    absl::StatusOr<Manifest> manifest = ReadManifest(dir, step);
+    if (!manifest.ok()) {
+      passed_over->push_back(std::string(manifest.status().message()));
+      continue;
+    }
+    if (manifest->fingerprint != fingerprint) {
+      passed_over->push_back(absl::StrCat(
+          "checkpoint of step ", step, " in ", dir, ": written by the job with fingerprint 0x",
+          absl::Hex(manifest->fingerprint, absl::kZeroPad16), ", this job's is 0x",
+          absl::Hex(fingerprint, absl::kZeroPad16)));
+      continue;
+    }
+    LoadedCheckpoint loaded;
+    loaded.step = step;
+    absl::Status damaged;
+    for (const CheckpointId& id : manifest->files) {
+      const std::string path =
+          (fs::path(CheckpointStepDir(dir, step)) / CheckpointFileName(id.role, id.index)).string();
+      absl::StatusOr<std::vector<CheckpointSection>> file = ReadCheckpointFile(path, id);
+      if (!file.ok()) {
+        damaged = file.status();
+        break;
+      }
+      loaded.ids.push_back(id);
+      loaded.files.push_back(*std::move(file));
+    }
+    if (!damaged.ok()) {
+      passed_over->push_back(std::string(damaged.message()));
+      continue;
+    }
+    return loaded;
+  }
+  return absl::NotFoundError(absl::StrCat("no complete checkpoint of job 0x",
+                                          absl::Hex(fingerprint, absl::kZeroPad16), " in ", dir));
+}
+
+absl::Status PruneCheckpoints(const std::string& dir, uint64_t fingerprint, uint32_t keep) {
+  uint32_t kept = 0;
+  for (uint64_t step : StepsNewestFirst(dir)) {
+    absl::StatusOr<Manifest> manifest = ReadManifest(dir, step);
+    const bool complete = manifest.ok() && manifest->fingerprint == fingerprint;
+    // Another job's steps, and manifests that cannot be read, are not ours
+    // to remove.
+    if (manifest.ok() ? !complete : !absl::IsNotFound(manifest.status())) continue;
+    // Incomplete steps newer than the newest kept may still be being written.
+    if (kept < keep) {
+      if (complete) ++kept;
+      continue;
+    }
+    std::error_code error;
+    fs::remove_all(CheckpointStepDir(dir, step), error);
+    if (error) {
+      return absl::UnavailableError(absl::StrCat("removing ", CheckpointStepDir(dir, step), ": ",
+                                                 error.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace cserps

@@ -1,0 +1,118 @@
+// A checkpoint folder: the newest complete step is loaded; newer steps that
+// are incomplete, damaged or another job's are passed over, each with its
+// reason; pruning keeps the newest complete ones and what is not the job's.
+#include "common/checkpoint_dir.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace cserps {
+namespace {
+
+using ::testing::HasSubstr;
+namespace fs = std::filesystem;
+
+constexpr uint64_t kJob = 0xfeedfacecafe0001ull;
+
+class CheckpointDirTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = (fs::path(::testing::TempDir()) /
+            absl::StrCat("checkpoint_dir_test.", getpid(), ".",
+                         ::testing::UnitTest::GetInstance()->current_test_info()->name()))
+               .string();
+    fs::remove_all(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // Shard 0's and rank 0's files of `step` (their floats: the step), and
+  // the manifest when `complete`.
+  void WriteStep(uint64_t step, bool complete, uint64_t job = kJob) {
+    ASSERT_TRUE(MakeCheckpointStepDir(dir_, step).ok());
+    std::vector<CheckpointId> ids = {{job, step, CheckpointRole::kShard, 0},
+                                     {job, step, CheckpointRole::kRank, 0}};
+    const std::vector<float> values = {static_cast<float>(step)};
+    for (const CheckpointId& id : ids) {
+      ASSERT_TRUE(WriteCheckpointFile(FilePath(step, id), id, {{"model", values}}).ok());
+    }
+    if (complete) {
+      ASSERT_TRUE(WriteCheckpointManifest(dir_, job, step, ids).ok());
+    }
+  }
+  std::string FilePath(uint64_t step, const CheckpointId& id) const {
+    return (fs::path(CheckpointStepDir(dir_, step)) / CheckpointFileName(id.role, id.index))
+        .string();
+  }
+  bool StepExists(uint64_t step) const { return fs::exists(CheckpointStepDir(dir_, step)); }
+
+  std::string dir_;
+};
+
+TEST_F(CheckpointDirTest, TheNewestCompleteStepIsLoadedAndNewerIncompleteOnesPassedOver) {
+  WriteStep(100, true);
+  WriteStep(200, true);
+  WriteStep(300, false);
+  std::vector<std::string> passed_over;
+  auto loaded = LoadNewestCheckpoint(dir_, kJob, &passed_over);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->step, 200u);
+  ASSERT_EQ(loaded->files.size(), 2u);
+  EXPECT_EQ(loaded->ids[0].role, CheckpointRole::kShard);
+  EXPECT_EQ(loaded->files[1][0].values, std::vector<float>{200.0f});
+  ASSERT_EQ(passed_over.size(), 1u);
+  EXPECT_THAT(passed_over[0], HasSubstr("step 300"));
+  EXPECT_THAT(passed_over[0], HasSubstr("not complete"));
+}
+
+TEST_F(CheckpointDirTest, ADamagedOrForeignStepFallsBackToThePreviousOne) {
+  WriteStep(100, true);
+  WriteStep(200, true);
+  WriteStep(300, true, kJob + 1);  // another job's, in the same folder
+  const std::string rank_file = FilePath(200, {kJob, 200, CheckpointRole::kRank, 0});
+  fs::resize_file(rank_file, fs::file_size(rank_file) - 2);
+  std::vector<std::string> passed_over;
+  auto loaded = LoadNewestCheckpoint(dir_, kJob, &passed_over);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->step, 100u);
+  ASSERT_EQ(passed_over.size(), 2u) << absl::StrJoin(passed_over, "\n");
+  EXPECT_THAT(passed_over[0], HasSubstr("written by the job with fingerprint 0xfeedfacecafe0002"));
+  EXPECT_THAT(passed_over[1], HasSubstr(rank_file));
+  EXPECT_THAT(passed_over[1], HasSubstr("truncated"));
+}
+
+TEST_F(CheckpointDirTest, NoCompleteStepIsNotFound) {
+  WriteStep(100, false);
+  std::vector<std::string> passed_over;
+  auto loaded = LoadNewestCheckpoint(dir_, kJob, &passed_over);
+  EXPECT_EQ(loaded.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(loaded.status().message(), HasSubstr("no complete checkpoint of job 0xfeedfacecafe0001"));
+  EXPECT_EQ(passed_over.size(), 1u);
+  passed_over.clear();
+  EXPECT_FALSE(LoadNewestCheckpoint(dir_ + "/absent", kJob, &passed_over).ok());
+}
+
+TEST_F(CheckpointDirTest, PruningKeepsTheNewestCompleteStepsAndWhatIsNotTheJobs) {
+  WriteStep(50, true, kJob + 1);
+  for (uint64_t step : {100, 200, 300, 400, 500}) WriteStep(step, true);
+  WriteStep(250, false);
+  WriteStep(600, false);  // perhaps still being written
+  ASSERT_TRUE(PruneCheckpoints(dir_, kJob, 2).ok());
+  for (uint64_t step : {50, 400, 500, 600}) EXPECT_TRUE(StepExists(step)) << step;
+  for (uint64_t step : {100, 200, 250, 300}) EXPECT_FALSE(StepExists(step)) << step;
+  std::vector<std::string> passed_over;
+  auto loaded = LoadNewestCheckpoint(dir_, kJob, &passed_over);
+  ASSERT_TRUE(loaded.ok());
+  EXPECT_EQ(loaded->step, 500u);
+}
+
+}  // namespace
+}  // namespace cserps

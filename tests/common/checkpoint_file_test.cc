@@ -1,0 +1,159 @@
+// Checkpoint files: what is written is read back bit for bit, and every
+// damaged, foreign or misplaced file is refused naming the file and what is
+// wrong.
+#include "common/checkpoint_file.h"
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace cserps {
+namespace {
+
+using ::testing::HasSubstr;
+namespace fs = std::filesystem;
+
+constexpr CheckpointId kId{0x1234abcd5678ef00ull, 300, CheckpointRole::kRank, 2};
+
+class CheckpointFileTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::path(::testing::TempDir()) /
+           absl::StrCat("checkpoint_file_test.", getpid(), ".",
+                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    path_ = (dir_ / "rank-2.ckpt").string();
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  absl::Status WriteSample() {
+    const std::vector<CheckpointSectionView> sections = {{"model", model_}, {"momentum", momentum_},
+                                                         {"empty", {}}};
+    return WriteCheckpointFile(path_, kId, sections);
+  }
+  std::string Bytes() const {
+    std::ifstream in(path_, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }
+  void SetBytes(const std::string& bytes) const {
+    std::ofstream out(path_, std::ios::binary | std::ios::trunc);
+    out << bytes;
+  }
+
+  fs::path dir_;
+  std::string path_;
+  const std::vector<float> model_ = {1.5f, -0.0f, std::numeric_limits<float>::quiet_NaN(),
+                                     std::numeric_limits<float>::infinity(), 3e-39f};
+  const std::vector<float> momentum_ = {0.25f, -7.0f};
+};
+
+TEST_F(CheckpointFileTest, WhatIsWrittenIsReadBackBitForBit) {
+  ASSERT_TRUE(WriteSample().ok());
+  auto sections = ReadCheckpointFile(path_, kId);
+  ASSERT_TRUE(sections.ok()) << sections.status();
+  ASSERT_EQ(sections->size(), 3u);
+  EXPECT_EQ((*sections)[0].name, "model");
+  ASSERT_EQ((*sections)[0].values.size(), model_.size());
+  EXPECT_EQ(std::memcmp((*sections)[0].values.data(), model_.data(), model_.size() * 4), 0);
+  EXPECT_EQ((*sections)[1].name, "momentum");
+  EXPECT_EQ((*sections)[1].values, momentum_);
+  EXPECT_EQ((*sections)[2].name, "empty");
+  EXPECT_TRUE((*sections)[2].values.empty());
+  // Only the file itself is left: the temporary one was renamed.
+  int files = 0;
+  for (const auto& entry : fs::directory_iterator(dir_)) {
+    EXPECT_EQ(entry.path().filename(), "rank-2.ckpt");
+    ++files;
+  }
+  EXPECT_EQ(files, 1);
+}
+
+TEST_F(CheckpointFileTest, DamagedFilesAreRefusedNamingTheFileAndTheDamage) {
+  ASSERT_TRUE(WriteSample().ok());
+  const std::string good = Bytes();
+  struct Case {
+    std::string what;
+    std::string bytes;
+    std::string says;
+  };
+  std::string flipped = good;
+  flipped[flipped.size() - 3] ^= 0x10;  // inside the momentum's floats
+  std::string table = good;
+  table[56 + 1] ^= 0x01;  // the first section name's length
+  std::string step = good;
+  step[16] ^= 0x01;  // the header's step
+  const std::vector<Case> cases = {
+      {"truncated", good.substr(0, good.size() - 5), "truncated"},
+      {"appended to", good + "x", "too long"},
+      {"one byte flipped", flipped, "CRC32"},
+      {"section table damaged", table, "CRC32"},
+      {"header's step damaged", step, "CRC32"},
+      {"not a checkpoint", "step 300 of rank 2, honest", "not a cserps checkpoint file"},
+      {"empty", "", "not a cserps checkpoint file"},
+  };
+  for (const Case& c : cases) {
+    SetBytes(c.bytes);
+    auto read = ReadCheckpointFile(path_, kId);
+    ASSERT_FALSE(read.ok()) << c.what;
+    EXPECT_EQ(read.status().code(), absl::StatusCode::kDataLoss) << c.what;
+    EXPECT_THAT(read.status().message(), HasSubstr(path_)) << c.what;
+    EXPECT_THAT(read.status().message(), HasSubstr(c.says)) << c.what << ": " << read.status();
+  }
+}
+
+TEST_F(CheckpointFileTest, AnotherJobsStepsOrWritersFileIsRefused) {
+  ASSERT_TRUE(WriteSample().ok());
+  CheckpointId other = kId;
+  other.fingerprint ^= 1;
+  auto read = ReadCheckpointFile(path_, other);
+  EXPECT_EQ(read.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(read.status().message(), HasSubstr("fingerprint 0x1234abcd5678ef00"));
+  EXPECT_THAT(read.status().message(), HasSubstr("this job's is 0x1234abcd5678ef01"));
+  other = kId;
+  other.step = 299;
+  read = ReadCheckpointFile(path_, other);
+  EXPECT_EQ(read.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(read.status().message(), HasSubstr("holds step 300 of rank 2; expected step 299"));
+  other = kId;
+  other.role = CheckpointRole::kShard;
+  read = ReadCheckpointFile(path_, other);
+  EXPECT_THAT(read.status().message(), HasSubstr("expected step 300 of shard 2"));
+  read = ReadCheckpointFile((dir_ / "absent.ckpt").string(), kId);
+  EXPECT_EQ(read.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(read.status().message(), HasSubstr("absent.ckpt"));
+}
+
+TEST_F(CheckpointFileTest, ARewriteReplacesAndAFailedWriteLeavesNothing) {
+  ASSERT_TRUE(WriteSample().ok());
+  const std::vector<float> newer = {9.0f};
+  ASSERT_TRUE(WriteCheckpointFile(path_, kId, {{"model", newer}}).ok());
+  auto read = ReadCheckpointFile(path_, kId);
+  ASSERT_TRUE(read.ok());
+  ASSERT_EQ(read->size(), 1u);
+  EXPECT_EQ((*read)[0].values, newer);
+
+  const std::string nowhere = (dir_ / "missing-folder" / "rank-2.ckpt").string();
+  EXPECT_FALSE(WriteCheckpointFile(nowhere, kId, {{"model", newer}}).ok());
+  EXPECT_FALSE(fs::exists(dir_ / "missing-folder"));
+  const absl::Status twice = WriteCheckpointFile(path_, kId, {{"a", newer}, {"a", newer}});
+  EXPECT_EQ(twice.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(twice.message(), HasSubstr("not unique"));
+  // The refused write changed nothing.
+  read = ReadCheckpointFile(path_, kId);
+  ASSERT_TRUE(read.ok());
+  EXPECT_EQ((*read)[0].name, "model");
+}
+
+}  // namespace
+}  // namespace cserps
