@@ -125,7 +125,7 @@ absl::Status BulkChannel::Wait(uint64_t id, absl::Time deadline) {
       pending_.erase(it);
       return status;
     }
-    if (!broken_.ok()) {
+    if (!broken_.ok() && !reading_) {
       Break(broken_);
       continue;
     }
