@@ -3,7 +3,8 @@
 // a payload of d floats, GRBS ratio R: 1 for a dense round) it starts S real
 // cserps-server processes on 127.0.0.1, M member threads each with its own
 // PsClient, and times PushPull rounds (PsClient::AverageBlocks on the MODEL
-// stream). Then, in the same run and with the same shape (M members each
+// stream), over the servers' bulk transport or, with --transport=GRPC, over
+// gRPC. Then, in the same run and with the same shape (M members each
 // splitting the round's payload over S peers, in parallel), it times a raw
 // TCP exchange and plain gRPC unary calls of the same bytes
 // (tools/bench/wire_limits.h), and prints the ratios.
@@ -11,7 +12,7 @@
 // Per case: p50/p99 round latency (every member's rounds), payload GB/s per
 // member and in all (2 x selected payload / round: push and pull), server and
 // client CPU seconds per GB moved (servers: /proc of their processes;
-// client: this process), the bytes PsClient serialised against the payload
+// client: this process), the bytes PsClient sent and received against the payload
 // (selected floats x 4), the balance of the shards' bytes (max over mean),
 // and the limits' GB/s with cserps' share of them. Built a second time as
 // cserps-bench-scale, whose defaults are many members against 1 to 8 shards.
