@@ -1,14 +1,8 @@
 #include "tools/bench/wire_limits.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <sys/socket.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
 #include <memory>
 #include <string>
 #include <thread>
@@ -17,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "common/socket_io.h"
 #include "common/status.h"
 #include "grpcpp/generic/async_generic_service.h"
 #include "grpcpp/generic/generic_stub.h"
@@ -40,54 +35,23 @@ size_t Share(size_t bytes, int peers, int p) {
   return p + 1 == peers ? bytes - base * (peers - 1) : base;
 }
 
-absl::Status Errno(absl::string_view what) {
-  return absl::ErrnoToStatus(errno, absl::StrCat("raw TCP: ", what));
-}
+// A socket wait of the raw exchange gives up after this.
+absl::Time SocketDeadline() { return absl::Now() + absl::Seconds(kSocketTimeoutS); }
 
-void Tune(int fd) {
-  const int one = 1;
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-  timeval timeout{kSocketTimeoutS, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
-  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof(timeout));
-}
-
-absl::Status SendAll(int fd, const char* p, size_t n) {
-  while (n > 0) {
-    const ssize_t sent = send(fd, p, n, MSG_NOSIGNAL);
-    if (sent < 0 && errno == EINTR) continue;
-    if (sent <= 0) return Errno("send");
-    p += sent;
-    n -= static_cast<size_t>(sent);
-  }
-  return absl::OkStatus();
-}
-
-// false at the peer's end of stream before the first byte.
-absl::StatusOr<bool> ReceiveAll(int fd, char* p, size_t n) {
-  const size_t wanted = n;
-  while (n > 0) {
-    const ssize_t got = recv(fd, p, n, 0);
-    if (got < 0 && errno == EINTR) continue;
-    if (got == 0 && n == wanted) return false;
-    if (got <= 0) return Errno("recv");
-    p += got;
-    n -= static_cast<size_t>(got);
-  }
-  return true;
+absl::Status Send(const Socket& s, const void* p, size_t n) {
+  iovec iov{const_cast<void*>(p), n};
+  return SendAll(s.fd(), absl::MakeSpan(&iov, 1), SocketDeadline(), "raw TCP");
 }
 
 // A peer's side of one connection: the share's size first, then every
 // share it receives sent back, until the member closes.
-void Echo(int fd) {
+void Echo(Socket s) {
   uint64_t size = 0;
-  absl::StatusOr<bool> got = ReceiveAll(fd, reinterpret_cast<char*>(&size), sizeof(size));
-  std::vector<char> buffer(got.ok() && *got ? size : 0);
-  while (got.ok() && *got && size > 0) {
-    got = ReceiveAll(fd, buffer.data(), size);
-    if (!got.ok() || !*got || !SendAll(fd, buffer.data(), size).ok()) break;
+  if (!RecvAll(s.fd(), &size, sizeof(size), SocketDeadline(), "raw TCP").ok()) return;
+  std::vector<char> buffer(size);
+  while (size > 0 && RecvAll(s.fd(), buffer.data(), size, SocketDeadline(), "raw TCP").ok() &&
+         Send(s, buffer.data(), size).ok()) {
   }
-  close(fd);
 }
 
 // Runs member(m, &rounds) on M threads; the first error, or the median of
@@ -112,75 +76,49 @@ absl::StatusOr<absl::Duration> OnMembers(const ExchangeShape& shape, Member memb
 }  // namespace
 
 absl::StatusOr<absl::Duration> RawTcpRound(const ExchangeShape& shape) {
-  const int listener = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (listener < 0) return Errno("socket");
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof(address);
-  if (bind(listener, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0 ||
-      listen(listener, shape.peers * shape.members) != 0 ||
-      getsockname(listener, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
-    const absl::Status error = Errno("bind/listen");
-    close(listener);
-    return error;
-  }
-  Tune(listener);  // accept's timeout too
+  int port = 0;
+  ASSIGN_OR_RETURN(const Socket listener, ListenTcp("127.0.0.1", 0, &port));
   const int connections = shape.peers * shape.members;
-  std::thread acceptor([listener, connections] {
+  std::thread acceptor([&listener, connections] {
     std::vector<std::thread> echoes;
     for (int i = 0; i < connections; ++i) {
-      const int fd = accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
-      if (fd < 0) break;
-      Tune(fd);
-      echoes.emplace_back(Echo, fd);
+      absl::StatusOr<Socket> s = AcceptTcp(listener);
+      if (!s.ok()) break;
+      echoes.emplace_back(Echo, *std::move(s));
     }
     for (std::thread& t : echoes) t.join();
   });
   absl::StatusOr<absl::Duration> median =
       OnMembers(shape, [&](int, std::vector<absl::Duration>* rounds) -> absl::Status {
-        std::vector<int> fds;
-        absl::Status status;
-        for (int p = 0; p < shape.peers && status.ok(); ++p) {
-          const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-          if (fd < 0) {
-            status = Errno("socket");
-            break;
-          }
-          fds.push_back(fd);
-          Tune(fd);
+        std::vector<Socket> peers;
+        for (int p = 0; p < shape.peers; ++p) {
+          ASSIGN_OR_RETURN(Socket s, ConnectTcp("127.0.0.1", port, SocketDeadline(), "raw TCP"));
           const uint64_t size = Share(shape.payload_bytes, shape.peers, p);
-          if (connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
-            status = Errno("connect");
-          } else {
-            status = SendAll(fd, reinterpret_cast<const char*>(&size), sizeof(size));
-          }
+          RETURN_IF_ERROR(Send(s, &size, sizeof(size)));
+          peers.push_back(std::move(s));
         }
         std::vector<char> out(shape.payload_bytes, 1), in(shape.payload_bytes);
-        for (int r = 0; r < shape.warmup + shape.rounds && status.ok(); ++r) {
+        for (int r = 0; r < shape.warmup + shape.rounds; ++r) {
           const absl::Time start = absl::Now();
           size_t offset = 0;
-          for (int p = 0; p < shape.peers && status.ok(); ++p) {
-            status = SendAll(fds[p], out.data() + offset, Share(shape.payload_bytes, shape.peers, p));
-            offset += Share(shape.payload_bytes, shape.peers, p);
+          for (int p = 0; p < shape.peers; ++p) {
+            const size_t n = Share(shape.payload_bytes, shape.peers, p);
+            RETURN_IF_ERROR(Send(peers[p], out.data() + offset, n));
+            offset += n;
           }
           offset = 0;
-          for (int p = 0; p < shape.peers && status.ok(); ++p) {
+          for (int p = 0; p < shape.peers; ++p) {
             const size_t n = Share(shape.payload_bytes, shape.peers, p);
-            absl::StatusOr<bool> got = ReceiveAll(fds[p], in.data() + offset, n);
-            status = got.ok() && !*got && n > 0
-                         ? absl::UnavailableError("raw TCP: the peer closed")
-                         : got.status();
+            RETURN_IF_ERROR(RecvAll(peers[p].fd(), in.data() + offset, n, SocketDeadline(),
+                                    "raw TCP"));
             offset += n;
           }
           if (r >= shape.warmup) rounds->push_back(absl::Now() - start);
         }
-        for (int fd : fds) close(fd);
-        return status;
+        return absl::OkStatus();
       });
-  shutdown(listener, SHUT_RDWR);  // an acceptor still waiting gives up
+  shutdown(listener.fd(), SHUT_RDWR);  // an acceptor still waiting gives up
   acceptor.join();
-  close(listener);
   return median;
 }
 
