@@ -1,9 +1,6 @@
 #include "common/metrics_http.h"
 
-#include <arpa/inet.h>
 #include <fcntl.h>
-#include <netdb.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/time.h>
@@ -13,9 +10,9 @@
 #include <cstring>
 #include <utility>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "common/socket_io.h"
 
 namespace cserps {
 namespace {
@@ -47,58 +44,22 @@ std::string Response(absl::string_view status, absl::string_view content_type,
 
 absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
     const std::string& address, std::function<std::string()> body) {
-  const size_t colon = address.rfind(':');
-  uint32_t port = 0;
-  if (colon == std::string::npos || colon == 0 ||
-      !absl::SimpleAtoi(address.substr(colon + 1), &port) || port > 65535) {
+  std::string host;
+  int port = 0;
+  if (!SplitHostPort(address, &host, &port).ok() || host.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "metrics address '", address, "' is not host:port (e.g. 127.0.0.1:9100)"));
   }
-  std::string host = address.substr(0, colon);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
-    host = host.substr(1, host.size() - 2);
-  }
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
-  addrinfo* found = nullptr;
-  const std::string service = absl::StrCat(port);
-  if (const int error = getaddrinfo(host.c_str(), service.c_str(), &hints, &found);
-      error != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "metrics address '", address, "': ", gai_strerror(error)));
+  int bound_port = 0;
+  absl::StatusOr<Socket> listener = ListenTcp(host, port, &bound_port);
+  if (!listener.ok()) {
+    return absl::Status(listener.status().code(),
+                        absl::StrCat("cannot serve metrics on ", address, ": ",
+                                     listener.status().message()));
   }
   std::unique_ptr<MetricsHttpServer> server(new MetricsHttpServer());
-  std::string last_error = "no address";
-  for (addrinfo* a = found; a != nullptr && server->listener_ < 0; a = a->ai_next) {
-    const int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
-    if (fd < 0) {
-      last_error = absl::StrCat("socket: ", std::strerror(errno));
-      continue;
-    }
-    const int on = 1;
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on));
-    if (bind(fd, a->ai_addr, a->ai_addrlen) != 0 || listen(fd, 16) != 0) {
-      last_error = absl::StrCat("bind: ", std::strerror(errno));
-      close(fd);
-      continue;
-    }
-    server->listener_ = fd;
-  }
-  freeaddrinfo(found);
-  if (server->listener_ < 0) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot serve metrics on ", address, ": ", last_error));
-  }
-  sockaddr_storage bound{};
-  socklen_t length = sizeof(bound);
-  getsockname(server->listener_, reinterpret_cast<sockaddr*>(&bound), &length);
-  const uint16_t bound_port =
-      bound.ss_family == AF_INET6
-          ? ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port)
-          : ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
-  server->address_ = absl::StrCat(address.substr(0, colon), ":", bound_port);
+  server->listener_ = listener->release();
+  server->address_ = absl::StrCat(address.substr(0, address.rfind(':')), ":", bound_port);
   if (pipe2(server->wake_, O_CLOEXEC) != 0) {
     return absl::UnavailableError(
         absl::StrCat("metrics on ", address, ": pipe: ", std::strerror(errno)));

@@ -106,8 +106,11 @@ absl::Status Resolve(const std::string& host, int port, bool passive, AddrInfoLi
   const int rc = getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(),
                              &hints, &out->head);
   if (rc != 0) {
-    return absl::UnavailableError(absl::StrCat(what, ": cannot resolve '", host,
-                                               "': ", gai_strerror(rc)));
+    // A name to listen on that does not resolve is a bad argument; one to
+    // connect to may come back.
+    return absl::Status(
+        passive ? absl::StatusCode::kInvalidArgument : absl::StatusCode::kUnavailable,
+        absl::StrCat(what, ": cannot resolve '", host, "': ", gai_strerror(rc)));
   }
   return absl::OkStatus();
 }

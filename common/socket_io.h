@@ -39,8 +39,9 @@ class Socket {
   int fd_ = -1;
 };
 
-// Listens on host:port (IPv4 or a name resolving to one; port 0 picks a
-// free port); `*bound_port` receives the port.
+// Listens on host:port (an address or a name; port 0 picks a free port);
+// `*bound_port` receives the port. INVALID_ARGUMENT for a host that does
+// not resolve.
 absl::StatusOr<Socket> ListenTcp(const std::string& host, int port, int* bound_port);
 // Accepts one connection; UNAVAILABLE when the listener was shut down.
 absl::StatusOr<Socket> AcceptTcp(const Socket& listener);
