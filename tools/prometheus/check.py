@@ -21,6 +21,7 @@ docker-compose cluster:
 import argparse
 import json
 import os
+import random
 import re
 import shutil
 import socket
@@ -42,13 +43,20 @@ def free_port():
 
 
 def free_port_range(count):
-    """A base port such that base .. base+count-1 are free now (bounded search)."""
+    """A base port such that base .. base+count-1 are free now (bounded
+    search), below the kernel's ephemeral range: the job's own connections
+    and port-0 listeners take ports from that range between this check and
+    the processes' binds, and one of them once took a worker's metrics port."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            ephemeral_low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral_low = 32768
+    rng = random.Random()
     for _ in range(50):
-        base = free_port()
-        if base + count > 65535:
-            continue
+        base = rng.randrange(10000, max(10001, ephemeral_low - count))
+        sockets = []
         try:
-            sockets = []
             for p in range(base, base + count):
                 s = socket.socket()
                 sockets.append(s)
