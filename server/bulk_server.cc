@@ -198,11 +198,6 @@ class BulkServer::Connection : public std::enable_shared_from_this<Connection> {
     return out.head.code != 0 && out.head.request_id == 0;
   }
 
-  // Accounting once a frame is out.
-  void Sent(const Outgoing& out) {
-    if (out.mean != nullptr) service_.CountReply(out.stream, FrameBytes(out));
-  }
-
   // A small reply is written at once by the thread that produced it (the
   // one completing a round, usually another member's reader) when nothing
   // else is being written: most of a small round's time would otherwise be
@@ -212,6 +207,9 @@ class BulkServer::Connection : public std::enable_shared_from_this<Connection> {
     {
       absl::MutexLock lock(&mu_);
       if (writer_done_) return;
+      // Counted once committed to, before it leaves, as gRPC's replies are:
+      // a member that has its mean sees it in the shard's counters.
+      if (out.mean != nullptr) service_.CountReply(out.stream, FrameBytes(out));
       if (writing_ || !queue_.empty() || IsLast(out) || FrameBytes(out) > kDirectReplyBytes) {
         queue_.push_back(std::move(out));
         return;
@@ -223,7 +221,6 @@ class BulkServer::Connection : public std::enable_shared_from_this<Connection> {
     absl::StatusOr<size_t> sent = SendSome(socket_.fd(), Unsent(out, head, iov), "bulk reply");
     if (sent.ok()) out.sent += *sent;
     const bool whole = sent.ok() && out.sent == FrameBytes(out);
-    if (whole) Sent(out);
     absl::MutexLock lock(&mu_);
     writing_ = false;
     // The writer finishes it (or meets the socket's error on it).
@@ -258,7 +255,6 @@ class BulkServer::Connection : public std::enable_shared_from_this<Connection> {
         shutdown(socket_.fd(), SHUT_RDWR);  // the reader stops too
         break;
       }
-      Sent(out);
       if (IsLast(out)) {
         shutdown(socket_.fd(), SHUT_RDWR);
         break;
