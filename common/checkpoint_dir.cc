@@ -4,12 +4,14 @@
 #include <filesystem>
 #include <fstream>
 #include <system_error>
+#include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "common/config_fingerprint.h"
 
 namespace cserps {
 namespace {
@@ -114,9 +116,9 @@ absl::Status WriteCheckpointManifest(const std::string& dir, uint64_t fingerprin
                              {text});
 }
 
-absl::StatusOr<LoadedCheckpoint> LoadNewestCheckpoint(const std::string& dir,
-                                                      uint64_t fingerprint,
-                                                      std::vector<std::string>* passed_over) {
+absl::StatusOr<LoadedCheckpoint> LoadNewestCheckpoint(
+    const std::string& dir, uint64_t fingerprint, std::vector<std::string>* passed_over,
+    const std::function<bool(const CheckpointId&)>& wanted) {
   for (uint64_t step : StepsNewestFirst(dir)) {
     absl::StatusOr<Manifest> manifest = ReadManifest(dir, step);
     if (!manifest.ok()) {
@@ -141,6 +143,7 @@ absl::StatusOr<LoadedCheckpoint> LoadNewestCheckpoint(const std::string& dir,
         damaged = file.status();
         break;
       }
+      if (wanted != nullptr && !wanted(id)) continue;
       loaded.ids.push_back(id);
       loaded.files.push_back(*std::move(file));
     }
@@ -169,12 +172,52 @@ absl::Status PruneCheckpoints(const std::string& dir, uint64_t fingerprint, uint
     }
     std::error_code error;
     fs::remove_all(CheckpointStepDir(dir, step), error);
-    if (error) {
+    // Two processes that complete a step together both prune.
+    if (error && error != std::errc::no_such_file_or_directory) {
       return absl::UnavailableError(absl::StrCat("removing ", CheckpointStepDir(dir, step), ": ",
                                                  error.message()));
     }
   }
   return absl::OkStatus();
+}
+
+CheckpointJob CheckpointJob::Of(const v1::JobConfig& config) {
+  CheckpointJob job;
+  job.dir = config.checkpoint().dir();
+  job.fingerprint = JobFingerprint(config);
+  job.num_shards = static_cast<uint32_t>(config.cluster().servers_size());
+  job.num_ranks = config.cluster().num_workers() * std::max(1u, config.cluster().local_size());
+  job.keep = std::max(1u, config.checkpoint().keep());
+  return job;
+}
+
+absl::StatusOr<bool> WriteCheckpointPart(const CheckpointJob& job, CheckpointRole role,
+                                         uint32_t index, uint64_t step,
+                                         absl::Span<const CheckpointSectionView> sections) {
+  if (absl::Status made = MakeCheckpointStepDir(job.dir, step); !made.ok()) return made;
+  const fs::path folder = CheckpointStepDir(job.dir, step);
+  const absl::Status written = WriteCheckpointFile(
+      (folder / CheckpointFileName(role, index)).string(),
+      CheckpointId{job.fingerprint, step, role, index}, sections);
+  if (!written.ok()) return written;
+  // Renamed into place only once whole, so a file that is there is complete.
+  std::vector<CheckpointId> files;
+  for (const auto& [r, count] : {std::pair{CheckpointRole::kShard, job.num_shards},
+                                std::pair{CheckpointRole::kRank, job.num_ranks}}) {
+    for (uint32_t i = 0; i < count; ++i) {
+      std::error_code error;
+      if (!fs::exists(folder / CheckpointFileName(r, i), error)) return false;
+      files.push_back(CheckpointId{job.fingerprint, step, r, i});
+    }
+  }
+  if (absl::Status marked = WriteCheckpointManifest(job.dir, job.fingerprint, step, files);
+      !marked.ok()) {
+    return marked;
+  }
+  if (absl::Status pruned = PruneCheckpoints(job.dir, job.fingerprint, job.keep); !pruned.ok()) {
+    return pruned;
+  }
+  return true;
 }
 
 }  // namespace cserps

@@ -7,6 +7,7 @@
 #define CSERPS_COMMON_CHECKPOINT_DIR_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -14,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "common/checkpoint_file.h"
+#include "cserps/v1/config.pb.h"
 
 namespace cserps {
 
@@ -31,18 +33,41 @@ absl::Status WriteCheckpointManifest(const std::string& dir, uint64_t fingerprin
                                      uint64_t step, absl::Span<const CheckpointId> files);
 
 // The files of the newest complete checkpoint of job `fingerprint` in
-// `dir`: every file its manifest lists, read and checked. Newer steps that
-// are incomplete or damaged are passed over, each reason (naming the file
-// and what is wrong) appended to `*passed_over`. NOT_FOUND when no step is
-// complete.
+// `dir`: every file its manifest lists, read and checked; those `wanted`
+// (null: all) are kept. Every process of a job checks every file, so that
+// all of them settle on the same step. Newer steps that are incomplete or
+// damaged are passed over, each reason (naming the file and what is wrong)
+// appended to `*passed_over`. NOT_FOUND when no step is complete.
 struct LoadedCheckpoint {
   uint64_t step = 0;
   std::vector<CheckpointId> ids;
   std::vector<std::vector<CheckpointSection>> files;  // by ids
 };
-absl::StatusOr<LoadedCheckpoint> LoadNewestCheckpoint(const std::string& dir,
-                                                      uint64_t fingerprint,
-                                                      std::vector<std::string>* passed_over);
+absl::StatusOr<LoadedCheckpoint> LoadNewestCheckpoint(
+    const std::string& dir, uint64_t fingerprint, std::vector<std::string>* passed_over,
+    const std::function<bool(const CheckpointId&)>& wanted = nullptr);
+
+// Where a job's processes write their checkpoint files.
+struct CheckpointJob {
+  // The job's checkpoint.dir and keep, its fingerprint, shards and worker
+  // processes (num_workers x local_size).
+  static CheckpointJob Of(const v1::JobConfig& config);
+
+  std::string dir;
+  uint64_t fingerprint = 0;
+  uint32_t num_shards = 0;
+  uint32_t num_ranks = 0;  // worker processes
+  uint32_t keep = 2;       // complete checkpoints kept
+};
+
+// Writes the file of `role` `index` for `step` into its folder. When every
+// shard's and rank's file of the step is then there, writes the manifest
+// and prunes to job.keep: the process that writes last completes the step
+// (two that finish together write the same manifest). Returns whether this
+// call found the step complete.
+absl::StatusOr<bool> WriteCheckpointPart(const CheckpointJob& job, CheckpointRole role,
+                                         uint32_t index, uint64_t step,
+                                         absl::Span<const CheckpointSectionView> sections);
 
 // Removes all but the newest `keep` complete checkpoints of job
 // `fingerprint`, and incomplete steps older than the oldest kept; another

@@ -58,6 +58,11 @@ void ApplyDefaults(v1::JobConfig* config) {
   if (config->log_every_steps() == 0) config->set_log_every_steps(50);
   if (config->evals_per_epoch() == 0) config->set_evals_per_epoch(1);
   if (config->output_dir().empty()) config->set_output_dir("out");
+  // Only a job that checkpoints gets the section: the fingerprints of the
+  // others stay what they were before checkpoints existed.
+  if (config->has_checkpoint() && config->checkpoint().keep() == 0) {
+    config->mutable_checkpoint()->set_keep(2);
+  }
 }
 
 }  // namespace cserps

@@ -33,6 +33,11 @@ v1::JobConfig Normalised(const v1::JobConfig& config) {
   copy.clear_evals_per_epoch();
   copy.mutable_cluster()->clear_transport();
   copy.clear_output_dir();
+  v1::CheckpointConfig* checkpoint = copy.mutable_checkpoint();
+  checkpoint->clear_dir();
+  checkpoint->clear_keep();
+  checkpoint->clear_resume();
+  if (checkpoint->every_steps() == 0) copy.clear_checkpoint();
   return copy;
 }
 

@@ -304,6 +304,28 @@ absl::Status ValidateOptimizer(const v1::OptimizerConfig& opt,
   return absl::OkStatus();
 }
 
+absl::Status ValidateCheckpoint(const v1::CheckpointConfig& checkpoint,
+                                const AlgorithmInfo& algorithm) {
+  if (checkpoint.every_steps() == 0) {
+    if (checkpoint.resume()) {
+      return Invalid("checkpoint.resume", "needs checkpoint.every_steps > 0 and checkpoint.dir");
+    }
+    return absl::OkStatus();
+  }
+  if (checkpoint.dir().empty()) {
+    return Invalid("checkpoint.every_steps",
+                   "needs checkpoint.dir, the folder every server and worker writes to");
+  }
+  // Its server-side momentum and staleness clocks move with the order in
+  // which pushes arrive, so no checkpoint restores the same run.
+  if (algorithm.id == AlgorithmId::kAsyncSgd) {
+    return Invalid("checkpoint.every_steps",
+                   "must be 0 with algorithm.name \"async-sgd\": its servers' state depends "
+                   "on the order pushes arrive in, so it cannot be resumed exactly");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status ValidateJobConfig(const v1::JobConfig& config,
@@ -341,7 +363,8 @@ absl::Status ValidateJobConfig(const v1::JobConfig& config,
                                 "\", which has no hierarchical (intra-node) form (got ",
                                 config.cluster().local_size(), ")"));
   }
-  return ValidateAlgorithm(config.algorithm(), config.optimizer());
+  RETURN_IF_ERROR(ValidateAlgorithm(config.algorithm(), config.optimizer()));
+  return ValidateCheckpoint(config.checkpoint(), *algorithm);
 }
 
 }  // namespace cserps

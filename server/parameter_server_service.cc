@@ -40,6 +40,9 @@ ParameterServerService::ParameterServerService(ShardContext* shard, Options opti
       options_(std::move(options)),
       members_(shard->members()),
       store_(shard->store()),
+      checkpoint_(config_.checkpoint().every_steps() > 0 && !config_.checkpoint().dir().empty()
+                      ? std::make_unique<ShardCheckpoint>(config_, shard->shard(), &store_)
+                      : nullptr),
       rounds_(RoundTable::Options{
           .limits =
               {
@@ -50,6 +53,7 @@ ParameterServerService::ParameterServerService(ShardContext* shard, Options opti
                                   std::max<uint32_t>(1, config_.algorithm().period()),
                   .retained_rounds = config_.cluster().retained_rounds(),
                   .timeout = absl::Seconds(config_.cluster().round_timeout_s()),
+                  .first_step = shard->resumed_from_step(),
               },
           .on_complete =
               [this](const RoundKey& key, float lr,
@@ -102,13 +106,15 @@ grpc::ServerUnaryReactor* ParameterServerService::Register(
   response->set_block_size(layout_.block_size());
   FillShardInfo(response->mutable_shard());
   response->set_bulk_port(bulk_port_);
+  response->set_resumed_from_step(shard_.resumed_from_step());
   return FinishWith(context, absl::OkStatus());
 }
 
 void ParameterServerService::OnRoundComplete(const RoundKey& key, float lr,
                                              const std::vector<float>& mean) {
-  store_.ApplyMean(key.stream == v1::MODEL, *payloads_.Get(key.stream, key.step, key.ratio),
+  store_.ApplyMean(key.stream != v1::GRAD, *payloads_.Get(key.stream, key.step, key.ratio),
                    key.chunk * chunk_floats_, mean, lr);
+  if (key.stream == v1::CHECKPOINT) checkpoint_->ChunkApplied(key.step, mean.size());
 }
 
 std::string ParameterServerService::CallName(const PushPullHead& head) {
@@ -123,9 +129,9 @@ absl::StatusOr<size_t> ParameterServerService::AdmitPushPull(const PushPullHead&
   };
   absl::Status ok = shard_.Admit(head.fingerprint, head.rank, arrived);
   if (!ok.ok()) return refuse(ok);
-  if (head.stream != v1::GRAD && head.stream != v1::MODEL) {
+  if (head.stream != v1::GRAD && head.stream != v1::MODEL && head.stream != v1::CHECKPOINT) {
     return refuse(absl::InvalidArgumentError(
-        absl::StrCat("unknown stream ", head.stream, " (known: GRAD, MODEL)")));
+        absl::StrCat("unknown stream ", head.stream, " (known: GRAD, MODEL, CHECKPOINT)")));
   }
   if (!std::isfinite(head.lr) || head.lr < 0) {
     return refuse(absl::InvalidArgumentError(
@@ -134,8 +140,20 @@ absl::StatusOr<size_t> ParameterServerService::AdmitPushPull(const PushPullHead&
   if (head.ratio < 1) {
     return refuse(absl::InvalidArgumentError("ratio must be >= 1 (1 selects every block)"));
   }
-  ok = CheckRoundRatio(config_.algorithm(), head.stream, head.ratio);
-  if (!ok.ok()) return refuse(ok);
+  if (head.stream == v1::CHECKPOINT) {
+    if (head.ratio != 1) {
+      return refuse(absl::InvalidArgumentError(absl::StrCat(
+          "a CHECKPOINT round averages every block: ratio must be 1 (got ", head.ratio, ")")));
+    }
+    if (checkpoint_ == nullptr) {
+      return refuse(absl::FailedPreconditionError(absl::StrCat(
+          "shard ", shard_.shard(), " takes no checkpoints: its checkpoint.dir is empty "
+          "(give every server and worker the same folder)")));
+    }
+  } else {
+    ok = CheckRoundRatio(config_.algorithm(), head.stream, head.ratio);
+    if (!ok.ok()) return refuse(ok);
+  }
   const std::shared_ptr<const ShardPayload> payload =
       payloads_.Get(head.stream, head.step, head.ratio);
   const uint32_t num_chunks = NumChunks(payload->size(), chunk_floats_);
@@ -281,6 +299,9 @@ ParameterServerService::Counters ParameterServerService::counters() const {
   c.grad_rounds_failed = rounds_.rounds_failed(v1::GRAD);
   c.model_rounds_completed = rounds_.rounds_completed(v1::MODEL);
   c.model_rounds_failed = rounds_.rounds_failed(v1::MODEL);
+  c.checkpoint_rounds_completed = rounds_.rounds_completed(v1::CHECKPOINT);
+  c.checkpoint_rounds_failed = rounds_.rounds_failed(v1::CHECKPOINT);
+  c.checkpoints_written = checkpoint_ != nullptr ? checkpoint_->written() : 0;
   c.open_rounds = rounds_.open_rounds();
   c.newest_step = rounds_.newest_step();
   // Streams before totals: a request adds to its total before its stream,
@@ -307,7 +328,7 @@ grpc::ServerUnaryReactor* ParameterServerService::GetStatus(
   const TrafficCounts total = traffic_.Snapshot();
   response->set_bytes_in(total.request_bytes);
   response->set_bytes_out(total.reply_bytes);
-  for (int s : {v1::GRAD, v1::MODEL}) {
+  for (int s : {v1::GRAD, v1::MODEL, v1::CHECKPOINT}) {
     const TrafficCounts counts = stream_traffic_[s].Snapshot();
     v1::StreamTraffic* traffic = response->add_streams();
     traffic->set_stream(static_cast<v1::Stream>(s));

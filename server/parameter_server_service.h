@@ -22,6 +22,7 @@
 #include "server/payload_cache.h"
 #include "server/round_table.h"
 #include "server/service_options.h"
+#include "server/shard_checkpoint.h"
 #include "server/shard_context.h"
 #include "server/shard_store.h"
 
@@ -39,6 +40,8 @@ class ParameterServerService final : public v1::ParameterServer::CallbackService
     uint64_t rounds_failed = 0;
     uint64_t grad_rounds_completed = 0, grad_rounds_failed = 0;
     uint64_t model_rounds_completed = 0, model_rounds_failed = 0;
+    uint64_t checkpoint_rounds_completed = 0, checkpoint_rounds_failed = 0;
+    uint64_t checkpoints_written = 0;
     uint64_t open_rounds = 0;
     uint64_t newest_step = 0;
     // Every request (PushModel included) and every reply (PullModel
@@ -107,6 +110,10 @@ class ParameterServerService final : public v1::ParameterServer::CallbackService
   // before the service receives calls.
   void set_bulk_port(uint32_t port) { bulk_port_ = port; }
 
+  // The shard's checkpoint writer; null when the job takes none. Sections
+  // of other services are added before the service receives calls.
+  ShardCheckpoint* checkpoint() { return checkpoint_.get(); }
+
   const BlockLayout& layout() const { return layout_; }
   uint32_t shard() const { return shard_.shard(); }
   uint64_t fingerprint() const { return shard_.fingerprint(); }
@@ -137,11 +144,12 @@ class ParameterServerService final : public v1::ParameterServer::CallbackService
   ShardStore& store_;
   std::function<void(const RoundKey&, absl::Duration)> on_round_latency_;
   uint32_t bulk_port_ = 0;
+  const std::unique_ptr<ShardCheckpoint> checkpoint_;  // null: no checkpoints
   RoundTable rounds_;
 
   TrafficCounter traffic_;
   // PushPull traffic by stream, indexed by the v1::Stream value.
-  static constexpr int kStreams = 3;
+  static constexpr int kStreams = 4;
   TrafficCounter stream_traffic_[kStreams];
   TrafficCounter other_traffic_;
 

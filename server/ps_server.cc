@@ -30,6 +30,12 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(
                    SparseExchangeService::Create(server->shard_.get(), {.now = now}));
   ASSIGN_OR_RETURN(server->async_service_,
                    AsyncService::Create(server->shard_.get(), {.now = now}));
+  if (ShardCheckpoint* checkpoint = server->service_->checkpoint();
+      checkpoint != nullptr && server->sparse_service_->checkpoints_momentum()) {
+    SparseExchangeService* sparse = server->sparse_service_.get();
+    checkpoint->AddSection(SparseExchangeService::kMomentumSection,
+                           [sparse] { return sparse->MomentumForCheckpoint(); });
+  }
   if (bulk_port >= 0) {
     std::string host;
     int unused = 0;

@@ -79,6 +79,9 @@ struct RoundLimits {
   uint32_t retained_rounds = 4;
   // A round still open this long after its first push fails.
   absl::Duration timeout = absl::Seconds(60);
+  // The window starts as if a round of this step had completed: a resumed
+  // job's first rounds are at its checkpoint's step.
+  uint64_t first_step = 0;
 };
 
 template <typename Aggregate>
@@ -193,7 +196,7 @@ class RoundLifecycle {
   uint64_t rounds_failed_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<int, uint64_t> completed_by_stream_ ABSL_GUARDED_BY(mu_);
   std::map<int, uint64_t> failed_by_stream_ ABSL_GUARDED_BY(mu_);
-  uint64_t newest_step_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t newest_step_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace cserps

@@ -26,7 +26,7 @@ namespace cserps {
 
 template <typename Aggregate>
 RoundLifecycle<Aggregate>::RoundLifecycle(RoundLimits limits, Finish finish)
-    : limits_(limits), finish_(std::move(finish)) {
+    : limits_(limits), finish_(std::move(finish)), newest_step_(limits.first_step) {
   CSERPS_CHECK(limits_.world_size >= 1);
   CSERPS_CHECK(finish_ != nullptr);
 }

@@ -3,6 +3,7 @@
 
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -16,6 +17,9 @@
 #include "spdlog/spdlog.h"
 
 ABSL_FLAG(std::string, config, "", "Job config file (text-format cserps.v1.JobConfig).");
+ABSL_FLAG(bool, resume, false,
+          "Start from the newest complete checkpoint of the job in checkpoint.dir "
+          "(checkpoint.resume=true); without one, fail rather than start fresh.");
 ABSL_FLAG(std::string, set, "",
           "Config overrides 'field.path=value', separated by ';' "
           "(e.g. --set='optimizer.lr=0.05;model.hidden=256,128').");
@@ -31,6 +35,13 @@ ABSL_FLAG(int, bulk_port, 0,
 ABSL_FLAG(std::string, metrics_address, "",
           "Serve Prometheus metrics on http://ADDRESS/metrics (host:port; port 0 "
           "picks a free port); empty: no metrics.");
+
+// --set's overrides, and --resume's.
+std::vector<std::string> Overrides() {
+  std::vector<std::string> overrides = cserps::SplitOverrides(absl::GetFlag(FLAGS_set));
+  if (absl::GetFlag(FLAGS_resume)) overrides.push_back("checkpoint.resume=true");
+  return overrides;
+}
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
@@ -51,7 +62,7 @@ int main(int argc, char** argv) {
   });
 
   absl::StatusOr<cserps::v1::JobConfig> config = cserps::LoadJobWithOverrides(
-      absl::GetFlag(FLAGS_config), cserps::SplitOverrides(absl::GetFlag(FLAGS_set)),
+      absl::GetFlag(FLAGS_config), Overrides(),
       {.allow_port_zero = true});
   if (!config.ok()) {
     spdlog::error("{}", config.status().ToString());

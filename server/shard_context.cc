@@ -1,9 +1,12 @@
 #include "server/shard_context.h"
 
+#include <utility>
+
 #include "absl/strings/str_cat.h"
 #include "common/config.h"
 #include "common/model_spec.h"
 #include "common/status.h"
+#include "server/shard_checkpoint.h"
 
 namespace cserps {
 
@@ -19,7 +22,20 @@ absl::StatusOr<std::unique_ptr<ShardContext>> ShardContext::Create(
         " servers"));
   }
   ASSIGN_OR_RETURN(ModelSpec spec, MakeModelSpec(config.model()));
-  return std::unique_ptr<ShardContext>(new ShardContext(config, shard, spec.num_params));
+  std::unique_ptr<ShardContext> context(new ShardContext(config, shard, spec.num_params));
+  if (config.checkpoint().resume()) {
+    ASSIGN_OR_RETURN(ResumedShard resumed, ResumeShard(config, shard, &context->store_));
+    context->resumed_from_step_ = resumed.step;
+    context->resumed_sections_ = std::move(resumed.sections);
+  }
+  return context;
+}
+
+const CheckpointSection* ShardContext::ResumedSection(absl::string_view name) const {
+  for (const CheckpointSection& s : resumed_sections_) {
+    if (s.name == name) return &s;
+  }
+  return nullptr;
 }
 
 ShardContext::ShardContext(const v1::JobConfig& config, uint32_t shard,

@@ -7,10 +7,13 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "common/block_layout.h"
+#include "common/checkpoint_file.h"
 #include "cserps/v1/config.pb.h"
 #include "server/member_activity.h"
 #include "server/member_registry.h"
@@ -20,7 +23,9 @@ namespace cserps {
 
 class ShardContext {
  public:
-  // Validates `config` (defaults applied; port 0 allowed) and `shard`.
+  // Validates `config` (defaults applied; port 0 allowed) and `shard`; with
+  // checkpoint.resume, loads the shard's model from the newest complete
+  // checkpoint (ResumeShard's errors).
   static absl::StatusOr<std::unique_ptr<ShardContext>> Create(
       const v1::JobConfig& config, uint32_t shard);
 
@@ -37,6 +42,12 @@ class ShardContext {
   const MemberActivity& activity() const { return activity_; }
   ShardStore& store() { return store_; }
   const ShardStore& store() const { return store_; }
+  // The step of the checkpoint the shard resumed from; 0: a fresh start.
+  // Its rounds' step window starts there.
+  uint64_t resumed_from_step() const { return resumed_from_step_; }
+  // A section other than the model of the checkpoint it resumed from (a
+  // service's state); null when there is none of that name.
+  const CheckpointSection* ResumedSection(absl::string_view name) const;
 
   // FAILED_PRECONDITION when a request's fingerprint is not the job's.
   absl::Status CheckFingerprint(uint64_t fingerprint) const;
@@ -58,6 +69,8 @@ class ShardContext {
   MemberRegistry members_;
   MemberActivity activity_;
   ShardStore store_;
+  uint64_t resumed_from_step_ = 0;  // set by Create
+  std::vector<CheckpointSection> resumed_sections_;  // set by Create
 };
 
 }  // namespace cserps

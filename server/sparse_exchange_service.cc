@@ -22,6 +22,11 @@ SparseSelection SelectionOf(const v1::AlgorithmConfig& algorithm) {
                                                           : SparseSelection::kGlobalTopK;
 }
 
+bool UsesMomentum(const v1::OptimizerConfig& optimizer) {
+  return optimizer.momentum_kind() == v1::OptimizerConfig::HEAVY_BALL ||
+         optimizer.momentum_kind() == v1::OptimizerConfig::NESTEROV;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<SparseExchangeService>> SparseExchangeService::Create(
@@ -54,8 +59,24 @@ absl::StatusOr<std::unique_ptr<SparseExchangeService>> SparseExchangeService::Cr
           "; raise max_message_bytes or lower the density"));
     }
   }
+  if (sparse_job && shard->resumed_from_step() > 0 && UsesMomentum(config.optimizer())) {
+    const CheckpointSection* resumed = shard->ResumedSection(kMomentumSection);
+    if (resumed == nullptr || resumed->values.size() != shard->store().size()) {
+      return absl::DataLossError(absl::StrCat(
+          "the checkpoint of step ", shard->resumed_from_step(), " of shard ", shard->shard(),
+          resumed == nullptr ? " has no section '" : " has a section '", kMomentumSection,
+          resumed == nullptr ? "'" : absl::StrCat("' of ", resumed->values.size(), " floats, not ",
+                                                  shard->store().size()),
+          ": the shard cannot resume the servers' momentum of ", config.algorithm().name()));
+    }
+  }
   return std::unique_ptr<SparseExchangeService>(
       new SparseExchangeService(shard, std::move(options), sparse_job, k_s));
+}
+
+std::vector<float> SparseExchangeService::MomentumForCheckpoint() {
+  absl::MutexLock lock(&apply_mu_);
+  return momentum_;
 }
 
 SparseExchangeService::SparseExchangeService(ShardContext* shard, Options options,
@@ -66,8 +87,7 @@ SparseExchangeService::SparseExchangeService(ShardContext* shard, Options option
       selection_(SelectionOf(shard->config().algorithm())),
       k_s_(k_s),
       momentum_kind_(shard->config().optimizer().momentum_kind()),
-      uses_momentum_(momentum_kind_ == v1::OptimizerConfig::HEAVY_BALL ||
-                     momentum_kind_ == v1::OptimizerConfig::NESTEROV),
+      uses_momentum_(UsesMomentum(shard->config().optimizer())),
       beta_(shard->config().optimizer().momentum()),
       rounds_(SparseRoundTable::Options{
           .limits =
@@ -76,6 +96,7 @@ SparseExchangeService::SparseExchangeService(ShardContext* shard, Options option
                   .max_step_lag = shard->config().cluster().max_step_lag(),
                   .retained_rounds = shard->config().cluster().retained_rounds(),
                   .timeout = absl::Seconds(shard->config().cluster().round_timeout_s()),
+                  .first_step = shard->resumed_from_step(),
               },
           .complete =
               [this](uint64_t, std::vector<SparseVector> pushes) {
@@ -88,7 +109,12 @@ SparseExchangeService::SparseExchangeService(ShardContext* shard, Options option
       }) {
   if (uses_momentum_) {
     absl::MutexLock lock(&apply_mu_);
-    momentum_.assign(shard->store().size(), 0.0f);
+    const CheckpointSection* resumed = shard->ResumedSection(kMomentumSection);
+    if (resumed != nullptr) {
+      momentum_ = resumed->values;  // Create checked its size
+    } else {
+      momentum_.assign(shard->store().size(), 0.0f);
+    }
   }
   if (sparse_job_ && options_.expiry_thread) {
     expiry_ = StartRoundExpiry(options_.now, &rounds_);

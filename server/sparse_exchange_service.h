@@ -54,6 +54,13 @@ class SparseExchangeService final : public v1::SparseExchange::CallbackService {
   // This shard's k_s (0 for a job that does not use the exchange).
   uint64_t shard_k() const { return k_s_; }
 
+  // The servers' momentum (optimizer momentum of a sparse job), which a
+  // checkpoint of the shard holds as section kMomentumSection; a shard
+  // resumed from one starts with it.
+  static constexpr char kMomentumSection[] = "sparse_momentum";
+  bool checkpoints_momentum() const { return sparse_job_ && uses_momentum_; }
+  std::vector<float> MomentumForCheckpoint();
+
   // What the service counts, for metrics (docs/metrics.md, stream "sparse").
   struct Counters {
     uint64_t rounds_completed = 0;

@@ -80,6 +80,10 @@ absl::Status Algorithm::Init() {
 
 absl::Status Algorithm::SettleForCheckpoint(const float*) { return absl::OkStatus(); }
 
+absl::Status Algorithm::AverageForCheckpoint(uint64_t steps, float* x) {
+  return Average(v1::CHECKPOINT, steps, /*ratio=*/1, /*lr=*/0, x, ScatterKind::kAssign, 0, x);
+}
+
 std::vector<float*> Algorithm::StateBuffers() {
   std::vector<float*> buffers;
   if (momentum_.data() != nullptr) buffers.push_back(momentum_.data());

@@ -114,6 +114,11 @@ class Algorithm {
   // after t steps, loaded into a fresh algorithm of the same job followed by
   // ResumeAfter(t), make its next step the same to the bit as this one's.
   virtual absl::Status SettleForCheckpoint(const float* x);
+  // A checkpoint's average after `steps` steps (after SettleForCheckpoint):
+  // x ← AVG(x) over every block on the CHECKPOINT stream, an error reset
+  // after which every worker and the servers hold the same global model
+  // and the servers have written their files of the step.
+  absl::Status AverageForCheckpoint(uint64_t steps, float* x);
   std::vector<float*> StateBuffers();
   // Derives what the loaded state buffers do not hold from the step count.
   virtual absl::Status ResumeAfter(uint64_t steps);

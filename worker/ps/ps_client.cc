@@ -32,6 +32,12 @@ namespace {
 // A bulk port that does not answer this soon is given up for gRPC.
 constexpr absl::Duration kBulkConnectTimeout = absl::Seconds(5);
 
+// How Register's resumed_from_step reads in a message.
+std::string StartName(uint64_t resumed_from_step) {
+  return resumed_from_step == 0 ? std::string("no checkpoint (a fresh start)")
+                                : absl::StrCat("the checkpoint of step ", resumed_from_step);
+}
+
 // gRPC retries calls that fail UNAVAILABLE (a shard restarting, a
 // connection reset); the server answers retried pushes from the round.
 constexpr char kServiceConfig[] = R"({
@@ -148,11 +154,12 @@ struct PsClient::Impl {
   std::vector<std::unique_ptr<v1::SparseExchange::Stub>> sparse_stubs_;
   // By shard: the bulk port Register reported (0: none) and the channel.
   std::vector<uint32_t> bulk_ports_;
+  uint64_t resumed_from_step_ = 0;  // the shards' (Register)
   std::vector<std::unique_ptr<BulkChannel>> bulk_;
   uint32_t rank_ = 0;
   std::atomic<int64_t> wait_nanos_{0};
   TrafficCounter total_;       // every call
-  TrafficCounter streams_[3];  // PushPull, by v1::Stream value
+  TrafficCounter streams_[4];  // PushPull, by v1::Stream value
   TrafficCounter sparse_;
   TrafficCounter async_;
 };
@@ -226,6 +233,14 @@ absl::StatusOr<uint32_t> PsClient::Register(int requested_rank,
           " floats; this worker expects shard ", s, " of a model of ",
           impl_->layout_.num_params(), " floats: check the order of cluster.servers"));
     }
+    if (s != impl_->shards_.front() && response.resumed_from_step() != impl_->resumed_from_step_) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "shard ", s, " at ", impl_->addresses_[s], " resumed from ",
+          StartName(response.resumed_from_step()), " but shard ", impl_->shards_.front(),
+          " from ", StartName(impl_->resumed_from_step_),
+          ": restart every server of the job, each with --resume and the same checkpoint.dir"));
+    }
+    impl_->resumed_from_step_ = response.resumed_from_step();
     rank = static_cast<int>(response.rank());
     impl_->bulk_ports_[s] = response.bulk_port();
   }
@@ -271,6 +286,7 @@ std::vector<PsClient::Impl::ModelChunk> PsClient::Impl::ModelChunks() const {
 }
 
 uint32_t PsClient::rank() const { return impl_->rank_; }
+uint64_t PsClient::resumed_from_step() const { return impl_->resumed_from_step_; }
 const BlockLayout& PsClient::layout() const { return impl_->layout_; }
 uint64_t PsClient::bytes_pushed() const { return impl_->total_.Snapshot().request_bytes; }
 uint64_t PsClient::bytes_pulled() const { return impl_->total_.Snapshot().reply_bytes; }

@@ -93,6 +93,10 @@ class PsClient final : public Communicator {
                              absl::Span<float> model) override;
 
   uint32_t rank() const;
+  // The step of the checkpoint this client's shards resumed from, as
+  // Register reported it (shards that disagree fail Register,
+  // FAILED_PRECONDITION); 0: they started fresh.
+  uint64_t resumed_from_step() const;
   const BlockLayout& layout() const override;
 
   // Traffic, counted as the calls go: the serialized requests (pushed) and

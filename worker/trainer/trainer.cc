@@ -7,7 +7,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "common/checkpoint_dir.h"
 #include "common/status.h"
 #include "spdlog/spdlog.h"
 #include "worker/algorithms/registry.h"
@@ -17,6 +19,17 @@ namespace cserps {
 namespace {
 
 constexpr size_t kEvalBatch = 1000;
+
+// The sections of a worker's checkpoint file: the algorithm's state
+// buffers (Algorithm::StateBuffers) in order, and the epoch's losses.
+constexpr char kEpochLossesSection[] = "epoch_losses";
+std::string StateSection(size_t i) { return absl::StrCat("state-", i); }
+
+double SumOf(const std::vector<float>& losses) {
+  double sum = 0;
+  for (float loss : losses) sum += loss;
+  return sum;
+}
 
 // The learning-curve row of the epoch that just ended (epoch is 1-based),
 // logged as the epoch's progress line.
@@ -118,6 +131,7 @@ absl::Status Trainer::Init() {
 }
 
 absl::Status Trainer::InitializeModel() {
+  if (config_.checkpoint().resume()) return ResumeFromCheckpoint();
   std::vector<float> x(num_params_);
   if (plan_.rank == 0) {
     // Only local rank 0's model is pushed; every local rank joins the push.
@@ -126,6 +140,120 @@ absl::Status Trainer::InitializeModel() {
   }
   RETURN_IF_ERROR(PullModel(link_, absl::MakeSpan(x), /*wait_for_init=*/true));
   return ops_.Upload(x, x_.data());
+}
+
+absl::Status Trainer::ResumeFromCheckpoint() {
+  const CheckpointJob job = CheckpointJob::Of(config_);
+  const uint32_t partition = plan_.partition;
+  auto load = [&]() -> absl::Status {
+    std::vector<std::string> passed_over;
+    absl::StatusOr<LoadedCheckpoint> loaded = LoadNewestCheckpoint(
+        job.dir, job.fingerprint, &passed_over, [partition](const CheckpointId& id) {
+          return id.role == CheckpointRole::kRank && id.index == partition;
+        });
+    for (const std::string& reason : passed_over) {
+      spdlog::warn("{}passed over {}", plan_.log_prefix, reason);
+    }
+    if (!loaded.ok()) {
+      return absl::Status(loaded.status().code(),
+                          absl::StrCat("rank ", partition, " cannot resume: ",
+                                       loaded.status().message(),
+                                       passed_over.empty() ? "" : " (passed over: ",
+                                       absl::StrJoin(passed_over, "; "),
+                                       passed_over.empty() ? "" : ")"));
+    }
+    const uint64_t step = loaded->step;
+    if (client_->resumed_from_step() != step) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "rank ", partition, " resumes from the checkpoint of step ", step, " in ", job.dir,
+          " but the servers ",
+          client_->resumed_from_step() == 0
+              ? std::string("started fresh")
+              : absl::StrCat("resumed from step ", client_->resumed_from_step()),
+          ": start every server of the job with --resume and the same checkpoint.dir"));
+    }
+    const std::string file = absl::StrCat(CheckpointStepDir(job.dir, step), "/",
+                                          CheckpointFileName(CheckpointRole::kRank, partition));
+    if (loaded->files.empty()) {
+      return absl::DataLossError(absl::StrCat("checkpoint of step ", step, " in ", job.dir,
+                                              ": its manifest does not list rank ", partition));
+    }
+    const std::vector<CheckpointSection>& sections = loaded->files[0];
+    auto find = [&](const std::string& name) -> const CheckpointSection* {
+      for (const CheckpointSection& s : sections) {
+        if (s.name == name) return &s;
+      }
+      return nullptr;
+    };
+    const std::vector<float*> buffers = algorithm_->StateBuffers();
+    if (find(StateSection(buffers.size())) != nullptr) {
+      return absl::DataLossError(absl::StrCat(
+          "checkpoint file ", file, ": more state buffers than the ", buffers.size(), " that ",
+          config_.algorithm().name(), " with this job's optimizer keeps"));
+    }
+    for (size_t i = 0; i < buffers.size(); ++i) {
+      const CheckpointSection* state = find(StateSection(i));
+      if (state == nullptr || state->values.size() != num_params_) {
+        return absl::DataLossError(absl::StrCat(
+            "checkpoint file ", file, ": section '", StateSection(i), "' ",
+            state == nullptr ? std::string("is missing")
+                             : absl::StrCat("holds ", state->values.size(), " floats, not ",
+                                            num_params_),
+            " (", config_.algorithm().name(), " keeps ", buffers.size(), " state buffers)"));
+      }
+      RETURN_IF_ERROR(ops_.Upload(state->values, buffers[i]));
+    }
+    const CheckpointSection* losses = find(kEpochLossesSection);
+    const uint64_t done_in_epoch = step % plan_.steps_per_epoch;
+    if (losses == nullptr || losses->values.size() != done_in_epoch) {
+      return absl::DataLossError(absl::StrCat(
+          "checkpoint file ", file, ": section '", kEpochLossesSection, "' ",
+          losses == nullptr ? std::string("is missing")
+                            : absl::StrCat("holds ", losses->values.size(), " losses, not the ",
+                                           done_in_epoch, " steps done of epoch ",
+                                           step / plan_.steps_per_epoch + 1)));
+    }
+    RETURN_IF_ERROR(algorithm_->ResumeAfter(step));
+    epoch_losses_ = losses->values;
+    step_ = resumed_from_ = step;
+    spdlog::info("{}resumed from the checkpoint of step {} ({})", plan_.log_prefix, step, file);
+    return absl::OkStatus();
+  };
+  RETURN_IF_ERROR(Shared(load(), "checkpoint resume"));
+  std::vector<float> x(num_params_);
+  RETURN_IF_ERROR(PullModel(link_, absl::MakeSpan(x), /*wait_for_init=*/false));
+  return ops_.Upload(x, x_.data());
+}
+
+absl::Status Trainer::CheckpointIfDue() {
+  const uint32_t every = config_.checkpoint().every_steps();
+  const uint64_t total = uint64_t{config_.epochs()} * plan_.steps_per_epoch;
+  if (every == 0 || step_ % every != 0 || step_ >= total) return absl::OkStatus();
+  RETURN_IF_ERROR(algorithm_->SettleForCheckpoint(x_.data()));
+  RETURN_IF_ERROR(algorithm_->AverageForCheckpoint(step_, x_.data()));
+  const std::vector<float*> buffers = algorithm_->StateBuffers();
+  std::vector<std::vector<float>> state(buffers.size(), std::vector<float>(num_params_));
+  std::vector<std::string> names;
+  for (size_t i = 0; i < buffers.size(); ++i) {
+    RETURN_IF_ERROR(ops_.Download(buffers[i], absl::MakeSpan(state[i])));
+    names.push_back(StateSection(i));
+  }
+  std::vector<CheckpointSectionView> sections;
+  for (size_t i = 0; i < buffers.size(); ++i) sections.push_back({names[i], state[i]});
+  // A finished epoch's losses have been reported; the next one starts empty.
+  const std::vector<float> none;
+  sections.push_back(
+      {kEpochLossesSection, step_ % plan_.steps_per_epoch == 0 ? none : epoch_losses_});
+  const absl::StatusOr<bool> completed = WriteCheckpointPart(
+      CheckpointJob::Of(config_), CheckpointRole::kRank, plan_.partition, step_, sections);
+  if (!completed.ok()) {
+    spdlog::error("{}checkpoint of step {} not written: {}", plan_.log_prefix, step_,
+                  std::string(completed.status().message()));
+  } else {
+    spdlog::info("{}checkpoint of step {} written{}", plan_.log_prefix, step_,
+                 *completed ? " (step complete)" : "");
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Trainer::Shared(const absl::Status& mine, absl::string_view what) {
@@ -148,7 +276,11 @@ absl::Status Trainer::EndCompute(absl::Time compute_start, const absl::StatusOr<
 
 absl::StatusOr<float> Trainer::Step() {
   const uint64_t index = step_ % plan_.steps_per_epoch;
-  if (index == 0) batcher_.StartEpoch(step_ / plan_.steps_per_epoch);
+  if (index == 0 || !epoch_started_) {
+    batcher_.StartEpoch(step_ / plan_.steps_per_epoch);
+    epoch_started_ = true;
+  }
+  if (index == 0) epoch_losses_.clear();
   const Batch batch = batcher_.Get(index);
   const absl::Time compute_start = absl::Now();
   // Waiting for the loss costs little: the gather waits for the gradient
@@ -162,6 +294,7 @@ absl::StatusOr<float> Trainer::Step() {
   const float lr = schedule_.At(step_);
   RETURN_IF_ERROR(algorithm_->Step(step_, lr, grad_.data(), x_.data()));
   ++step_;
+  epoch_losses_.push_back(loss);
   if (metrics_ != nullptr) {
     // Compute until the algorithm starts; communication, the time blocked
     // on the servers since then; update, the rest.
@@ -178,7 +311,9 @@ absl::StatusOr<float> Trainer::Step() {
 
 double Trainer::AchievedCompression() const {
   const uint64_t floats = TrainingFloatsPushed(*client_);
-  return floats == 0 ? 0.0 : static_cast<double>(step_) * plan_.shard_floats / floats;
+  // The steps of this process: its client counts only what it pushed.
+  return floats == 0 ? 0.0
+                     : static_cast<double>(step_ - resumed_from_) * plan_.shard_floats / floats;
 }
 
 absl::StatusOr<EvalSums> Trainer::Evaluate(const float* params) {
@@ -231,17 +366,18 @@ absl::Status Trainer::RunEpochs(absl::Time start) {
   uint64_t window_steps = 0;
   const size_t spe = plan_.steps_per_epoch;
   const size_t evals = std::min<size_t>(config_.evals_per_epoch(), spe);
-  for (uint64_t epoch = 0; epoch < config_.epochs(); ++epoch) {
-    double loss_sum = 0;
-    size_t next_eval = 1;  // of evals; evaluation k follows step k * spe / evals
-    for (size_t i = 0; i < spe; ++i) {
+  for (uint64_t epoch = step_ / spe; epoch < config_.epochs(); ++epoch) {
+    // Evaluation k follows step k * spe / evals of the epoch; a resumed
+    // epoch skips those already done.
+    size_t next_eval = 1;
+    while (next_eval * spe / evals <= step_ % spe) ++next_eval;
+    for (size_t i = step_ % spe; i < spe; ++i) {
       ASSIGN_OR_RETURN(const float loss, Step());
-      loss_sum += loss;
       ++window_steps;
       if (i + 1 == next_eval * spe / evals) {
         ++next_eval;
         ASSIGN_OR_RETURN(const EvalSums test, EvaluateTest());
-        curve_.push_back(Evaluation(epoch + 1, step_, loss_sum, i + 1, spe, test,
+        curve_.push_back(Evaluation(epoch + 1, step_, SumOf(epoch_losses_), i + 1, spe, test,
                                     absl::ToDoubleSeconds(absl::Now() - start), *client_,
                                     plan_.log_prefix));
       }
@@ -253,6 +389,7 @@ absl::Status Trainer::RunEpochs(absl::Time start) {
         window_start = now;
         window_steps = 0;
       }
+      RETURN_IF_ERROR(CheckpointIfDue());
     }
   }
   return absl::OkStatus();
@@ -273,6 +410,7 @@ absl::Status Trainer::Run() {
   summary.local_rank = plan_.local_rank;
   summary.num_params = num_params_;
   summary.steps = step_;
+  summary.resumed_from_step = resumed_from_;
   summary.batch_size = plan_.batch_size;
   summary.curve = &curve_;
   summary.final_report = &final_;

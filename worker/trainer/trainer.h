@@ -54,10 +54,24 @@ class Trainer {
 
   // Rank 0 initialises the model from the job seed and pushes it (in a
   // node: local rank 0's, with PushNodeModel); every rank then pulls it, so
-  // all start from the identical model.
+  // all start from the identical model. With checkpoint.resume instead:
+  // ResumeFromCheckpoint.
   absl::Status InitializeModel();
+  // Loads this process's file of the newest complete checkpoint of the job
+  // (docs/reliability.md): the algorithm's state, the step and the epoch's
+  // losses so far; then pulls the servers' model, which is that
+  // checkpoint's. Errors: LoadNewestCheckpoint's, naming what was passed
+  // over; FAILED_PRECONDITION when the servers resumed from another step;
+  // DATA_LOSS naming the file when its sections do not fit the algorithm.
+  absl::Status ResumeFromCheckpoint();
   // Runs the next step; returns its training loss.
   absl::StatusOr<float> Step();
+  // With checkpoint.every_steps, after a step whose count is a multiple of
+  // it (and not the last): settles the algorithm, runs the checkpoint's
+  // average and writes this process's file. A file that cannot be written
+  // is logged and training goes on; that step's checkpoint stays
+  // incomplete. Run calls it after each step's evaluation and progress line.
+  absl::Status CheckpointIfDue();
   // Loss and accuracy of the local model on the test set. On a node a
   // collective: every local rank evaluates at the same point.
   absl::StatusOr<EvalSums> EvaluateTest();
@@ -75,6 +89,8 @@ class Trainer {
   uint32_t local_rank() const { return plan_.local_rank; }
   uint32_t partition() const { return plan_.partition; }
   uint64_t step() const { return step_; }
+  // The step of the checkpoint this trainer resumed from; 0: none.
+  uint64_t resumed_from_step() const { return resumed_from_; }
   size_t steps_per_epoch() const { return plan_.steps_per_epoch; }
   const std::vector<CurvePoint>& curve() const { return curve_; }
   const FinalReport& final_report() const { return final_; }
@@ -97,7 +113,7 @@ class Trainer {
   // fail with it at once instead of waiting for it in their next collective
   // until the group's timeout.
   absl::Status Shared(const absl::Status& mine, absl::string_view what);
-  // The epochs' steps, progress lines and evaluations (Run).
+  // The epochs' steps, progress lines and evaluations (Run), from step_.
   absl::Status RunEpochs(absl::Time start);
 
   const v1::JobConfig config_;
@@ -117,6 +133,11 @@ class Trainer {
   DeviceVector x_;     // of ops_
   DeviceVector grad_;  // of ops_
   uint64_t step_ = 0;
+  uint64_t resumed_from_ = 0;
+  bool epoch_started_ = false;  // the batcher holds epoch step_ / steps_per_epoch's order
+  // The training losses of the current epoch's steps so far, which a
+  // checkpoint carries so that a resumed epoch's mean loss is the same.
+  std::vector<float> epoch_losses_;
   std::vector<CurvePoint> curve_;
   FinalReport final_;
 };

@@ -57,6 +57,9 @@ struct TrainingSummary {
   uint32_t local_rank = 0;
   uint64_t num_params = 0;
   uint64_t steps = 0;
+  // The checkpoint's step this process resumed from (0: none): the curve,
+  // the traffic and the wall time are of the steps after it.
+  uint64_t resumed_from_step = 0;
   uint32_t batch_size = 0;
   const std::vector<CurvePoint>* curve = nullptr;
   const FinalReport* final_report = nullptr;
