@@ -541,6 +541,19 @@ TEST(ValidateJobConfigTest, EachRuleNamesItsField) {
       {"block size zero",
        [](v1::JobConfig* c) { c->mutable_algorithm()->set_block_size(0); },
        "algorithm.block_size"},
+      {"checkpoints without a folder",
+       [](v1::JobConfig* c) { c->mutable_checkpoint()->set_every_steps(100); },
+       "checkpoint.every_steps"},
+      {"checkpoints of async-sgd",
+       [](v1::JobConfig* c) {
+         c->mutable_algorithm()->set_name("async-sgd");
+         c->mutable_checkpoint()->set_dir("/tmp/ckpt");
+         c->mutable_checkpoint()->set_every_steps(100);
+       },
+       "checkpoint.every_steps"},
+      {"resume without checkpoints",
+       [](v1::JobConfig* c) { c->mutable_checkpoint()->set_resume(true); },
+       "checkpoint.resume"},
   };
   for (const ValidationCase& c : cases) {
     SCOPED_TRACE(c.name);
@@ -782,6 +795,9 @@ TEST(JobFingerprintTest, IgnoresLocalFields) {
   local.set_evals_per_epoch(10);
   local.set_output_dir("/tmp/other-out");
   local.mutable_cluster()->set_transport(v1::ClusterConfig::GRPC);
+  // A checkpoint section without every_steps is as none at all.
+  local.mutable_checkpoint()->set_dir("/mnt/ckpt");
+  local.mutable_checkpoint()->set_keep(5);
   EXPECT_EQ(JobFingerprint(base), JobFingerprint(local));
   absl::Status status = CompareJobConfigs(base, local, "server", "worker");
   EXPECT_TRUE(status.ok()) << status;
@@ -820,6 +836,11 @@ TEST(JobFingerprintTest, NonLocalDifferencesChangeItAndAreNamed) {
       {"algorithm.block_size",
        [](v1::JobConfig* c) { c->mutable_algorithm()->set_block_size(512); }},
       {"epochs", [](v1::JobConfig* c) { c->set_epochs(4); }},
+      {"checkpoint.every_steps",
+       [](v1::JobConfig* c) {
+         c->mutable_checkpoint()->set_dir("/tmp/ckpt");
+         c->mutable_checkpoint()->set_every_steps(50);
+       }},
   };
   const v1::JobConfig base = ValidConfig();
   for (const NonLocalCase& c : cases) {

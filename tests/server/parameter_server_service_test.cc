@@ -503,6 +503,8 @@ TEST_F(ServiceTest, RegisterWithADifferentJobConfigNamesTheField) {
   // Local fields may differ.
   v1::JobConfig local = config_;
   local.set_output_dir("elsewhere");
+  local.mutable_checkpoint()->set_dir("/tmp/elsewhere");
+  local.mutable_checkpoint()->set_keep(7);
   local.mutable_data()->set_dir("/tmp/other-data");
   local.mutable_cluster()->set_servers(0, "10.0.0.1:5000");
   local.mutable_cluster()->set_servers(1, "10.0.0.2:5000");
@@ -551,6 +553,16 @@ TEST_F(RefusalTest, UnknownStream) {
   ExpectRefused(request, grpc::StatusCode::INVALID_ARGUMENT, {"unknown stream 7"});
   request.set_stream(v1::STREAM_UNSPECIFIED);
   ExpectRefused(request, grpc::StatusCode::INVALID_ARGUMENT, {"unknown stream 0"}, 2);
+}
+
+TEST_F(RefusalTest, CheckpointRoundsNeedACheckpointFolderAndRatioOne) {
+  // This job takes no checkpoints.
+  v1::PushPullRequest request = ValidPush();
+  request.set_stream(v1::CHECKPOINT);
+  ExpectRefused(request, grpc::StatusCode::FAILED_PRECONDITION,
+                {"CHECKPOINT", "shard 0 takes no checkpoints", "checkpoint.dir"});
+  request.set_ratio(2);
+  ExpectRefused(request, grpc::StatusCode::INVALID_ARGUMENT, {"ratio must be 1", "got 2"}, 2);
 }
 
 TEST_F(RefusalTest, RankOutOfRange) {

@@ -1,5 +1,7 @@
 #include "worker/algorithms/algorithm.h"
 
+#include <algorithm>
+
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -67,7 +69,11 @@ Algorithm::~Algorithm() = default;
 absl::Status Algorithm::Init() {
   // Here rather than at the first average: on a node, a local rank that
   // cannot make its staging would leave its peers waiting in that average.
-  for (int i = 0; i < staging_devices_; ++i) {
+  // A checkpoint's average needs one even where the steps need none (the
+  // sparse methods).
+  const int staging =
+      std::max(staging_devices_, config().checkpoint().every_steps() > 0 ? 1 : 0);
+  for (int i = 0; i < staging; ++i) {
     ASSIGN_OR_RETURN(std::unique_ptr<StagingDevice> staging,
                      ops().MakeStaging(context_.group));
     idle_staging_.push_back(std::move(staging));

@@ -1,0 +1,254 @@
+// Checkpoints on a real in-process cluster (2 shards, 2 workers): a job
+// stopped after a checkpoint and resumed from it by fresh servers and
+// trainers trains on exactly as the same job run without interruption:
+// every later step's loss, the final models and the reported accuracies
+// agree to the bit. Two members keep the servers' sums independent of the
+// order pushes arrive in. A damaged newest checkpoint is passed over, with
+// its reason, for the one before it; resuming without any is an error.
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/checkpoint_dir.h"
+#include "common/config_fingerprint.h"
+#include "common/status.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tools/cluster/in_process_cluster.h"
+#include "tools/cluster/random_dataset.h"
+#include "worker/trainer/trainer.h"
+
+namespace cserps {
+namespace {
+
+using testing::InProcessCluster;
+using testing::TestConfig;
+using ::testing::HasSubstr;
+namespace fs = std::filesystem;
+
+constexpr int kWorkers = 2;
+// 160 examples, 8 per step and worker: 10 steps per epoch, 3 epochs.
+constexpr uint64_t kSteps = 30;
+constexpr uint32_t kEvery = 4;
+// The interrupted run stops a few steps after the checkpoint of step 12.
+constexpr uint64_t kStopAt = 14;
+constexpr uint64_t kResumeStep = 12;
+// MLP 20 -> 16 -> 4.
+constexpr uint64_t kD = 20 * 16 + 16 + 16 * 4 + 4;
+
+struct Case {
+  std::string name;
+  std::string optimizer;
+  std::string algorithm;
+};
+
+v1::JobConfig MakeConfig(const Case& c, const std::string& dir) {
+  return TestConfig(absl::StrCat(R"pb(
+    name: "checkpoint-resume-test"
+    seed: 5
+    cluster {
+      servers: "127.0.0.1:0"
+      servers: "127.0.0.1:0"
+      num_workers: 2
+      round_timeout_s: 30
+    }
+    model { kind: MLP hidden: 16 input_dim: 20 num_classes: 4 }
+    data { batch_size: 8 }
+    optimizer { lr: 0.1 )pb", c.optimizer, R"pb( }
+    algorithm { block_size: 8 )pb", c.algorithm, R"pb( }
+    epochs: 3
+    checkpoint { dir: ")pb", dir, R"pb(" every_steps: )pb", kEvery, R"pb( keep: 2 }
+  )pb"));
+}
+
+// What a run leaves: every step's loss by rank, and the end of training.
+struct Outcome {
+  std::vector<std::vector<float>> losses{kWorkers};  // steps from the first run here
+  std::vector<std::vector<float>> params{kWorkers};  // after FinishTraining
+  std::vector<FinalReport> reports{kWorkers};
+  std::vector<float> servers;  // the servers' model at the end
+};
+
+class CheckpointResumeTest : public ::testing::TestWithParam<Case> {
+ protected:
+  void SetUp() override {
+    root_ = fs::path(::testing::TempDir()) /
+            absl::StrCat("checkpoint_resume_test.", getpid(), ".", GetParam().name);
+    fs::remove_all(root_);
+    train_ = testing::RandomDataset(160, 20, 4, 17);
+    test_ = testing::RandomDataset(100, 20, 4, 18);
+  }
+  void TearDown() override { fs::remove_all(root_); }
+
+  // Trains from the start (or, with resume, from the newest checkpoint)
+  // until step `stop`; finishes the job when stop is its last step.
+  absl::StatusOr<Outcome> Run(const std::string& dir, bool resume, uint64_t stop) {
+    v1::JobConfig config = MakeConfig(GetParam(), (root_ / dir).string());
+    config.mutable_checkpoint()->set_resume(resume);
+    ASSIGN_OR_RETURN(std::unique_ptr<InProcessCluster> cluster,
+                     InProcessCluster::Start(config, kD));
+    std::vector<std::unique_ptr<Trainer>> trainers;
+    for (int r = 0; r < kWorkers; ++r) {
+      ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
+                       Trainer::Create(cluster->config(), &cluster->client(r), &train_, &test_));
+      trainers.push_back(std::move(trainer));
+    }
+    Outcome outcome;
+    RETURN_IF_ERROR(cluster->OnEveryRank([&](int r) -> absl::Status {
+      Trainer& trainer = *trainers[r];
+      RETURN_IF_ERROR(trainer.InitializeModel());
+      if (trainer.step() != (resume ? kResumeStep : 0)) {
+        return absl::InternalError(absl::StrCat("started at step ", trainer.step()));
+      }
+      while (trainer.step() < stop) {
+        ASSIGN_OR_RETURN(const float loss, trainer.Step());
+        outcome.losses[r].push_back(loss);
+        RETURN_IF_ERROR(trainer.CheckpointIfDue());
+      }
+      if (stop < kSteps) return absl::OkStatus();
+      RETURN_IF_ERROR(trainer.FinishTraining());
+      outcome.reports[r] = trainer.final_report();
+      ASSIGN_OR_RETURN(outcome.params[r], trainer.Params());
+      return absl::OkStatus();
+    }));
+    if (stop == kSteps) {
+      outcome.servers.resize(kD);
+      RETURN_IF_ERROR(cluster->client(0).PullModel(absl::MakeSpan(outcome.servers), false));
+    }
+    return outcome;
+  }
+
+  fs::path root_;
+  Dataset train_;
+  Dataset test_;
+};
+
+bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+void ExpectSameEnd(const Outcome& whole, const Outcome& resumed) {
+  EXPECT_TRUE(SameBits(resumed.servers, whole.servers)) << "the servers' final models differ";
+  for (int r = 0; r < kWorkers; ++r) {
+    SCOPED_TRACE(absl::StrCat("rank ", r));
+    const std::vector<float> tail(whole.losses[r].begin() + kResumeStep, whole.losses[r].end());
+    EXPECT_TRUE(SameBits(resumed.losses[r], tail)) << "losses after the resume differ";
+    EXPECT_TRUE(SameBits(resumed.params[r], whole.params[r])) << "final models differ";
+    EXPECT_EQ(resumed.reports[r].local_accuracy, whole.reports[r].local_accuracy);
+    EXPECT_EQ(resumed.reports[r].global_accuracy, whole.reports[r].global_accuracy);
+  }
+}
+
+TEST_P(CheckpointResumeTest, ResumedJobTrainsAsTheUninterruptedOne) {
+  absl::StatusOr<Outcome> whole = Run("whole", /*resume=*/false, kSteps);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  ASSERT_EQ(whole->losses[0].size(), kSteps);
+
+  ASSERT_TRUE(Run("cut", /*resume=*/false, kStopAt).status().ok());
+  absl::StatusOr<Outcome> resumed = Run("cut", /*resume=*/true, kSteps);
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  ExpectSameEnd(*whole, *resumed);
+
+  // The uninterrupted run kept its two newest complete checkpoints.
+  const uint64_t fingerprint = JobFingerprint(MakeConfig(GetParam(), ""));
+  std::vector<std::string> passed_over;
+  absl::StatusOr<LoadedCheckpoint> newest =
+      LoadNewestCheckpoint((root_ / "whole").string(), fingerprint, &passed_over);
+  ASSERT_TRUE(newest.ok()) << newest.status();
+  EXPECT_EQ(newest->step, 28u);
+  EXPECT_EQ(newest->ids.size(), 2u + kWorkers);
+  EXPECT_TRUE(passed_over.empty());
+  EXPECT_TRUE(fs::exists(fs::path(CheckpointStepDir((root_ / "whole").string(), 24)) / "MANIFEST"));
+  EXPECT_FALSE(fs::exists(CheckpointStepDir((root_ / "whole").string(), 20)));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Algorithms, CheckpointResumeTest,
+    ::testing::Values(
+        Case{"ssgd", "momentum_kind: NESTEROV momentum: 0.9 weight_decay: 0.0001",
+             R"(name: "ssgd")"},
+        Case{"cser", "momentum_kind: HEAVY_BALL momentum: 0.9",
+             R"(name: "cser" period: 3 ratio_c1: 2 ratio_c2: 8 cser_variant: MODEL_BLOCKS)"},
+        Case{"m_cser_gradient_blocks", "momentum_kind: NESTEROV momentum: 0.9",
+             R"(name: "m-cser" period: 3 ratio_c1: 2 ratio_c2: 8 cser_variant: GRADIENT_BLOCKS)"},
+        Case{"ef_sgd", "momentum_kind: NESTEROV momentum: 0.9", R"(name: "ef-sgd" ratio: 4)"},
+        Case{"gtopk_ssgd", "momentum_kind: HEAVY_BALL momentum: 0.9",
+             R"(name: "gtopk-ssgd" density: 0.05)"},
+        Case{"topk_ssgd", "", R"(name: "topk-ssgd" density: 0.05)"},
+        Case{"local_sgd", "momentum_kind: HEAVY_BALL momentum: 0.9",
+             R"(name: "local-sgd" period: 3)"},
+        Case{"qsparse_local_sgd", "", R"(name: "qsparse-local-sgd" period: 3 ratio: 4)"},
+        Case{"csea", "", R"(name: "csea" ratio_c1: 4)"},
+        Case{"cser_pl", "", R"(name: "cser-pl" period: 3 ratio_c1: 4)"},
+        Case{"cocod_sgd", "momentum_kind: HEAVY_BALL momentum: 0.9",
+             R"(name: "cocod-sgd" period: 3)"},
+        Case{"pipe_sgd", "", R"(name: "pipe-sgd")"}),
+    [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
+
+// Flips one byte in the middle of `path`.
+void FlipByte(const fs::path& path) {
+  std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);
+  file.seekg(static_cast<std::streamoff>(fs::file_size(path) / 2));
+  const char byte = static_cast<char>(file.get());
+  file.seekp(static_cast<std::streamoff>(fs::file_size(path) / 2));
+  file.put(static_cast<char>(byte ^ 0x40));
+}
+
+class DamagedCheckpointTest : public CheckpointResumeTest {};
+
+TEST_P(DamagedCheckpointTest, DamagedNewestIsPassedOverForThePreviousOne) {
+  absl::StatusOr<Outcome> whole = Run("whole", /*resume=*/false, kSteps);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  // Stopped after the checkpoint of step 16, whose rank 1 file is then
+  // damaged: every process resumes from step 12 instead.
+  ASSERT_TRUE(Run("cut", /*resume=*/false, 17).status().ok());
+  const fs::path damaged =
+      fs::path(CheckpointStepDir((root_ / "cut").string(), 16)) / "rank-1.ckpt";
+  ASSERT_TRUE(fs::exists(damaged));
+  FlipByte(damaged);
+  const uint64_t fingerprint = JobFingerprint(MakeConfig(GetParam(), ""));
+  std::vector<std::string> passed_over;
+  absl::StatusOr<LoadedCheckpoint> newest =
+      LoadNewestCheckpoint((root_ / "cut").string(), fingerprint, &passed_over);
+  ASSERT_TRUE(newest.ok()) << newest.status();
+  EXPECT_EQ(newest->step, kResumeStep);
+  ASSERT_EQ(passed_over.size(), 1u);
+  EXPECT_THAT(passed_over[0], HasSubstr(damaged.string()));
+  EXPECT_THAT(passed_over[0], HasSubstr("CRC32"));
+
+  absl::StatusOr<Outcome> resumed = Run("cut", /*resume=*/true, kSteps);
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  ExpectSameEnd(*whole, *resumed);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Ssgd, DamagedCheckpointTest,
+    ::testing::Values(Case{"damaged", "momentum_kind: NESTEROV momentum: 0.9",
+                           R"(name: "ssgd")"}),
+    [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
+
+TEST(CheckpointResumeErrors, ResumingWithoutACheckpointFailsNamingTheFolder) {
+  const fs::path dir = fs::path(::testing::TempDir()) /
+                       absl::StrCat("checkpoint_resume_test.", getpid(), ".none");
+  fs::remove_all(dir);
+  v1::JobConfig config =
+      MakeConfig(Case{"none", "", R"(name: "ssgd")"}, dir.string());
+  config.mutable_checkpoint()->set_resume(true);
+  absl::StatusOr<std::unique_ptr<InProcessCluster>> cluster =
+      InProcessCluster::Start(config, kD);
+  ASSERT_FALSE(cluster.ok());
+  EXPECT_EQ(cluster.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(cluster.status().message(), HasSubstr("shard 0 cannot resume"));
+  EXPECT_THAT(cluster.status().message(), HasSubstr("no complete checkpoint"));
+  EXPECT_THAT(cluster.status().message(), HasSubstr(dir.string()));
+}
+
+}  // namespace
+}  // namespace cserps
