@@ -1,8 +1,10 @@
 // cserps-launch end to end: real server and worker processes on 127.0.0.1
 // training on the installed Fashion-MNIST files.
+#include <signal.h>
 #include <sys/wait.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <string>
 
@@ -150,6 +152,68 @@ TEST_F(LaunchTest, FailingWorkerStopsTheClusterWithAnError) {
   EXPECT_NE(r.output.find("exited with code 1"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("[launch] failed:"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("[server 0]"), std::string::npos) << r.output;
+}
+
+// kill -9 of one of two server shards mid-job with --max_restarts=1: the
+// launcher stops the rest and starts the whole job again from the newest
+// complete checkpoint, and the job ends exactly as the same job run without
+// interruption (which rules out a step applied twice or lost).
+TEST_F(LaunchTest, KilledServerIsRestartedFromTheNewestCheckpoint) {
+  // 90 steps, a checkpoint every 10; slowed down so that the job is far from
+  // its end when the first checkpoint completes.
+  const std::string job =
+      ";cluster.servers=127.0.0.1:0,127.0.0.1:0;epochs=6;checkpoint.every_steps=10"
+      ";data.rank_slowdown=20,20";
+  const Result whole = Launch(absl::StrCat("output_dir=", (out_ / "whole").string(),
+                                           ";checkpoint.dir=", (out_ / "ckpt-whole").string(),
+                                           job));
+  ASSERT_EQ(whole.exit_code, 0) << whole.output;
+
+  const std::string line = absl::StrCat(
+      CSERPS_LAUNCH_BIN, " --config=", CSERPS_SOURCE_DIR,
+      "/configs/tiny.textproto --timeout_s=120 --max_restarts=1 --set='output_dir=",
+      (out_ / "cut").string(), ";checkpoint.dir=", (out_ / "ckpt-cut").string(), job, "' 2>&1");
+  FILE* pipe = popen(line.c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  std::string output;
+  pid_t server = 0;
+  bool killed = false;
+  char buffer[4096];
+  while (fgets(buffer, sizeof(buffer), pipe) != nullptr) {
+    const std::string text(buffer);
+    output += text;
+    int pid = 0;
+    if (server == 0 && std::sscanf(buffer, "[launch] server 1 is pid %d", &pid) == 1) {
+      server = pid;
+    }
+    // The first complete checkpoint: kill shard 1 (of the first start).
+    if (!killed && server != 0 && text.find("(step complete)") != std::string::npos) {
+      ASSERT_EQ(kill(server, SIGKILL), 0) << output;
+      killed = true;
+    }
+  }
+  const int status = pclose(pipe);
+  ASSERT_TRUE(killed) << output;
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << output;
+  EXPECT_NE(output.find("server 1 exited with code 137"), std::string::npos) << output;
+  const std::string restart = "[launch] restart 1 of 1: resuming from the checkpoint of step ";
+  const size_t at = output.find(restart);
+  ASSERT_NE(at, std::string::npos) << output;
+  const int step = std::atoi(output.c_str() + at + restart.size());
+  EXPECT_GT(step, 0);
+  EXPECT_LT(step, 90);
+  for (int rank = 0; rank < 2; ++rank) {
+    SCOPED_TRACE(absl::StrCat("rank ", rank));
+    const std::string cut = ReadFile(out_ / "cut" / absl::StrCat("worker_", rank, ".json"));
+    const std::string full = ReadFile(out_ / "whole" / absl::StrCat("worker_", rank, ".json"));
+    ASSERT_FALSE(cut.empty());
+    EXPECT_EQ(JsonNumber(cut, "steps"), 90);
+    EXPECT_EQ(JsonNumber(cut, "resumed_from_step"), step);
+    EXPECT_EQ(JsonNumber(full, "resumed_from_step"), 0);
+    for (const char* key : {"train_loss", "test_loss", "test_accuracy", "test_accuracy_global"}) {
+      EXPECT_EQ(JsonNumber(cut, key), JsonNumber(full, key)) << key;
+    }
+  }
 }
 
 // --nproc: the command's processes are the workers, each told its place as

@@ -13,6 +13,11 @@
 // (CSERPS_JOB, CSERPS_SERVERS, CSERPS_SET): as torchrun --nproc_per_node=N
 // places them, or with cluster.local_size L > 1 as torchrun --nnodes places
 // the job's nodes: process r is local rank r mod L of node r / L.
+//
+// With --max_restarts=N, a job one of whose processes dies is stopped and
+// started again, up to N times: from the newest complete checkpoint of
+// checkpoint.dir (docs/reliability.md) when there is one, else from the
+// start.
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
@@ -26,6 +31,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -41,6 +47,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/algorithm_catalog.h"
+#include "common/checkpoint_dir.h"
 #include "common/config_load.h"
 #include "common/config_override.h"
 #include "tools/cluster/child_process.h"
@@ -65,6 +72,10 @@ ABSL_FLAG(std::string, backend, "cpu",
           "The workers' --backend. With cluster.local_size L > 1: cpu starts one "
           "process per node (its L local ranks are threads), cuda starts L per node "
           "(--local_rank 0..L-1, one GPU each).");
+ABSL_FLAG(int, max_restarts, 0,
+          "When a server or worker dies, stop the rest and start the whole job again, "
+          "at most this many times: every process with --resume from the newest complete "
+          "checkpoint (checkpoint.dir), or from the start when there is none yet.");
 ABSL_FLAG(int, nproc, 0,
           "Run the command after \"--\" as the job's workers, this many processes "
           "(cluster.num_workers x cluster.local_size), with torchrun's environment "
@@ -110,6 +121,21 @@ int FreePort() {
   }
   close(fd);
   return port;
+}
+
+// The step of the newest complete checkpoint of the job, every file
+// checked as the processes will check them; none without checkpoints.
+std::optional<uint64_t> NewestCheckpointStep(const cserps::v1::JobConfig& config) {
+  if (config.checkpoint().every_steps() == 0) return std::nullopt;
+  const cserps::CheckpointJob job = cserps::CheckpointJob::Of(config);
+  std::vector<std::string> passed_over;
+  const absl::StatusOr<cserps::LoadedCheckpoint> newest = cserps::LoadNewestCheckpoint(
+      job.dir, job.fingerprint, &passed_over, [](const cserps::CheckpointId&) { return false; });
+  for (const std::string& reason : passed_over) {
+    std::printf("[launch] passed over %s\n", reason.c_str());
+  }
+  if (!newest.ok()) return std::nullopt;
+  return newest->step;
 }
 
 // A value of a flat JSON object written by the worker ("key": value).
@@ -181,13 +207,19 @@ void PrintSummary(const cserps::v1::JobConfig& config) {
 class Cluster {
  public:
   // `command` (its program resolved) empty: the workers are cserps-workers.
+  // Everything stops and fails at `deadline` (--timeout_s).
   Cluster(cserps::v1::JobConfig config, std::string config_path, std::string overrides,
-          std::string bin_dir, std::vector<std::string> command)
+          std::string bin_dir, std::vector<std::string> command, absl::Time deadline)
       : config_(std::move(config)),
         config_path_(std::move(config_path)),
         overrides_(std::move(overrides)),
         bin_dir_(std::move(bin_dir)),
-        command_(std::move(command)) {}
+        command_(std::move(command)),
+        deadline_(deadline) {}
+
+  // After Run: whether it failed for a reason a restart may cure (a
+  // process that died or could not start), not a signal or the deadline.
+  bool restartable() const { return !succeeded_ && !interrupted_ && !timed_out_; }
 
   int Run(int signal_fd) {
     const int num_servers = config_.cluster().servers_size();
@@ -200,7 +232,6 @@ class Cluster {
     }
     const absl::Time start = absl::Now();
     const absl::Time startup_deadline = start + absl::Seconds(absl::GetFlag(FLAGS_startup_timeout_s));
-    const int timeout_s = absl::GetFlag(FLAGS_timeout_s);
     while (true) {
       Poll(signal_fd);
       const absl::Time now = absl::Now();
@@ -212,8 +243,9 @@ class Cluster {
                             absl::GetFlag(FLAGS_startup_timeout_s), " s"));
         }
       }
-      if (timeout_s > 0 && !stopping_ && now > start + absl::Seconds(timeout_s)) {
-        Fail(absl::StrCat("--timeout_s=", timeout_s, " reached"));
+      if (!stopping_ && now > deadline_) {
+        timed_out_ = true;
+        Fail(absl::StrCat("--timeout_s=", absl::GetFlag(FLAGS_timeout_s), " reached"));
       }
       CheckChildren();
       if (stopping_ && now > stop_time_ + kStopGrace) {
@@ -249,6 +281,8 @@ class Cluster {
       Fail(absl::StrCat("cannot start ", name, ": ", child.status().message()));
       return false;
     }
+    std::printf("[launch] %s is pid %d\n", name.c_str(), static_cast<int>(child->pid()));
+    std::fflush(stdout);
     children_.push_back(std::move(*child));
     return true;
   }
@@ -473,6 +507,7 @@ class Cluster {
   const std::string overrides_;
   const std::string bin_dir_;
   const std::vector<std::string> command_;
+  const absl::Time deadline_;
   std::vector<ChildProcess> children_;
   std::vector<std::string> server_addresses_;
   std::map<std::string, std::string> metrics_targets_;  // process name -> host:port
@@ -483,6 +518,7 @@ class Cluster {
   bool stopping_ = false;
   bool succeeded_ = false;
   bool interrupted_ = false;
+  bool timed_out_ = false;
   absl::Time stop_time_;
   std::string failure_;
 };
@@ -549,6 +585,28 @@ int main(int argc, char** argv) {
   }
   std::string bin_dir = absl::GetFlag(FLAGS_bin_dir);
   if (bin_dir.empty()) bin_dir = SelfDir();
-  Cluster cluster(*config, path, overrides, bin_dir, std::move(command));
-  return cluster.Run(signal_fd);
+  const int max_restarts = absl::GetFlag(FLAGS_max_restarts);
+  if (max_restarts < 0) {
+    std::fprintf(stderr, "cserps-launch: --max_restarts must be >= 0 (got %d)\n", max_restarts);
+    return 2;
+  }
+  const int timeout_s = absl::GetFlag(FLAGS_timeout_s);
+  const absl::Time deadline =
+      timeout_s > 0 ? absl::Now() + absl::Seconds(timeout_s) : absl::InfiniteFuture();
+  std::string attempt_overrides = overrides;
+  for (int restarts = 0;; ++restarts) {
+    Cluster cluster(*config, path, attempt_overrides, bin_dir, command, deadline);
+    const int code = cluster.Run(signal_fd);
+    if (code == 0 || !cluster.restartable() || restarts == max_restarts) return code;
+    const std::optional<uint64_t> step = NewestCheckpointStep(*config);
+    std::printf("[launch] restart %d of %d: %s\n", restarts + 1, max_restarts,
+                step.has_value() ? absl::StrCat("resuming from the checkpoint of step ", *step).c_str()
+                                 : "no complete checkpoint yet, starting from step 0");
+    std::fflush(stdout);
+    attempt_overrides = overrides;
+    if (step.has_value()) {
+      absl::StrAppend(&attempt_overrides, attempt_overrides.empty() ? "" : ";",
+                      "checkpoint.resume=true");
+    }
+  }
 }
