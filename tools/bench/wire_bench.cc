@@ -16,10 +16,7 @@
 // (selected floats x 4), the balance of the shards' bytes (max over mean),
 // and the limits' GB/s with cserps' share of them. Built a second time as
 // cserps-bench-scale, whose defaults are many members against 1 to 8 shards.
-#include <poll.h>
-#include <signal.h>
 #include <sys/resource.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -27,7 +24,6 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -43,6 +39,7 @@
 #include "common/status.h"
 #include "tools/bench/wire_limits.h"
 #include "tools/cluster/child_process.h"
+#include "tools/cluster/server_processes.h"
 #include "worker/ps/ps_client.h"
 
 #ifdef CSERPS_BENCH_SCALE
@@ -74,8 +71,6 @@ namespace cserps {
 namespace {
 
 constexpr int kWarmupRounds = 3;
-constexpr absl::Duration kStartTimeout = absl::Seconds(30);
-constexpr absl::Duration kStopTimeout = absl::Seconds(10);
 
 struct Case {
   int shards = 1;
@@ -97,109 +92,12 @@ double Percentile(std::vector<absl::Duration> v, double q) {
   return Seconds(v[i]);
 }
 
-// User + system CPU seconds of process `pid` (/proc/<pid>/stat).
-double ProcessCpuSeconds(pid_t pid) {
-  std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  // Fields after the command's closing parenthesis: state is field 3, utime 14.
-  const size_t close = text.rfind(')');
-  if (close == std::string::npos) return 0;
-  std::vector<std::string> fields = absl::StrSplit(text.substr(close + 2), ' ');
-  double utime = 0, stime = 0;
-  if (fields.size() < 13 || !absl::SimpleAtod(fields[11], &utime) ||
-      !absl::SimpleAtod(fields[12], &stime)) {
-    return 0;
-  }
-  return (utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
-}
-
 double SelfCpuSeconds() {
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
   return usage.ru_utime.tv_sec + usage.ru_stime.tv_sec +
          1e-6 * (usage.ru_utime.tv_usec + usage.ru_stime.tv_usec);
 }
-
-// S cserps-server processes of one job, stopped by the destructor.
-class Servers {
- public:
-  static absl::StatusOr<std::unique_ptr<Servers>> Start(const std::string& program,
-                                                        const std::string& config, int count) {
-    std::unique_ptr<Servers> servers(new Servers);
-    for (int s = 0; s < count; ++s) {
-      ASSIGN_OR_RETURN(ChildProcess child,
-                       ChildProcess::Start(absl::StrCat("server ", s),
-                                           {program, absl::StrCat("--config=", config),
-                                            absl::StrCat("--shard=", s),
-                                            "--listen=127.0.0.1:0"},
-                                           {}));
-      servers->children_.push_back(std::move(child));
-      ASSIGN_OR_RETURN(std::string address, servers->AwaitAddress(s));
-      servers->addresses_.push_back(std::move(address));
-    }
-    // Their log must not fill the pipes while the case runs.
-    for (ChildProcess& child : servers->children_) {
-      servers->drains_.emplace_back([&child] {
-        while (child.output_fd() >= 0) {
-          pollfd p{child.output_fd(), POLLIN, 0};
-          poll(&p, 1, 1000);
-          child.ReadLines();
-        }
-      });
-    }
-    return servers;
-  }
-
-  ~Servers() {
-    for (ChildProcess& child : children_) child.Signal(SIGTERM);
-    for (ChildProcess& child : children_) {
-      const absl::Time deadline = absl::Now() + kStopTimeout;
-      int status = 0;
-      while (waitpid(child.pid(), &status, WNOHANG) == 0) {
-        if (absl::Now() > deadline) {
-          child.Signal(SIGKILL);
-          waitpid(child.pid(), &status, 0);
-          break;
-        }
-        absl::SleepFor(absl::Milliseconds(5));
-      }
-    }
-    for (std::thread& t : drains_) t.join();
-  }
-
-  const std::vector<std::string>& addresses() const { return addresses_; }
-  double CpuSeconds() const {
-    double total = 0;
-    for (const ChildProcess& child : children_) total += ProcessCpuSeconds(child.pid());
-    return total;
-  }
-
- private:
-  Servers() = default;
-
-  absl::StatusOr<std::string> AwaitAddress(int s) {
-    ChildProcess& child = children_[s];
-    const absl::Time deadline = absl::Now() + kStartTimeout;
-    const std::string marker = "listening on ";
-    std::string log;
-    while (absl::Now() < deadline && child.output_fd() >= 0) {
-      pollfd p{child.output_fd(), POLLIN, 0};
-      poll(&p, 1, 100);
-      for (const std::string& line : child.ReadLines()) {
-        log += line + "\n";
-        const size_t at = line.find(marker);
-        if (line.rfind("cserps-server shard ", 0) == 0 && at != std::string::npos) {
-          return line.substr(at + marker.size());
-        }
-      }
-    }
-    return absl::UnavailableError(absl::StrCat("server ", s, " did not listen: ", log));
-  }
-
-  std::vector<ChildProcess> children_;
-  std::vector<std::string> addresses_;
-  std::vector<std::thread> drains_;
-};
 
 std::string JobText(const Case& c, int block_size) {
   std::string servers;
@@ -267,7 +165,8 @@ absl::StatusOr<Measured> MeasureCserps(const Case& c, const std::string& server)
     std::ofstream out(path);
     out << JobText(c, absl::GetFlag(FLAGS_block_size));
   }
-  ASSIGN_OR_RETURN(std::unique_ptr<Servers> servers, Servers::Start(server, path, c.shards));
+  ASSIGN_OR_RETURN(std::unique_ptr<ServerProcesses> servers,
+                   ServerProcesses::Start(server, path, c.shards));
   ASSIGN_OR_RETURN(const v1::JobConfig config,
                    LoadJobWithOverrides(path, {absl::StrCat(
                                                   "cluster.servers=",

@@ -1,16 +1,19 @@
 // What the PS client's calls share: a batch of RPCs waited for together,
-// with the first error kept, and the deadline every call gets.
+// with the first error kept, the deadline every call gets, and the backoff
+// between attempts of the calls that lost their connection.
 #ifndef CSERPS_WORKER_PS_CALL_BATCH_H_
 #define CSERPS_WORKER_PS_CALL_BATCH_H_
 
 #include <grpcpp/client_context.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -55,6 +58,41 @@ inline void SetDeadline(grpc::ClientContext* context, absl::Duration timeout) {
   context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
   context->set_wait_for_ready(true);
 }
+
+// A failure another attempt may cure: the connection went (reset, refused,
+// a server restarting at its address). The calls the client retries are
+// idempotent on the servers: a push is counted once per round and rank,
+// Register keeps a worker id's rank, PushModel writes the same floats.
+inline bool Retryable(const absl::Status& status) { return absl::IsUnavailable(status); }
+
+// Capped exponential backoff between attempts: 20 ms, doubling, at most
+// 1 s between two, at most kMaxRetries retries, never past the deadline.
+class Backoff {
+ public:
+  static constexpr int kMaxRetries = 10;
+
+  explicit Backoff(absl::Time deadline) : deadline_(deadline) {}
+
+  // Sleeps before the next attempt; false, at once, when none is left.
+  bool Wait() {
+    if (retries_ >= kMaxRetries || absl::Now() + delay_ >= deadline_) return false;
+    absl::SleepFor(delay_);
+    delay_ = std::min(2 * delay_, absl::Seconds(1));
+    ++retries_;
+    return true;
+  }
+  int retries() const { return retries_; }
+  // `last`, the status of the last attempt Wait allowed, saying so.
+  absl::Status Exhausted(const absl::Status& last) const {
+    return absl::Status(last.code(), absl::StrCat(last.message(), " (after ", retries_ + 1,
+                                                  " attempts)"));
+  }
+
+ private:
+  const absl::Time deadline_;
+  absl::Duration delay_ = absl::Milliseconds(20);
+  int retries_ = 0;
+};
 
 }  // namespace cserps
 

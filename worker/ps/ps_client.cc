@@ -47,8 +47,8 @@ constexpr char kServiceConfig[] = R"({
              {"service": "cserps.v1.SparseExchange"}],
     "retryPolicy": {
       "maxAttempts": 5,
-      "initialBackoff": "0.1s",
-      "maxBackoff": "2s",
+      "initialBackoff": "0.02s",
+      "maxBackoff": "1s",
       "backoffMultiplier": 2,
       "retryableStatusCodes": ["UNAVAILABLE"]
     }
@@ -58,9 +58,10 @@ constexpr char kServiceConfig[] = R"({
 // One RPC to one shard: what gRPC's callback API needs to outlive the call.
 template <typename Request, typename Response>
 struct ShardCall {
-  grpc::ClientContext context;
+  std::unique_ptr<grpc::ClientContext> context;  // of the current attempt
   Request request;
   Response response;
+  absl::Status status;  // of the last attempt
   uint32_t shard = 0;
   uint64_t count = 0;  // floats of the model range, where the call has one
 };
@@ -73,22 +74,46 @@ absl::Status CheckModelSize(absl::string_view what, size_t size, uint64_t num_pa
                                                  num_params));
 }
 
-// Starts every call with start(call, done), then waits for all of them;
-// returns the first error, which names `what`, the shard and its address.
+// Starts every call with start(call, done), each with `timeout` from now,
+// then waits for all of them; returns the first error, which names `what`,
+// the shard and its address. With `retries` (null: none), the calls that
+// fail Retryable are sent again after a Backoff while the deadline allows,
+// and counted there.
 template <typename Call, typename StartFn>
-absl::Status RunAll(const std::vector<std::unique_ptr<Call>>& calls,
+absl::Status RunAll(const std::vector<std::unique_ptr<Call>>& calls, absl::Duration timeout,
                     absl::string_view what, const std::vector<std::string>& addresses,
-                    std::atomic<int64_t>* waited, StartFn start) {
-  CallBatch batch;
-  for (const auto& call : calls) {
-    batch.Add();
-    const std::string context =
-        absl::StrCat(what, " shard ", call->shard, " at ", addresses[call->shard]);
-    start(*call, [&batch, context](grpc::Status status) {
-      batch.Done(FromGrpcStatus(status, context));
-    });
+                    std::atomic<int64_t>* waited, std::atomic<uint64_t>* retries,
+                    StartFn start) {
+  const absl::Time deadline = absl::Now() + timeout;
+  Backoff backoff(deadline);
+  std::vector<Call*> pending;
+  for (const auto& call : calls) pending.push_back(call.get());
+  while (true) {
+    CallBatch batch;
+    for (Call* call : pending) {
+      call->context = std::make_unique<grpc::ClientContext>();
+      SetDeadline(call->context.get(), deadline - absl::Now());
+      batch.Add();
+      const std::string context =
+          absl::StrCat(what, " shard ", call->shard, " at ", addresses[call->shard]);
+      start(*call, [&batch, call, context](grpc::Status status) {
+        call->status = FromGrpcStatus(status, context);
+        batch.Done(call->status);
+      });
+    }
+    if (TimedWait(batch, waited).ok()) return absl::OkStatus();
+    std::vector<Call*> again;
+    for (Call* call : pending) {
+      if (call->status.ok()) continue;
+      if (retries == nullptr || !Retryable(call->status)) return call->status;
+      again.push_back(call);
+    }
+    if (!backoff.Wait()) return backoff.Exhausted(again.front()->status);
+    retries->fetch_add(again.size());
+    spdlog::warn("{}; sending {} call(s) again (retry {})",
+                 std::string(again.front()->status.message()), again.size(), backoff.retries());
+    pending = std::move(again);
   }
-  return TimedWait(batch, waited);
 }
 
 }  // namespace
@@ -113,16 +138,15 @@ struct PsClient::Impl {
   };
   std::vector<ModelChunk> ModelChunks() const;
   // One call per chunk of ModelChunks, with its shard and float count set,
-  // filled by fill(call, chunk's global offset) and given `timeout`.
+  // filled by fill(call, chunk's global offset).
   template <typename Call, typename Fill>
-  std::vector<std::unique_ptr<Call>> ChunkCalls(absl::Duration timeout, Fill fill) const {
+  std::vector<std::unique_ptr<Call>> ChunkCalls(Fill fill) const {
     std::vector<std::unique_ptr<Call>> calls;
     for (const ModelChunk& chunk : ModelChunks()) {
       auto call = std::make_unique<Call>();
       call->shard = chunk.shard;
       call->count = chunk.count;
       fill(*call, chunk.offset);
-      SetDeadline(&call->context, timeout);
       calls.push_back(std::move(call));
     }
     return calls;
@@ -158,6 +182,8 @@ struct PsClient::Impl {
   std::vector<std::unique_ptr<BulkChannel>> bulk_;
   uint32_t rank_ = 0;
   std::atomic<int64_t> wait_nanos_{0};
+  // Calls sent again after they lost their connection (RunAll, rounds).
+  std::atomic<uint64_t> retries_{0};
   TrafficCounter total_;       // every call
   TrafficCounter streams_[4];  // PushPull, by v1::Stream value
   TrafficCounter sparse_;
@@ -195,6 +221,11 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(
     args.SetMaxReceiveMessageSize(max_bytes);
     args.SetMaxSendMessageSize(max_bytes);
     args.SetInt("grpc.per_rpc_retry_buffer_size", max_bytes);
+    // A job waits for its servers: reconnect within 2 s of one coming back
+    // (gRPC's default backoff grows to 120 s), from 100 ms after a failure.
+    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
     args.SetServiceConfigJSON(kServiceConfig);
     std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(
         address, grpc::InsecureChannelCredentials(), args);
@@ -220,11 +251,20 @@ absl::StatusOr<uint32_t> PsClient::Register(int requested_rank,
     request.set_requested_rank(rank);
     request.set_worker_id(worker_id);
     v1::RegisterResponse response;
-    grpc::ClientContext context;
-    SetDeadline(&context, impl_->options_.setup_timeout);
-    RETURN_IF_ERROR(FromGrpcStatus(
-        impl_->stubs_[s]->Register(&context, request, &response),
-        absl::StrCat("Register with shard ", s, " at ", impl_->addresses_[s])));
+    const absl::Time deadline = absl::Now() + impl_->options_.setup_timeout;
+    Backoff backoff(deadline);
+    while (true) {
+      grpc::ClientContext context;
+      SetDeadline(&context, deadline - absl::Now());
+      const absl::Status registered = FromGrpcStatus(
+          impl_->stubs_[s]->Register(&context, request, &response),
+          absl::StrCat("Register with shard ", s, " at ", impl_->addresses_[s]));
+      if (registered.ok()) break;
+      // The same worker id gets the same rank again.
+      if (!Retryable(registered)) return registered;
+      if (!backoff.Wait()) return backoff.Exhausted(registered);
+      impl_->retries_.fetch_add(1);
+    }
     if (response.model_size() != impl_->layout_.num_params() ||
         response.shard().shard() != s) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -287,6 +327,7 @@ std::vector<PsClient::Impl::ModelChunk> PsClient::Impl::ModelChunks() const {
 
 uint32_t PsClient::rank() const { return impl_->rank_; }
 uint64_t PsClient::resumed_from_step() const { return impl_->resumed_from_step_; }
+uint64_t PsClient::retries() const { return impl_->retries_.load(); }
 const BlockLayout& PsClient::layout() const { return impl_->layout_; }
 uint64_t PsClient::bytes_pushed() const { return impl_->total_.Snapshot().request_bytes; }
 uint64_t PsClient::bytes_pulled() const { return impl_->total_.Snapshot().reply_bytes; }
@@ -337,6 +378,7 @@ RoundSetup PsClient::Impl::MakeRoundSetup(v1::Stream stream, uint64_t step, uint
   setup.total = &total_;
   setup.traffic = &streams_[stream];
   setup.waited_nanos = &wait_nanos_;
+  setup.retries = &retries_;
   return setup;
 }
 
@@ -364,35 +406,35 @@ absl::Status PsClient::PushModel(absl::Span<const float> model) {
   Impl& impl = *impl_;
   RETURN_IF_ERROR(CheckModelSize("PushModel: model", model.size(), impl.layout_.num_params()));
   using Call = ShardCall<v1::PushModelRequest, v1::PushModelResponse>;
-  const auto calls =
-      impl.ChunkCalls<Call>(impl.options_.setup_timeout, [&](Call& call, uint64_t offset) {
-        call.request.set_fingerprint(impl.fingerprint_);
-        call.request.set_rank(impl.rank_);
-        call.request.set_offset(offset);
-        AppendFloats(model.subspan(offset, call.count), call.request.mutable_values());
-        impl.total_.AddRequest(call.request.ByteSizeLong());
-      });
-  return RunAll(calls, "PushModel to", impl.addresses_, &impl.wait_nanos_, [&](Call& c, auto done) {
-    impl.stubs_[c.shard]->async()->PushModel(&c.context, &c.request, &c.response, std::move(done));
+  const auto calls = impl.ChunkCalls<Call>([&](Call& call, uint64_t offset) {
+    call.request.set_fingerprint(impl.fingerprint_);
+    call.request.set_rank(impl.rank_);
+    call.request.set_offset(offset);
+    AppendFloats(model.subspan(offset, call.count), call.request.mutable_values());
+    impl.total_.AddRequest(call.request.ByteSizeLong());
   });
+  return RunAll(calls, impl.options_.setup_timeout, "PushModel to", impl.addresses_,
+                &impl.wait_nanos_, &impl.retries_, [&](Call& c, auto done) {
+                  impl.stubs_[c.shard]->async()->PushModel(c.context.get(), &c.request,
+                                                           &c.response, std::move(done));
+                });
 }
 
 absl::Status PsClient::PullModel(absl::Span<float> model, bool wait_for_init) {
   Impl& impl = *impl_;
   RETURN_IF_ERROR(CheckModelSize("PullModel: model", model.size(), impl.layout_.num_params()));
   using Call = ShardCall<v1::PullModelRequest, v1::PullModelResponse>;
-  const auto calls =
-      impl.ChunkCalls<Call>(impl.options_.setup_timeout, [&](Call& call, uint64_t offset) {
-        call.request.set_fingerprint(impl.fingerprint_);
-        call.request.set_offset(offset);
-        call.request.set_count(call.count);
-        call.request.set_wait_for_init(wait_for_init);
-      });
-  RETURN_IF_ERROR(
-      RunAll(calls, "PullModel from", impl.addresses_, &impl.wait_nanos_, [&](Call& c, auto done) {
-        impl.stubs_[c.shard]->async()->PullModel(&c.context, &c.request, &c.response,
-                                                 std::move(done));
-      }));
+  const auto calls = impl.ChunkCalls<Call>([&](Call& call, uint64_t offset) {
+    call.request.set_fingerprint(impl.fingerprint_);
+    call.request.set_offset(offset);
+    call.request.set_count(call.count);
+    call.request.set_wait_for_init(wait_for_init);
+  });
+  RETURN_IF_ERROR(RunAll(calls, impl.options_.setup_timeout, "PullModel from", impl.addresses_,
+                         &impl.wait_nanos_, &impl.retries_, [&](Call& c, auto done) {
+                           impl.stubs_[c.shard]->async()->PullModel(
+                               c.context.get(), &c.request, &c.response, std::move(done));
+                         }));
   for (const auto& call : calls) {
     impl.total_.AddReply(call->response.ByteSizeLong());
     RETURN_IF_ERROR(BytesToFloats(call->response.values(),
@@ -413,7 +455,7 @@ absl::Status PsClient::AsyncPushPull(uint64_t step, float lr, absl::Span<const f
   // round_timeout_s after it went silent.
   const absl::Duration timeout =
       absl::Seconds(impl.config_.cluster().round_timeout_s()) + impl.options_.rpc_slack;
-  const auto calls = impl.ChunkCalls<Call>(timeout, [&](Call& call, uint64_t offset) {
+  const auto calls = impl.ChunkCalls<Call>([&](Call& call, uint64_t offset) {
     call.request.set_fingerprint(impl.fingerprint_);
     call.request.set_rank(impl.rank_);
     call.request.set_step(step);
@@ -423,10 +465,11 @@ absl::Status PsClient::AsyncPushPull(uint64_t step, float lr, absl::Span<const f
     impl.total_.AddRequest(call.request.ByteSizeLong());
     impl.async_.AddRequest(call.request.ByteSizeLong(), call.count);
   });
-  RETURN_IF_ERROR(RunAll(calls, "AsyncPushPull to", impl.addresses_, &impl.wait_nanos_,
-                         [&](Call& c, auto done) {
+  // Not sent again here: an asynchronous push is applied when it arrives.
+  RETURN_IF_ERROR(RunAll(calls, timeout, "AsyncPushPull to", impl.addresses_, &impl.wait_nanos_,
+                         /*retries=*/nullptr, [&](Call& c, auto done) {
                            impl.async_stubs_[c.shard]->async()->AsyncPushPull(
-                               &c.context, &c.request, &c.response, std::move(done));
+                               c.context.get(), &c.request, &c.response, std::move(done));
                          }));
   for (const auto& call : calls) {
     impl.total_.AddReply(call->response.ByteSizeLong());
@@ -469,8 +512,6 @@ absl::Status PsClient::ExchangeSparse(uint64_t step, const SparseVector& local,
                                      (pos - begin) * sizeof(float));
     impl_->total_.AddRequest(request.ByteSizeLong());
     impl_->sparse_.AddRequest(request.ByteSizeLong(), pos - begin);
-    SetDeadline(&call->context, absl::Seconds(impl_->config_.cluster().round_timeout_s()) +
-                                    impl_->options_.rpc_slack);
     calls.push_back(std::move(call));
   }
   if (pos != local.indices.size()) {
@@ -478,10 +519,13 @@ absl::Status PsClient::ExchangeSparse(uint64_t step, const SparseVector& local,
         absl::StrCat("ExchangeSparse: index ", local.indices[pos], " at position ", pos,
                      " is not below the model size ", d, " or the indices are not ascending"));
   }
-  RETURN_IF_ERROR(RunAll(calls, "SparsePushPull to", impl_->addresses_, &impl_->wait_nanos_,
-                         [&](auto& c, auto done) {
+  RETURN_IF_ERROR(RunAll(calls,
+                         absl::Seconds(impl_->config_.cluster().round_timeout_s()) +
+                             impl_->options_.rpc_slack,
+                         "SparsePushPull to", impl_->addresses_, &impl_->wait_nanos_,
+                         &impl_->retries_, [&](auto& c, auto done) {
                            impl_->sparse_stubs_[c.shard]->async()->SparsePushPull(
-                               &c.context, &c.request, &c.response, std::move(done));
+                               c.context.get(), &c.request, &c.response, std::move(done));
                          }));
   result->indices.clear();
   result->values.clear();

@@ -4,8 +4,11 @@
 // asynchronous SGD's push. The gRPC channels and stubs are internal.
 //
 // Each call sends one RPC per shard and chunk, all in parallel, and returns
-// when every shard has answered. UNAVAILABLE calls are retried by gRPC
-// (pushes are idempotent on the server). Thread safety: one thread at a time
+// when every shard has answered. A call that fails UNAVAILABLE (its
+// connection reset, its server restarting at the same address) is sent
+// again with capped exponential backoff until its deadline, except
+// AsyncPushPull's, which the servers apply when they arrive: pushes are
+// counted once per round and rank, so a retry never counts twice. Thread safety: one thread at a time
 // per client; the traffic accessors may be read from any thread.
 #ifndef CSERPS_WORKER_PS_PS_CLIENT_H_
 #define CSERPS_WORKER_PS_PS_CLIENT_H_
@@ -114,6 +117,9 @@ class PsClient final : public Communicator {
   TrafficCounts async_traffic() const;
   // Total time callers have spent blocked waiting for the servers' replies.
   absl::Duration wait_time() const;
+  // Calls (chunks, for rounds) sent again after they lost their connection
+  // (UNAVAILABLE), with capped exponential backoff inside their deadline.
+  uint64_t retries() const;
 
  private:
   struct Impl;  // ps_client.cc: the channels, stubs and counters

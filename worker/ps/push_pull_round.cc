@@ -10,15 +10,17 @@
 #include "common/float_bytes.h"
 #include "common/grpc_status.h"
 #include "common/status.h"
+#include "spdlog/spdlog.h"
 #include "worker/ps/call_batch.h"
 
 namespace cserps {
 namespace {
 
 struct PushPullCall {
-  grpc::ClientContext context;
+  std::unique_ptr<grpc::ClientContext> context;  // of the current attempt
   v1::PushPullRequest request;
   v1::PushPullResponse response;
+  absl::Status status;  // of the last attempt
   uint32_t shard = 0;
   uint64_t begin = 0;  // payload offset of the chunk
   uint64_t count = 0;
@@ -54,9 +56,8 @@ class PushPullRound final : public ShardedAverage {
         for (uint64_t id : state.bulk_ids) {
           state.channel->Wait(id, state.deadline).IgnoreError();
         }
-      } else {
-        state.batch.Wait().IgnoreError();
       }
+      if (state.batch != nullptr) state.batch->Wait().IgnoreError();
     }
   }
 
@@ -105,6 +106,8 @@ class PushPullRound final : public ShardedAverage {
     for (ShardSource& source : sources) {
       ShardState& state = *shard_state_[source.shard];
       state.started = true;
+      state.shard = source.shard;
+      state.payload = source.payload;
       state.mean = std::move(source.mean);
       state.deadline = absl::Now() + setup_.deadline;
       state.channel = setup_.bulk.empty() ? nullptr : setup_.bulk[source.shard];
@@ -126,21 +129,8 @@ class PushPullRound final : public ShardedAverage {
         }
       }
     }
-    for (const ShardSource& source : sources) {
-      ShardState& state = *shard_state_[source.shard];
-      // Started once the shard's calls are complete: callbacks may run at once.
-      for (auto& call : state.calls) {
-        state.batch.Add();
-        CallBatch* batch = &state.batch;
-        const std::string context = absl::StrCat("PushPull to shard ", source.shard, " at ",
-                                                 (*setup_.addresses)[source.shard]);
-        (*setup_.stubs)[source.shard]->async()->PushPull(
-            &call->context, &call->request, &call->response,
-            [batch, context](grpc::Status status) {
-              batch->Done(FromGrpcStatus(status, context));
-            });
-      }
-    }
+    // Started once the shard's calls are complete: callbacks may run at once.
+    for (const ShardSource& source : sources) IssueGrpc(*shard_state_[source.shard]);
   }
 
   absl::Status WaitShard(uint32_t shard) override {
@@ -152,8 +142,8 @@ class PushPullRound final : public ShardedAverage {
     }
     ShardState& state = *shard_state_[shard];
     state.waited = true;
-    if (state.channel != nullptr) return WaitBulk(state);
-    RETURN_IF_ERROR(TimedWait(state.batch, setup_.waited_nanos));
+    if (state.channel != nullptr) RETURN_IF_ERROR(WaitBulk(state));
+    RETURN_IF_ERROR(WaitGrpc(state));
     std::vector<absl::Span<float>> spans;
     for (const auto& call : state.calls) {
       const std::string& bytes = call->response.mean();
@@ -178,23 +168,76 @@ class PushPullRound final : public ShardedAverage {
 
  private:
   struct ShardState {
+    uint32_t shard = 0;
     uint64_t size = 0;
     bool started = false;
     bool waited = false;
     absl::Time deadline;
+    PayloadSpans payload;
     MeanSpans mean;
-    // gRPC
-    CallBatch batch;
+    // gRPC: the calls (also the bulk chunks sent again), those of the
+    // current attempt and its batch
     std::vector<std::unique_ptr<PushPullCall>> calls;
-    // bulk: the channel, the requests sent and their floats, the first error
+    std::vector<PushPullCall*> pending;
+    std::unique_ptr<CallBatch> batch;
+    // bulk: the channel, the requests sent (their chunk, offset, floats),
+    // the first error
     BulkChannel* channel = nullptr;
     std::vector<uint64_t> bulk_ids;
+    std::vector<uint32_t> bulk_chunks;
+    std::vector<uint64_t> bulk_begins;
     std::vector<uint64_t> bulk_counts;
     absl::Status bulk_error;
   };
 
+  // Sends state.pending over gRPC, each call with a context of its own.
+  void IssueGrpc(ShardState& state) {
+    if (state.pending.empty()) return;
+    state.batch = std::make_unique<CallBatch>();
+    CallBatch* batch = state.batch.get();
+    const std::string context = absl::StrCat("PushPull to shard ", state.shard, " at ",
+                                             (*setup_.addresses)[state.shard]);
+    for (PushPullCall* call : state.pending) {
+      call->context = std::make_unique<grpc::ClientContext>();
+      SetDeadline(call->context.get(), state.deadline - absl::Now());
+      batch->Add();
+      (*setup_.stubs)[state.shard]->async()->PushPull(
+          call->context.get(), &call->request, &call->response,
+          [batch, call, context](grpc::Status status) {
+            call->status = FromGrpcStatus(status, context);
+            batch->Done(call->status);
+          });
+    }
+  }
+
+  // Waits for the pending calls, sending those that lost their connection
+  // again after a backoff while the deadline allows.
+  absl::Status WaitGrpc(ShardState& state) {
+    Backoff backoff(state.deadline);
+    while (!state.pending.empty()) {
+      if (TimedWait(*state.batch, setup_.waited_nanos).ok()) break;
+      std::vector<PushPullCall*> again;
+      for (PushPullCall* call : state.pending) {
+        if (call->status.ok()) continue;
+        if (!Retryable(call->status)) return call->status;
+        again.push_back(call);
+      }
+      if (!backoff.Wait()) return backoff.Exhausted(again.front()->status);
+      setup_.retries->fetch_add(again.size());
+      spdlog::warn("{}; sending {} chunk(s) of step {} again (retry {})",
+                   std::string(again.front()->status.message()), again.size(), setup_.step,
+                   backoff.retries());
+      state.pending = std::move(again);
+      IssueGrpc(state);
+    }
+    state.pending.clear();
+    return absl::OkStatus();
+  }
+
+  // A retry's bytes are traffic, its floats were counted the first time.
   void AddGrpcCall(ShardState& state, uint32_t shard, uint32_t chunk, uint64_t begin,
-                   uint64_t count, absl::Span<const absl::Span<const float>> values) {
+                   uint64_t count, absl::Span<const absl::Span<const float>> values,
+                   bool retry = false) {
     auto call = std::make_unique<PushPullCall>();
     call->shard = shard;
     call->begin = begin;
@@ -213,8 +256,8 @@ class PushPullRound final : public ShardedAverage {
     bytes->reserve(count * sizeof(float));
     for (absl::Span<const float> v : values) AppendFloats(v, bytes);
     setup_.total->AddRequest(request.ByteSizeLong());
-    setup_.traffic->AddRequest(request.ByteSizeLong(), count);
-    SetDeadline(&call->context, setup_.deadline);
+    setup_.traffic->AddRequest(request.ByteSizeLong(), retry ? 0 : count);
+    state.pending.push_back(call.get());
     state.calls.push_back(std::move(call));
   }
 
@@ -239,24 +282,52 @@ class PushPullRound final : public ShardedAverage {
     setup_.total->AddRequest(bytes);
     setup_.traffic->AddRequest(bytes, count);
     state.bulk_ids.push_back(*id);
+    state.bulk_chunks.push_back(chunk);
+    state.bulk_begins.push_back(begin);
     state.bulk_counts.push_back(count);
   }
 
+  // Waits for the bulk replies; the chunks whose channel broke (and those
+  // it could not send) go out again over gRPC, for WaitGrpc.
   absl::Status WaitBulk(ShardState& state) {
     const absl::Time start = absl::Now();
-    absl::Status status = state.bulk_error;
+    absl::Status status;
+    std::vector<size_t> lost;
     for (size_t i = 0; i < state.bulk_ids.size(); ++i) {
       absl::Status one = state.channel->Wait(state.bulk_ids[i], state.deadline);
       if (one.ok()) {
         const uint64_t bytes = bulk::Reply::kBytes + state.bulk_counts[i] * sizeof(float);
         setup_.total->AddReply(bytes);
         setup_.traffic->AddReply(bytes);
-      } else if (status.ok()) {
-        status = std::move(one);
+      } else if (Retryable(one)) {
+        lost.push_back(i);
+        if (status.ok()) status = std::move(one);
+      } else {
+        return one;
       }
     }
     setup_.waited_nanos->fetch_add(absl::ToInt64Nanoseconds(absl::Now() - start));
-    return status;
+    // Chunks never sent: the channel broke before them.
+    uint64_t sent = 0;
+    for (uint64_t count : state.bulk_counts) sent += count;
+    if (!state.bulk_error.ok() && !Retryable(state.bulk_error)) return state.bulk_error;
+    if (lost.empty() && sent == state.size) return absl::OkStatus();
+    spdlog::warn("{}; sending the shard's unanswered chunks of step {} over gRPC",
+                 std::string((status.ok() ? state.bulk_error : status).message()), setup_.step);
+    std::vector<absl::Span<const float>> values;
+    auto resend = [&](uint32_t chunk, uint64_t begin, uint64_t count) {
+      values.clear();
+      state.payload(begin, count, &values);
+      AddGrpcCall(state, state.shard, chunk, begin, count, values, /*retry=*/true);
+      setup_.retries->fetch_add(1);
+    };
+    for (size_t i : lost) resend(state.bulk_chunks[i], state.bulk_begins[i], state.bulk_counts[i]);
+    for (uint64_t begin = sent; begin < state.size; begin += setup_.chunk_floats) {
+      resend(static_cast<uint32_t>(begin / setup_.chunk_floats), begin,
+             std::min(setup_.chunk_floats, state.size - begin));
+    }
+    IssueGrpc(state);
+    return absl::OkStatus();
   }
 
   absl::Status CheckStartable(uint32_t shard) const {

@@ -1,6 +1,10 @@
 // One PushPull round of the PS client (ps_client.h), shard by shard: the
 // chunking, the requests (over gRPC, or the shard's bulk channel,
-// bulk_channel.h) and the checks of the replies.
+// bulk_channel.h), the checks of the replies, and the retries of chunks
+// that lost their connection: sent again over gRPC (a broken bulk channel
+// is reconnected at the next round) with capped exponential backoff until
+// the round's deadline. The server counts a rank's push once per round, so
+// a retry of a push that arrived is answered from the round.
 #ifndef CSERPS_WORKER_PS_PUSH_PULL_ROUND_H_
 #define CSERPS_WORKER_PS_PUSH_PULL_ROUND_H_
 
@@ -40,6 +44,7 @@ struct RoundSetup {
   TrafficCounter* total = nullptr;   // every call's bytes
   TrafficCounter* traffic = nullptr;  // the stream's
   std::atomic<int64_t>* waited_nanos = nullptr;
+  std::atomic<uint64_t>* retries = nullptr;  // chunks sent again
 };
 
 // BeginShardedAverage's round: the caller gathers and scatters.

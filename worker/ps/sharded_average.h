@@ -27,9 +27,11 @@ class ShardedAverage {
   // Floats of `shard`'s payload: its GRBS-selected blocks, ascending,
   // concatenated (ShardPayload); 0 for a shard not in shards().
   virtual uint64_t payload_size(uint32_t shard) const = 0;
-  // Sends `payload` (read before this returns) to `shard`. `mean` (as many
-  // floats) must stay alive until WaitShard(shard) returns, which writes the
-  // weighted mean into it; it may be the payload's buffer. INVALID_ARGUMENT
+  // Sends `payload` to `shard`. `payload` and `mean` (as many floats) must
+  // stay alive, and the payload unchanged where it is not the mean's, until
+  // WaitShard(shard) returns, which writes the weighted mean into `mean`
+  // (it may be the payload's buffer) and sends again, from the payload, the
+  // chunks whose connection broke before their reply. INVALID_ARGUMENT
   // naming the shard and the sizes when `payload` or `mean` is not
   // payload_size(shard) floats; FAILED_PRECONDITION for a shard not in
   // shards() or already started.
