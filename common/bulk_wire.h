@@ -57,6 +57,9 @@ struct Reply {
   uint32_t count = 0;
   uint64_t request_id = 0;
   uint32_t message_bytes = 0;
+  // A mean's reply: the members the shard's rounds wait for (as
+  // PushPullResponse.members); 0 in other replies.
+  uint32_t members = 0;
 };
 
 namespace internal {
@@ -111,11 +114,12 @@ inline void Encode(const Reply& r, char* out) {
   Put(out, 4, r.count);
   Put(out, 8, r.request_id);
   Put(out, 16, r.message_bytes);
+  Put(out, 20, r.members);
 }
 inline Reply DecodeReply(const char* in) {
   using internal::Get;
   return {Get<uint32_t>(in, 0), Get<uint32_t>(in, 4), Get<uint64_t>(in, 8),
-          Get<uint32_t>(in, 16)};
+          Get<uint32_t>(in, 16), Get<uint32_t>(in, 20)};
 }
 
 }  // namespace cserps::bulk

@@ -304,6 +304,29 @@ absl::Status ValidateOptimizer(const v1::OptimizerConfig& opt,
   return absl::OkStatus();
 }
 
+// Whether a job of `algorithm` may lose members mid-way (cluster.elastic).
+absl::Status ValidateElastic(const AlgorithmInfo& algorithm) {
+  const char* why = nullptr;
+  switch (algorithm.id) {
+    case AlgorithmId::kAsyncSgd:
+      why = "its members are not in rounds: a silent one is already left behind";
+      break;
+    case AlgorithmId::kGtopkSsgd:
+    case AlgorithmId::kTopkSsgd:
+      why = "its sparse exchange selects the top-k of a fixed set of members";
+      break;
+    case AlgorithmId::kCocodSgd:
+    case AlgorithmId::kPipeSgd:
+      why = "its averages stay in flight across steps, and rounds complete without a member "
+            "only for the averages a step waits for";
+      break;
+    default:
+      return absl::OkStatus();
+  }
+  return Invalid("cluster.elastic",
+                 absl::StrCat("must be false with algorithm.name \"", algorithm.name, "\": ", why));
+}
+
 absl::Status ValidateCheckpoint(const v1::CheckpointConfig& checkpoint,
                                 const AlgorithmInfo& algorithm) {
   if (checkpoint.every_steps() == 0) {
@@ -364,6 +387,7 @@ absl::Status ValidateJobConfig(const v1::JobConfig& config,
                                 config.cluster().local_size(), ")"));
   }
   RETURN_IF_ERROR(ValidateAlgorithm(config.algorithm(), config.optimizer()));
+  if (config.cluster().elastic()) RETURN_IF_ERROR(ValidateElastic(*algorithm));
   return ValidateCheckpoint(config.checkpoint(), *algorithm);
 }
 

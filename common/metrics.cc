@@ -190,6 +190,9 @@ void ServerMetrics::Attach(std::function<Snapshot()> snapshot) {
            "Registered workers heard from within cluster.round_timeout_s, or "
            "waiting in a call.",
            MetricType::Gauge, s.members_alive);
+    single("cserps_server_members_dropped_total",
+           "Ranks an elastic job dropped on the shard: they missed a round's timeout.",
+           MetricType::Counter, s.members_dropped);
     single("cserps_server_open_rounds", "Rounds (dense and sparse) waiting for pushes.",
            MetricType::Gauge, s.open_rounds);
     single("cserps_server_model_step",
@@ -279,6 +282,11 @@ absl::StatusOr<std::unique_ptr<WorkerMetrics>> WorkerMetrics::Create(
   ASSIGN_OR_RETURN(m->compression_ratio_,
                    registry->Gauge("cserps_worker_compression_ratio",
                                    "Achieved compression: steps * d / floats pushed.",
+                                   labels));
+  ASSIGN_OR_RETURN(m->members_,
+                   registry->Gauge("cserps_worker_job_members",
+                                   "Members the servers' rounds wait for: num_workers until an "
+                                   "elastic job drops some.",
                                    labels));
   ASSIGN_OR_RETURN(m->train_loss_, registry->Gauge("cserps_worker_train_loss",
                                                    "Training loss of the last step.",

@@ -105,7 +105,7 @@ class ServerMetrics {
  public:
   // What the shard's services count, read at every scrape.
   struct Snapshot {
-    // Rounds by stream: "GRAD" / "MODEL" (PushPull), "sparse"
+    // Rounds by stream: "GRAD" / "MODEL" / "CHECKPOINT" (PushPull), "sparse"
     // (SparsePushPull), "async" (AsyncPushPull: one applied push is one
     // round; a push failed at shutdown is a failed one).
     std::map<std::string, uint64_t> rounds_completed;
@@ -114,6 +114,8 @@ class ServerMetrics {
     // Members heard from within cluster.round_timeout_s, or waiting in a
     // call (server/member_activity.h).
     uint64_t members_alive = 0;
+    // Ranks an elastic job dropped (ClusterConfig.elastic).
+    uint64_t members_dropped = 0;
     uint64_t open_rounds = 0;  // dense and sparse
     uint64_t newest_step = 0;
     // Traffic by stream: the streams above for the requests they accepted
@@ -168,6 +170,9 @@ class WorkerMetrics {
   void SetTraffic(const std::string& stream, uint64_t bytes_pushed,
                   uint64_t bytes_pulled);
   void SetCompressionRatio(double ratio) { compression_ratio_->Set(ratio); }
+  // The members the servers' rounds wait for (fewer once an elastic job
+  // dropped some).
+  void SetMembers(uint32_t members) { members_->Set(members); }
   void SetTestAccuracy(bool global, double accuracy) {
     (global ? test_accuracy_global_ : test_accuracy_local_)->Set(accuracy);
   }
@@ -189,6 +194,7 @@ class WorkerMetrics {
   prometheus::Histogram* update_seconds_ = nullptr;
   std::map<std::string, Traffic> traffic_;
   prometheus::Gauge* compression_ratio_ = nullptr;
+  prometheus::Gauge* members_ = nullptr;
   prometheus::Gauge* train_loss_ = nullptr;
   prometheus::Gauge* test_accuracy_local_ = nullptr;
   prometheus::Gauge* test_accuracy_global_ = nullptr;

@@ -155,6 +155,7 @@ class BulkServer::Connection : public std::enable_shared_from_this<Connection> {
                          Outgoing out;
                          out.head.request_id = request_id;
                          out.head.count = static_cast<uint32_t>((*mean)->size());
+                         out.head.members = self->service_.members();
                          out.mean = *std::move(mean);
                          out.stream = stream;
                          self->Enqueue(std::move(out));

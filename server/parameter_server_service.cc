@@ -7,12 +7,14 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/algorithm_catalog.h"
 #include "common/config.h"
 #include "common/float_bytes.h"
 #include "common/grpc_status.h"
 #include "common/status.h"
 #include "server/unary_reply.h"
+#include "spdlog/spdlog.h"
 
 namespace cserps {
 namespace {
@@ -54,6 +56,7 @@ ParameterServerService::ParameterServerService(ShardContext* shard, Options opti
                   .retained_rounds = config_.cluster().retained_rounds(),
                   .timeout = absl::Seconds(config_.cluster().round_timeout_s()),
                   .first_step = shard->resumed_from_step(),
+                  .elastic = config_.cluster().elastic(),
               },
           .on_complete =
               [this](const RoundKey& key, float lr,
@@ -65,6 +68,10 @@ ParameterServerService::ParameterServerService(ShardContext* shard, Options opti
                 if (on_round_latency_) on_round_latency_(key, latency);
               },
       }) {
+  rounds_.SetDropObserver([this](const std::vector<uint32_t>& ranks, const std::string& round) {
+    spdlog::warn("shard {}: {} timed out; dropped rank(s) {} from the job, {} members go on",
+                 shard_.shard(), round, absl::StrJoin(ranks, ", "), rounds_.members());
+  });
   if (options_.expiry_thread) expiry_ = StartRoundExpiry(options_.now, &rounds_);
 }
 
@@ -228,6 +235,7 @@ grpc::ServerUnaryReactor* ParameterServerService::PushPull(
                 return;
               }
               response->set_mean(FloatsToBytes(**mean));
+              response->set_members(members());
               CountReply(stream, response->ByteSizeLong());
               reactor->Finish(grpc::Status::OK);
             });
@@ -308,6 +316,8 @@ ParameterServerService::Counters ParameterServerService::counters() const {
   // so the totals read here normally cover the stream bytes read here.
   c.grad = stream_traffic_[v1::GRAD].Snapshot();
   c.model = stream_traffic_[v1::MODEL].Snapshot();
+  c.checkpoint = stream_traffic_[v1::CHECKPOINT].Snapshot();
+  c.dropped = rounds_.dropped_ranks().size();
   c.traffic = traffic_.Snapshot();
   c.other = other_traffic_.Snapshot();
   return c;
@@ -325,6 +335,7 @@ grpc::ServerUnaryReactor* ParameterServerService::GetStatus(
   response->set_rounds_failed(rounds_.rounds_failed());
   response->set_open_rounds(rounds_.open_rounds());
   response->set_newest_step(rounds_.newest_step());
+  for (uint32_t r : rounds_.dropped_ranks()) response->add_dropped_ranks(r);
   const TrafficCounts total = traffic_.Snapshot();
   response->set_bytes_in(total.request_bytes);
   response->set_bytes_out(total.reply_bytes);

@@ -49,7 +49,9 @@ class ParameterServerService final : public v1::ParameterServer::CallbackService
     TrafficCounts traffic;
     // PushPull requests that reached their round, by stream, and the
     // replies carrying a round's mean.
-    TrafficCounts grad, model;
+    TrafficCounts grad, model, checkpoint;
+    // Ranks an elastic job dropped on this shard.
+    uint64_t dropped = 0;
     // The rest, counted where it happens (not as a difference, so that it
     // never goes down): PushModel requests and refused PushPull requests;
     // PullModel replies.
@@ -105,6 +107,10 @@ class ParameterServerService final : public v1::ParameterServer::CallbackService
   void CountRequest(uint64_t bytes) { traffic_.AddRequest(bytes); }
   void CountRefused(uint64_t bytes) { other_traffic_.AddRequest(bytes); }
   void CountReply(int stream, uint64_t bytes);
+
+  // The members the rounds wait for (num_workers until an elastic job
+  // drops one), which every reply carries.
+  uint32_t members() const { return rounds_.members(); }
 
   // The port Register advertises for the bulk transport (0: none). Set
   // before the service receives calls.

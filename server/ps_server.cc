@@ -75,24 +75,29 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(
       ServerMetrics::Snapshot s;
       s.rounds_completed = {{"GRAD", c.grad_rounds_completed},
                             {"MODEL", c.model_rounds_completed},
+                            {"CHECKPOINT", c.checkpoint_rounds_completed},
                             {"sparse", sc.rounds_completed},
                             {"async", ac.pushes_applied}};
       s.rounds_failed = {{"GRAD", c.grad_rounds_failed},
                          {"MODEL", c.model_rounds_failed},
+                         {"CHECKPOINT", c.checkpoint_rounds_failed},
                          {"sparse", sc.rounds_failed},
                          {"async", ac.pushes_failed}};
       s.members_registered = c.registered;
       s.members_alive = context->activity().Alive(now());
+      s.members_dropped = c.dropped;
       s.open_rounds = c.open_rounds + sc.open_rounds;
       s.newest_step = std::max({c.newest_step, sc.newest_step, ac.newest_step});
       s.bytes_in = {{"GRAD", c.grad.request_bytes},
                     {"MODEL", c.model.request_bytes},
+                    {"CHECKPOINT", c.checkpoint.request_bytes},
                     {"sparse", sc.traffic.request_bytes},
                     {"async", ac.traffic.request_bytes},
                     {"other", c.other.request_bytes + sc.refused.request_bytes +
                                   ac.refused.request_bytes}};
       s.bytes_out = {{"GRAD", c.grad.reply_bytes},
                      {"MODEL", c.model.reply_bytes},
+                     {"CHECKPOINT", c.checkpoint.reply_bytes},
                      {"sparse", sc.traffic.reply_bytes},
                      {"async", ac.traffic.reply_bytes},
                      {"other", c.other.reply_bytes}};

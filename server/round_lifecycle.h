@@ -20,6 +20,13 @@
 // fails (ExpireOverdue), and FailAll fails every open round and every later
 // push (shutdown).
 //
+// Elastic (RoundLimits::elastic): the members start as every rank. A round
+// overdue at ExpireOverdue completes instead with the contributions of the
+// members that pushed, and the members that did not are dropped: rounds
+// then complete once every remaining member has pushed (those already open
+// too), and a dropped rank's pushes are refused with FAILED_PRECONDITION.
+// A round that no remaining member pushed to fails as before.
+//
 // What Aggregate provides (see WeightedSum and SparsePushes):
 //   Key            the round's identity; ordered by operator<
 //   Contribution   one member's push, passed by value to Add
@@ -82,6 +89,9 @@ struct RoundLimits {
   // The window starts as if a round of this step had completed: a resumed
   // job's first rounds are at its checkpoint's step.
   uint64_t first_step = 0;
+  // Elastic membership: a round still open at its timeout completes with
+  // the members that pushed, and those missing are dropped (below).
+  bool elastic = false;
 };
 
 template <typename Aggregate>
@@ -104,8 +114,10 @@ class RoundLifecycle {
 
   // Fails every round whose first push is `timeout` or more before `now`
   // with DEADLINE_EXCEEDED "<round> timed out after <timeout>s: missing
-  // ranks <r, ...> of world_size <n>"; returns how many. A failed round is
-  // forgotten: later pushes for its key start a new round.
+  // ranks <r, ...> of world_size <n>" (elastic: completes it and drops the
+  // missing members, when a member pushed); returns how many it failed or
+  // completed so. A failed round is forgotten: later pushes for its key
+  // start a new round.
   int ExpireOverdue(absl::Time now);
   // When the oldest open round becomes overdue; InfiniteFuture when none.
   absl::Time NextDeadline() const;
@@ -121,6 +133,14 @@ class RoundLifecycle {
   uint64_t rounds_failed(int stream) const;
   // Newest step of any completed round; 0 before the first.
   uint64_t newest_step() const;
+  // The members rounds wait for, and the ranks dropped, in drop order.
+  uint32_t members() const;
+  std::vector<uint32_t> dropped_ranks() const;
+  // Called (without the lock) with the ranks an overdue round dropped and
+  // that round's name; set before the first push.
+  void SetDropObserver(std::function<void(const std::vector<uint32_t>&, const std::string&)> f) {
+    on_dropped_ = std::move(f);
+  }
 
  protected:
   // `finish` is required.
@@ -139,8 +159,9 @@ class RoundLifecycle {
  private:
   // A round still collecting pushes.
   struct Round {
-    Round(const Contribution& first, uint32_t world_size, absl::Time now)
-        : aggregate(first, world_size),
+    // `members` of the `world_size` ranks are expected to push.
+    Round(const Contribution& first, uint32_t members, uint32_t world_size, absl::Time now)
+        : aggregate(first, members),
           shape(Aggregate::ShapeOf(first)),
           pushed(world_size, false),
           first_push(now) {}
@@ -169,6 +190,7 @@ class RoundLifecycle {
     uint64_t newest_retired = 0;  // meaningful only when retired_any
   };
   using FailedRounds = std::vector<std::pair<absl::Status, std::vector<Callback>>>;
+  using RoundNode = typename std::map<Key, Round>::node_type;
 
   const RetainedRound* FindRetainedLocked(const Key& key) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -183,6 +205,14 @@ class RoundLifecycle {
   // Answers every waiter of `failed` with its round's status; call without
   // the lock.
   static void Answer(FailedRounds& failed);
+  // Whether every member has pushed to `round`.
+  bool CompleteLocked(const Round& round) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes `it` out of open_ as completing.
+  RoundNode ExtractCompletingLocked(typename std::map<Key, Round>::iterator it)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Finishes a round taken out of open_ and answers its waiters; call
+  // without the lock.
+  void FinishRound(RoundNode completed, absl::Time now);
 
   const RoundLimits limits_;
   const Finish finish_;
@@ -197,6 +227,10 @@ class RoundLifecycle {
   std::map<int, uint64_t> completed_by_stream_ ABSL_GUARDED_BY(mu_);
   std::map<int, uint64_t> failed_by_stream_ ABSL_GUARDED_BY(mu_);
   uint64_t newest_step_ ABSL_GUARDED_BY(mu_);
+  std::vector<bool> member_ ABSL_GUARDED_BY(mu_);  // by rank
+  uint32_t members_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint32_t> dropped_ ABSL_GUARDED_BY(mu_);
+  std::function<void(const std::vector<uint32_t>&, const std::string&)> on_dropped_;
 };
 
 }  // namespace cserps

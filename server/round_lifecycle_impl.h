@@ -26,7 +26,11 @@ namespace cserps {
 
 template <typename Aggregate>
 RoundLifecycle<Aggregate>::RoundLifecycle(RoundLimits limits, Finish finish)
-    : limits_(limits), finish_(std::move(finish)), newest_step_(limits.first_step) {
+    : limits_(limits),
+      finish_(std::move(finish)),
+      newest_step_(limits.first_step),
+      member_(limits.world_size, true),
+      members_(limits.world_size) {
   CSERPS_CHECK(limits_.world_size >= 1);
   CSERPS_CHECK(finish_ != nullptr);
 }
@@ -53,12 +57,17 @@ void RoundLifecycle<Aggregate>::Contribute(const Key& key, uint32_t rank,
   }
   const Shape shape = Aggregate::ShapeOf(contribution);
   std::optional<Result> retained;
-  typename std::map<Key, Round>::node_type completed;  // when this push completes it
+  RoundNode completed;  // when this push completes it
   {
     absl::MutexLock lock(&mu_);
     if (shut_down_) {
       refused = absl::UnavailableError(
           absl::StrCat(Aggregate::PushName(key, rank), " refused: ", shutdown_reason_));
+    } else if (!member_[rank]) {
+      refused = absl::FailedPreconditionError(absl::StrCat(
+          Aggregate::PushName(key, rank), " refused: rank ", rank,
+          " was dropped from the job (elastic: it missed a round's timeout); the rounds go on "
+          "with the other ", members_, " members"));
     } else if (const RetainedRound* r = FindRetainedLocked(key)) {
       refused = Aggregate::CheckShape(key, rank, shape, r->shape);
       if (refused.ok()) retained = r->result;
@@ -73,7 +82,7 @@ void RoundLifecycle<Aggregate>::Contribute(const Key& key, uint32_t rank,
       if (it == open_.end()) {
         refused = CheckWindowLocked(key, rank);
         if (refused.ok()) {
-          it = open_.try_emplace(key, contribution, limits_.world_size, now).first;
+          it = open_.try_emplace(key, contribution, members_, limits_.world_size, now).first;
         }
       }
       if (refused.ok()) refused = Aggregate::CheckShape(key, rank, shape, it->second.shape);
@@ -85,9 +94,8 @@ void RoundLifecycle<Aggregate>::Contribute(const Key& key, uint32_t rank,
           ++round.ranks_pushed;
         }
         round.waiters.push_back(std::move(done));
-        if (round.ranks_pushed < limits_.world_size) return;
-        completed = open_.extract(it);
-        completing_[key].shape = shape;
+        if (!CompleteLocked(round)) return;
+        completed = ExtractCompletingLocked(it);
       }
     }
   }
@@ -99,11 +107,32 @@ void RoundLifecycle<Aggregate>::Contribute(const Key& key, uint32_t rank,
     done(*std::move(retained));
     return;
   }
+  FinishRound(std::move(completed), now);
+}
 
+template <typename Aggregate>
+bool RoundLifecycle<Aggregate>::CompleteLocked(const Round& round) const {
+  if (round.ranks_pushed < members_) return false;
+  for (uint32_t r = 0; r < limits_.world_size; ++r) {
+    if (member_[r] && !round.pushed[r]) return false;
+  }
+  return true;
+}
+
+template <typename Aggregate>
+auto RoundLifecycle<Aggregate>::ExtractCompletingLocked(typename std::map<Key, Round>::iterator it)
+    -> RoundNode {
+  RoundNode node = open_.extract(it);
+  completing_[node.key()].shape = node.mapped().shape;
+  return node;
+}
+
+template <typename Aggregate>
+void RoundLifecycle<Aggregate>::FinishRound(RoundNode completed, absl::Time now) {
   // Nothing else touches the round once it left open_.
+  const Key key = completed.key();
   Round& round = completed.mapped();
-  const Result result =
-      finish_(key, std::move(round.aggregate), now - round.first_push);
+  const Result result = finish_(key, std::move(round.aggregate), now - round.first_push);
   std::vector<Callback> waiters = std::move(round.waiters);
   {
     absl::MutexLock lock(&mu_);
@@ -187,6 +216,8 @@ void RoundLifecycle<Aggregate>::Answer(FailedRounds& failed) {
 template <typename Aggregate>
 int RoundLifecycle<Aggregate>::ExpireOverdue(absl::Time now) {
   FailedRounds failed;
+  std::vector<RoundNode> completed;
+  std::vector<std::pair<std::vector<uint32_t>, std::string>> drops;
   {
     absl::MutexLock lock(&mu_);
     for (auto it = open_.begin(); it != open_.end();) {
@@ -196,8 +227,22 @@ int RoundLifecycle<Aggregate>::ExpireOverdue(absl::Time now) {
         continue;
       }
       std::vector<uint32_t> missing;
+      bool a_member_pushed = false;
       for (uint32_t r = 0; r < limits_.world_size; ++r) {
-        if (!round.pushed[r]) missing.push_back(r);
+        if (member_[r] && !round.pushed[r]) missing.push_back(r);
+        if (member_[r] && round.pushed[r]) a_member_pushed = true;
+      }
+      if (limits_.elastic && a_member_pushed) {
+        for (uint32_t r : missing) {
+          member_[r] = false;
+          dropped_.push_back(r);
+        }
+        members_ -= static_cast<uint32_t>(missing.size());
+        drops.emplace_back(std::move(missing), Aggregate::RoundName(it->first));
+        const auto next = std::next(it);
+        completed.push_back(ExtractCompletingLocked(it));
+        it = next;
+        continue;
       }
       failed.emplace_back(
           absl::DeadlineExceededError(absl::StrCat(
@@ -208,9 +253,19 @@ int RoundLifecycle<Aggregate>::ExpireOverdue(absl::Time now) {
       CountFailureLocked(it->first);
       it = open_.erase(it);
     }
+    // Rounds that waited only for the members just dropped.
+    for (auto it = open_.begin(); !drops.empty() && it != open_.end();) {
+      const auto next = std::next(it);
+      if (CompleteLocked(it->second)) completed.push_back(ExtractCompletingLocked(it));
+      it = next;
+    }
+  }
+  if (on_dropped_) {
+    for (const auto& [ranks, round] : drops) on_dropped_(ranks, round);
   }
   Answer(failed);
-  return static_cast<int>(failed.size());
+  for (RoundNode& node : completed) FinishRound(std::move(node), now);
+  return static_cast<int>(failed.size() + drops.size());
 }
 
 template <typename Aggregate>
@@ -279,6 +334,18 @@ template <typename Aggregate>
 uint64_t RoundLifecycle<Aggregate>::newest_step() const {
   absl::MutexLock lock(&mu_);
   return newest_step_;
+}
+
+template <typename Aggregate>
+uint32_t RoundLifecycle<Aggregate>::members() const {
+  absl::MutexLock lock(&mu_);
+  return members_;
+}
+
+template <typename Aggregate>
+std::vector<uint32_t> RoundLifecycle<Aggregate>::dropped_ranks() const {
+  absl::MutexLock lock(&mu_);
+  return dropped_;
 }
 
 }  // namespace cserps

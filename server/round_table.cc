@@ -53,8 +53,14 @@ void WeightedSum::Add(uint32_t /*rank*/, const Contribution& push) {
 }
 
 RoundMean WeightedSum::Mean() const {
-  CSERPS_CHECK(mean_ != nullptr);  // the lifecycle asks once every member pushed
-  return mean_;
+  if (mean_ != nullptr) return mean_;
+  // An elastic round completed without some of the members it expected.
+  CSERPS_CHECK(added_ > 0 && sum_ != nullptr);
+  auto mean = std::make_shared<std::vector<float>>(size_);
+  for (size_t i = 0; i < size_; ++i) {
+    (*mean)[i] = static_cast<float>(sum_[i] / weight_total_);
+  }
+  return mean;
 }
 
 std::string WeightedSum::RoundName(const RoundKey& key) {

@@ -73,8 +73,8 @@ class WeightedSum {
   WeightedSum(const Contribution& first, uint32_t world_size);
   // Each member once; the last of world_size computes the mean.
   void Add(uint32_t rank, const Contribution& push);
-  // sum_i w_i v_i / sum_i w_i, rounded to float once; once every member
-  // has been added.
+  // sum_i w_i v_i / sum_i w_i, rounded to float once, over the members
+  // added: all of them, or those an elastic round completed with.
   RoundMean Mean() const;
   float lr() const { return lr_; }
 

@@ -216,6 +216,50 @@ TEST_F(LaunchTest, KilledServerIsRestartedFromTheNewestCheckpoint) {
   }
 }
 
+// cluster.elastic: kill -9 of one of 4 CSER workers mid-job; the servers
+// drop it at its round's timeout, the launcher lets the others go on, and
+// they finish the job with 3 members.
+TEST_F(LaunchTest, ElasticJobFinishesWithoutAKilledWorker) {
+  const std::string line = absl::StrCat(
+      CSERPS_LAUNCH_BIN, " --config=", CSERPS_SOURCE_DIR,
+      "/configs/tiny.textproto --timeout_s=120 --set='output_dir=", out_.string(),
+      ";cluster.num_workers=4;cluster.elastic=true;cluster.round_timeout_s=3;epochs=8"
+      ";log_every_steps=5;data.rank_slowdown=10,10,10,10;algorithm.name=cser"
+      ";algorithm.period=4;algorithm.ratio_c1=2;algorithm.ratio_c2=8' 2>&1");
+  FILE* pipe = popen(line.c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  std::string output;
+  pid_t worker = 0;
+  bool killed = false;
+  char buffer[4096];
+  while (fgets(buffer, sizeof(buffer), pipe) != nullptr) {
+    const std::string text(buffer);
+    output += text;
+    int pid = 0;
+    if (worker == 0 && std::sscanf(buffer, "[launch] worker 3 is pid %d", &pid) == 1) worker = pid;
+    if (!killed && worker != 0 && text.rfind("[worker 0]", 0) == 0 &&
+        text.find("] step 10 ") != std::string::npos) {
+      ASSERT_EQ(kill(worker, SIGKILL), 0) << output;
+      killed = true;
+    }
+  }
+  const int status = pclose(pipe);
+  ASSERT_TRUE(killed) << output;
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << output;
+  EXPECT_NE(output.find("worker 3 exited with code 137; the elastic job goes on without it"),
+            std::string::npos)
+      << output;
+  EXPECT_NE(output.find("dropped rank(s) 3"), std::string::npos) << output;
+  for (int rank = 0; rank < 3; ++rank) {
+    SCOPED_TRACE(absl::StrCat("rank ", rank));
+    const std::string json = ReadFile(out_ / absl::StrCat("worker_", rank, ".json"));
+    ASSERT_FALSE(json.empty());
+    EXPECT_EQ(JsonNumber(json, "steps"), 56);  // 8 epochs of floor(500 / 64)
+    EXPECT_NE(json.find("\"members\": 3}"), std::string::npos) << json;
+  }
+  EXPECT_FALSE(std::filesystem::exists(out_ / "worker_3.json"));
+}
+
 // --nproc: the command's processes are the workers, each told its place as
 // torchrun tells it, and the job's servers.
 TEST(LaunchCommandTest, ProcessesGetTorchrunsAndTheJobsVariables) {

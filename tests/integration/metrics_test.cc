@@ -174,19 +174,20 @@ TEST(MetricsTest, ServerExportsItsRoundsAndTrafficOverHttp) {
             double{kRounds})
       << text;
   // Every stream has its series from the start, zero when unused.
-  for (const char* stream : {"MODEL", "sparse", "async"}) {
+  for (const char* stream : {"MODEL", "CHECKPOINT", "sparse", "async"}) {
     EXPECT_EQ(Sample(text, "cserps_server_rounds_completed_total",
                      {{"shard", "0"}, {"stream", stream}}),
               0.0)
         << stream << "\n" << text;
   }
-  for (const char* stream : {"GRAD", "MODEL", "sparse", "async"}) {
+  for (const char* stream : {"GRAD", "MODEL", "CHECKPOINT", "sparse", "async"}) {
     EXPECT_EQ(Sample(text, "cserps_server_rounds_failed_total",
                      {{"shard", "0"}, {"stream", stream}}),
               0.0)
         << stream << "\n" << text;
   }
   EXPECT_EQ(Sample(text, "cserps_server_open_rounds", {{"shard", "0"}}), 0.0) << text;
+  EXPECT_EQ(Sample(text, "cserps_server_members_dropped_total", {{"shard", "0"}}), 0.0) << text;
   EXPECT_EQ(Sample(text, "cserps_server_model_step", {{"shard", "0"}}), double{kRounds - 1})
       << text;
   EXPECT_EQ(Sample(text, "cserps_server_round_latency_seconds_count",
@@ -590,6 +591,7 @@ TEST(MetricsTest, WorkerMetricsFollowCumulativeTotals) {
   (*worker)->RecordStep(absl::Milliseconds(60), absl::Milliseconds(12), absl::Milliseconds(8),
                         8, 1.25, 0.025);
   (*worker)->SetTestAccuracy(/*global=*/true, 0.75);
+  (*worker)->SetMembers(3);
 
   const std::string text = metrics->Collect();
   const Labels base = {{"rank", "3"}, {"algorithm", "cser"}};
@@ -610,6 +612,7 @@ TEST(MetricsTest, WorkerMetricsFollowCumulativeTotals) {
       << text;
   EXPECT_EQ(Sample(text, "cserps_worker_train_loss", base), 1.25) << text;
   EXPECT_EQ(Sample(text, "cserps_worker_learning_rate", base), 0.025) << text;
+  EXPECT_EQ(Sample(text, "cserps_worker_job_members", base), 3.0) << text;
   EXPECT_EQ(Sample(text, "cserps_worker_step_seconds_count", with("phase", "compute")), 2.0)
       << text;
   EXPECT_NEAR(Sample(text, "cserps_worker_step_seconds_sum", with("phase", "compute")).value_or(0),

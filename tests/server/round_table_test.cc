@@ -458,6 +458,81 @@ TEST(RoundTableTest, ExpireOverdueNamesMissingRanks) {
   EXPECT_EQ(completions, 1);
 }
 
+// Elastic: the overdue round completes with the ranks that pushed,
+// reweighted; the missing rank is dropped, which completes the rounds that
+// waited only for it, refuses its pushes, and later rounds need only the
+// others.
+TEST(RoundTableTest, ElasticOverdueRoundCompletesWithoutTheMissingAndDropsThem) {
+  RoundTable::Options o = SmallOptions(3);
+  o.limits.timeout = absl::Seconds(10);
+  o.limits.elastic = true;
+  int completions = 0;
+  o.on_complete = [&](const RoundKey&, float, const std::vector<float>&) { ++completions; };
+  RoundTable table(o);
+  std::vector<uint32_t> dropped;
+  table.SetDropObserver([&](const std::vector<uint32_t>& ranks, const std::string& round) {
+    dropped.insert(dropped.end(), ranks.begin(), ranks.end());
+    EXPECT_THAT(round, HasSubstr("step 4"));
+  });
+  const RoundKey overdue{4, 2, 0}, waiting{4, 2, 1}, later{5, 2, 0};
+  const std::vector<std::vector<float>> values = {{1.0f, -3.0f}, {7.0f, 0.5f}};
+  const std::vector<float> weights = {1.0f, 3.0f};
+  Answer a[2], w[2];
+  for (uint32_t r = 0; r < 2; ++r) {
+    table.Push(overdue, r, weights[r], kLr, values[r], kT0, a[r].Callback());
+    table.Push(waiting, r, weights[r], kLr, values[r], kT0 + absl::Seconds(5), w[r].Callback());
+  }
+  EXPECT_EQ(table.members(), 3u);
+  EXPECT_EQ(table.ExpireOverdue(kT0 + absl::Seconds(10)), 1);
+  EXPECT_THAT(dropped, ElementsAreArray({2u}));
+  EXPECT_EQ(table.members(), 2u);
+  EXPECT_THAT(table.dropped_ranks(), ElementsAreArray({2u}));
+  const std::vector<float> expected = WeightedMean(values, weights);
+  for (Answer* answer : {&a[0], &a[1], &w[0], &w[1]}) {
+    ASSERT_TRUE(answer->ok()) << answer->status();
+    EXPECT_THAT(answer->mean(), ElementsAreArray(expected));
+  }
+  EXPECT_EQ(completions, 2);
+  EXPECT_EQ(table.rounds_failed(), 0u);
+  EXPECT_EQ(table.open_rounds(), 0u);
+
+  Answer late;
+  table.Push(later, 2, 1.0f, kLr, values[0], kT0 + absl::Seconds(11), late.Callback());
+  ASSERT_EQ(late.calls, 1);
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(late.status().message(), HasSubstr("rank 2 was dropped"));
+  Answer next[2];
+  for (uint32_t r = 0; r < 2; ++r) {
+    table.Push(later, r, weights[r], kLr, values[r], kT0 + absl::Seconds(11), next[r].Callback());
+  }
+  ASSERT_TRUE(next[0].ok()) << next[0].status();
+  EXPECT_THAT(next[0].mean(), ElementsAreArray(expected));
+}
+
+// A round no remaining member pushed to fails, elastic or not.
+TEST(RoundTableTest, ElasticRoundOfDroppedRanksOnlyFails) {
+  RoundTable::Options o = SmallOptions(2);
+  o.limits.timeout = absl::Seconds(10);
+  o.limits.elastic = true;
+  RoundTable table(o);
+  Answer first, second;
+  // Rank 1 pushes chunk 1 only; chunk 0 drops it at its timeout.
+  table.Push({6, 2, 0}, 0, 1.0f, kLr, std::vector<float>{1.0f}, kT0, first.Callback());
+  table.Push({6, 2, 1}, 1, 1.0f, kLr, std::vector<float>{1.0f}, kT0 + absl::Seconds(1),
+             second.Callback());
+  EXPECT_EQ(table.ExpireOverdue(kT0 + absl::Seconds(10)), 1);
+  EXPECT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(second.calls, 0);
+  EXPECT_EQ(table.members(), 1u);
+  // Chunk 1 holds rank 1's push alone, and rank 0 has not pushed it: it
+  // fails at its own timeout, naming rank 0.
+  EXPECT_EQ(table.ExpireOverdue(kT0 + absl::Seconds(11)), 1);
+  ASSERT_EQ(second.calls, 1);
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(second.status().message(), HasSubstr("missing ranks 0"));
+  EXPECT_EQ(table.members(), 1u);
+}
+
 TEST(RoundTableTest, NextDeadlineIsTheEarliestOpenRound) {
   RoundTable::Options o = SmallOptions(2);
   o.limits.timeout = absl::Seconds(30);

@@ -444,7 +444,14 @@ class Cluster {
         if (c.pid() != pid) continue;
         c.SetExited(wait_status);
         const bool is_worker = absl::StartsWith(c.name(), "worker ");
-        if (*c.exit_code() != 0 && !stopping_) {
+        if (is_worker && *c.exit_code() != 0 && !stopping_ && config_.cluster().elastic() &&
+            workers_lost_ + 1 < ExpectedWorkerProcesses()) {
+          // The servers drop it at its rounds' timeout; the others go on.
+          ++workers_lost_;
+          std::printf("[launch] %s exited with code %d; the elastic job goes on without it\n",
+                      c.name().c_str(), *c.exit_code());
+          std::fflush(stdout);
+        } else if (*c.exit_code() != 0 && !stopping_) {
           Fail(absl::StrCat(c.name(), " exited with code ", *c.exit_code()));
         } else if (!is_worker && !stopping_) {
           Fail(absl::StrCat(c.name(), " exited while the job was running"));
@@ -453,7 +460,7 @@ class Cluster {
         }
       }
     }
-    if (!stopping_ && workers_started_ && workers_done_ == workers_ &&
+    if (!stopping_ && workers_started_ && workers_done_ + workers_lost_ == workers_ &&
         workers_ == ExpectedWorkerProcesses()) {
       succeeded_ = true;
       StopAll();
@@ -515,6 +522,7 @@ class Cluster {
   bool workers_started_ = false;
   uint32_t workers_ = 0;
   uint32_t workers_done_ = 0;
+  uint32_t workers_lost_ = 0;  // elastic: workers that died while the others went on
   bool stopping_ = false;
   bool succeeded_ = false;
   bool interrupted_ = false;

@@ -186,6 +186,7 @@ absl::Status BulkChannel::ReadOne(absl::Time deadline) {
     RETURN_IF_ERROR(RecvAll(socket_.fd(), absl::MakeSpan(iov), deadline, "receive"));
   }
   absl::MutexLock lock(&mu_);
+  if (reply.code == 0 && reply.members != 0) members_ = reply.members;
   Pending& pending = pending_[reply.request_id];
   pending.done = true;
   pending.status = std::move(status);

@@ -47,6 +47,12 @@ class BulkChannel {
   // Blocks until request `id`'s reply is in its mean; the shard's error for
   // the request, or the channel's.
   absl::Status Wait(uint64_t id, absl::Time deadline);
+  // The members the shard's rounds waited for, as its newest mean's reply
+  // said; 0 before the first.
+  uint32_t members() const {
+    absl::MutexLock lock(&mu_);
+    return members_;
+  }
 
   bool broken() const;
   const std::string& name() const { return name_; }
@@ -76,6 +82,7 @@ class BulkChannel {
   // The request whose mean the reader is filling; 0: none yet.
   uint64_t reading_id_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status broken_ ABSL_GUARDED_BY(mu_);
+  uint32_t members_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace cserps

@@ -184,6 +184,8 @@ struct PsClient::Impl {
   std::atomic<int64_t> wait_nanos_{0};
   // Calls sent again after they lost their connection (RunAll, rounds).
   std::atomic<uint64_t> retries_{0};
+  // The fewest members a round's reply reported.
+  std::atomic<uint32_t> members_{0};
   TrafficCounter total_;       // every call
   TrafficCounter streams_[4];  // PushPull, by v1::Stream value
   TrafficCounter sparse_;
@@ -205,6 +207,7 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(
   }
   auto impl = std::make_unique<Impl>(config, num_params, options);
   impl->bulk_ports_.assign(config.cluster().servers_size(), 0);
+  impl->members_ = config.cluster().num_workers();
   impl->bulk_.resize(config.cluster().servers_size());
   for (const std::string& address : config.cluster().servers()) {
     const uint32_t shard = static_cast<uint32_t>(impl->addresses_.size());
@@ -328,6 +331,7 @@ std::vector<PsClient::Impl::ModelChunk> PsClient::Impl::ModelChunks() const {
 uint32_t PsClient::rank() const { return impl_->rank_; }
 uint64_t PsClient::resumed_from_step() const { return impl_->resumed_from_step_; }
 uint64_t PsClient::retries() const { return impl_->retries_.load(); }
+uint32_t PsClient::members() const { return impl_->members_.load(); }
 const BlockLayout& PsClient::layout() const { return impl_->layout_; }
 uint64_t PsClient::bytes_pushed() const { return impl_->total_.Snapshot().request_bytes; }
 uint64_t PsClient::bytes_pulled() const { return impl_->total_.Snapshot().reply_bytes; }
@@ -379,6 +383,7 @@ RoundSetup PsClient::Impl::MakeRoundSetup(v1::Stream stream, uint64_t step, uint
   setup.traffic = &streams_[stream];
   setup.waited_nanos = &wait_nanos_;
   setup.retries = &retries_;
+  setup.members = &members_;
   return setup;
 }
 

@@ -120,6 +120,10 @@ class PsClient final : public Communicator {
   // Calls (chunks, for rounds) sent again after they lost their connection
   // (UNAVAILABLE), with capped exponential backoff inside their deadline.
   uint64_t retries() const;
+  // The members the servers' rounds wait for, as their replies said: the
+  // job's num_workers until an elastic job drops one (the fewest any shard
+  // reported).
+  uint32_t members() const;
 
  private:
   struct Impl;  // ps_client.cc: the channels, stubs and counters

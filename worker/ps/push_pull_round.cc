@@ -155,6 +155,7 @@ class PushPullRound final : public ShardedAverage {
       }
       setup_.total->AddReply(call->response.ByteSizeLong());
       setup_.traffic->AddReply(call->response.ByteSizeLong());
+      NoteMembers(call->response.members());
       spans.clear();
       state.mean(call->begin, call->count, &spans);
       const char* from = bytes.data();
@@ -307,6 +308,7 @@ class PushPullRound final : public ShardedAverage {
       }
     }
     setup_.waited_nanos->fetch_add(absl::ToInt64Nanoseconds(absl::Now() - start));
+    NoteMembers(state.channel->members());
     // Chunks never sent: the channel broke before them.
     uint64_t sent = 0;
     for (uint64_t count : state.bulk_counts) sent += count;
@@ -328,6 +330,13 @@ class PushPullRound final : public ShardedAverage {
     }
     IssueGrpc(state);
     return absl::OkStatus();
+  }
+
+  void NoteMembers(uint32_t members) {
+    if (members == 0) return;
+    uint32_t seen = setup_.members->load();
+    while (members < seen && !setup_.members->compare_exchange_weak(seen, members)) {
+    }
   }
 
   absl::Status CheckStartable(uint32_t shard) const {

@@ -116,6 +116,7 @@ Trainer::Trainer(const v1::JobConfig& config, TrainerLink link, TrainerPlan plan
                     : 1.0f) {}
 
 absl::Status Trainer::Init() {
+  members_ = config_.cluster().num_workers();
   RETURN_IF_ERROR(backend_->Reserve(std::max<size_t>(plan_.batch_size, kEvalBatch)));
   ASSIGN_OR_RETURN(x_, ops_.Allocate());
   ASSIGN_OR_RETURN(grad_, ops_.Allocate());
@@ -295,6 +296,13 @@ absl::StatusOr<float> Trainer::Step() {
   RETURN_IF_ERROR(algorithm_->Step(step_, lr, grad_.data(), x_.data()));
   ++step_;
   epoch_losses_.push_back(loss);
+  if (const uint32_t members = client_->members(); members != members_) {
+    spdlog::warn("{}step {}: the servers' rounds now wait for {} of {} members (elastic: the "
+                 "others missed a round's timeout)",
+                 plan_.log_prefix, step_, members, config_.cluster().num_workers());
+    membership_.push_back({step_, members});
+    members_ = members;
+  }
   if (metrics_ != nullptr) {
     // Compute until the algorithm starts; communication, the time blocked
     // on the servers since then; update, the rest.
@@ -305,6 +313,7 @@ absl::StatusOr<float> Trainer::Step() {
                          algorithm - communication, plan_.batch_size, loss, lr);
     ReportTraffic(*client_, *metrics_);
     metrics_->SetCompressionRatio(AchievedCompression());
+    metrics_->SetMembers(members_);
   }
   return loss;
 }
@@ -411,6 +420,7 @@ absl::Status Trainer::Run() {
   summary.num_params = num_params_;
   summary.steps = step_;
   summary.resumed_from_step = resumed_from_;
+  summary.membership = &membership_;
   summary.batch_size = plan_.batch_size;
   summary.curve = &curve_;
   summary.final_report = &final_;

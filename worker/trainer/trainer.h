@@ -91,6 +91,9 @@ class Trainer {
   uint64_t step() const { return step_; }
   // The step of the checkpoint this trainer resumed from; 0: none.
   uint64_t resumed_from_step() const { return resumed_from_; }
+  // Each change of the members the servers' rounds wait for (an elastic
+  // job's dropped ranks), as the steps' replies said.
+  const std::vector<MembershipChange>& membership() const { return membership_; }
   size_t steps_per_epoch() const { return plan_.steps_per_epoch; }
   const std::vector<CurvePoint>& curve() const { return curve_; }
   const FinalReport& final_report() const { return final_; }
@@ -134,6 +137,9 @@ class Trainer {
   DeviceVector grad_;  // of ops_
   uint64_t step_ = 0;
   uint64_t resumed_from_ = 0;
+  // The members the servers' rounds wait for, and each change of them.
+  uint32_t members_ = 0;
+  std::vector<MembershipChange> membership_;
   bool epoch_started_ = false;  // the batcher holds epoch step_ / steps_per_epoch's order
   // The training losses of the current epoch's steps so far, which a
   // checkpoint carries so that a resumed epoch's mean loss is the same.

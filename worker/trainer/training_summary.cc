@@ -70,6 +70,13 @@ absl::Status WriteTrainingSummary(const TrainingSummary& summary) {
     if (!csv) return absl::DataLossError(absl::StrCat("cannot write ", (dir / (base + ".csv")).string()));
   }
   const CurvePoint last = summary.curve->empty() ? CurvePoint() : summary.curve->back();
+  std::string changes;
+  if (summary.membership != nullptr) {
+    for (const MembershipChange& c : *summary.membership) {
+      absl::StrAppend(&changes, changes.empty() ? "" : ", ", "{\"step\": ", c.step,
+                      ", \"members\": ", c.members, "}");
+    }
+  }
   std::ofstream json(dir / (base + ".json"));
   const TrafficCounts grad = client.traffic(v1::GRAD);
   const TrafficCounts model = client.traffic(v1::MODEL);
@@ -86,7 +93,8 @@ absl::Status WriteTrainingSummary(const TrainingSummary& summary) {
       "  \"model_bytes_pushed\": %d,\n  \"model_bytes_pulled\": %d,\n"
       "  \"training_floats_pushed\": %d,\n  \"overall_ratio\": %.6g,\n"
       "  \"achieved_compression\": %.6g,\n"
-      "  \"test_accuracy_local\": %.6f,\n  \"test_accuracy_global\": %.6f\n}\n",
+      "  \"test_accuracy_local\": %.6f,\n  \"test_accuracy_global\": %.6f,\n"
+      "  \"membership_changes\": [%s]\n}\n",
       config.name(), summary.rank, summary.local_rank, config.cluster().local_size(),
       config.algorithm().name(), summary.num_params,
       config.epochs(), summary.steps, summary.resumed_from_step, summary.batch_size,
@@ -98,7 +106,7 @@ absl::Status WriteTrainingSummary(const TrainingSummary& summary) {
       grad.reply_bytes, model.request_bytes, model.reply_bytes,
       final_report.training_floats_pushed, OverallRatio(config.algorithm()),
       final_report.achieved_compression, final_report.local_accuracy,
-      final_report.global_accuracy);
+      final_report.global_accuracy, changes);
   if (!json) return absl::DataLossError(absl::StrCat("cannot write ", (dir / (base + ".json")).string()));
   return absl::OkStatus();
 }

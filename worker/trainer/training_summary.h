@@ -29,6 +29,13 @@ struct CurvePoint {
   uint64_t bytes_pulled = 0;
 };
 
+// The members an elastic job's rounds waited for, from the step after
+// `step` on.
+struct MembershipChange {
+  uint64_t step = 0;
+  uint32_t members = 0;
+};
+
 // What the end of training measured.
 struct FinalReport {
   double local_accuracy = 0;   // this worker's model after the last step
@@ -63,6 +70,7 @@ struct TrainingSummary {
   uint32_t batch_size = 0;
   const std::vector<CurvePoint>* curve = nullptr;
   const FinalReport* final_report = nullptr;
+  const std::vector<MembershipChange>* membership = nullptr;  // null: none
   double wall_seconds = 0;
 };
 // Writes <output_dir>/<SummaryBaseName>.csv (the curve) and .json.

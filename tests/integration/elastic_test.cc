@@ -1,0 +1,96 @@
+// Elastic membership on a real in-process cluster (2 shards, 4 CSER
+// workers, cluster.elastic): rank 3 stops after a few steps; at the next
+// round's timeout both shards drop it and complete the round with the
+// other three, reweighted, and the job trains on with them to the end.
+// The three then hold the servers' model, every shard names rank 3 as
+// dropped, and rank 3's next push is refused saying so.
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tools/cluster/in_process_cluster.h"
+#include "tools/cluster/random_dataset.h"
+#include "worker/trainer/trainer.h"
+
+namespace cserps {
+namespace {
+
+using testing::InProcessCluster;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+constexpr int kWorkers = 4;
+constexpr uint64_t kD = 20 * 16 + 16 + 16 * 4 + 4;  // MLP 20 -> 16 -> 4
+constexpr uint64_t kStopsAfter = 5;
+
+TEST(ElasticTest, AStoppedWorkerIsDroppedAndTheOthersFinishTheJob) {
+  const v1::JobConfig config = testing::TestConfig(R"pb(
+    name: "elastic-test"
+    seed: 9
+    cluster {
+      servers: "127.0.0.1:0"
+      servers: "127.0.0.1:0"
+      num_workers: 4
+      round_timeout_s: 2
+      elastic: true
+    }
+    model { kind: MLP hidden: 16 input_dim: 20 num_classes: 4 }
+    data { batch_size: 8 }
+    optimizer { lr: 0.1 momentum_kind: NESTEROV momentum: 0.9 }
+    algorithm { name: "cser" block_size: 8 period: 4 ratio_c1: 2 ratio_c2: 8 }
+    epochs: 2
+  )pb");
+  absl::StatusOr<std::unique_ptr<InProcessCluster>> cluster = InProcessCluster::Start(config, kD);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const Dataset train = testing::RandomDataset(320, 20, 4, 5);
+  const Dataset test = testing::RandomDataset(100, 20, 4, 6);
+  std::vector<std::unique_ptr<Trainer>> trainers;
+  for (int r = 0; r < kWorkers; ++r) {
+    absl::StatusOr<std::unique_ptr<Trainer>> trainer =
+        Trainer::Create((*cluster)->config(), &(*cluster)->client(r), &train, &test);
+    ASSERT_TRUE(trainer.ok()) << trainer.status();
+    trainers.push_back(*std::move(trainer));
+  }
+  const uint64_t steps = 2 * trainers[0]->steps_per_epoch();
+  ASSERT_GT(steps, kStopsAfter + 4);
+  const absl::Status run = (*cluster)->OnEveryRank([&](int r) -> absl::Status {
+    Trainer& trainer = *trainers[r];
+    RETURN_IF_ERROR(trainer.InitializeModel());
+    const uint64_t stop = r == 3 ? kStopsAfter : steps;
+    while (trainer.step() < stop) RETURN_IF_ERROR(trainer.Step().status());
+    if (r == 3) return absl::OkStatus();
+    return trainer.FinishTraining();
+  });
+  ASSERT_TRUE(run.ok()) << run;
+
+  std::vector<float> servers(kD);
+  ASSERT_TRUE((*cluster)->client(0).PullModel(absl::MakeSpan(servers), false).ok());
+  for (int r = 0; r < 3; ++r) {
+    SCOPED_TRACE(absl::StrCat("rank ", r));
+    EXPECT_EQ(trainers[r]->step(), steps);
+    ASSERT_EQ(trainers[r]->membership().size(), 1u);
+    EXPECT_EQ(trainers[r]->membership()[0].members, 3u);
+    EXPECT_GT(trainers[r]->membership()[0].step, kStopsAfter);
+    const absl::StatusOr<std::vector<float>> params = trainers[r]->Params();
+    ASSERT_TRUE(params.ok());
+    EXPECT_EQ(0, std::memcmp(params->data(), servers.data(), kD * sizeof(float)))
+        << "after the final average every remaining worker holds the servers' model";
+  }
+  for (int s = 0; s < 2; ++s) {
+    absl::StatusOr<v1::GetStatusResponse> status = (*cluster)->client(0).GetStatus(s);
+    ASSERT_TRUE(status.ok());
+    EXPECT_THAT(status->dropped_ranks(), ElementsAre(3u)) << "shard " << s;
+    EXPECT_EQ(status->rounds_failed(), 0u);
+  }
+  const absl::StatusOr<float> refused = trainers[3]->Step();
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+  EXPECT_THAT(refused.status().message(), HasSubstr("rank 3 was dropped"));
+}
+
+}  // namespace
+}  // namespace cserps
