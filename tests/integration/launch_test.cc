@@ -216,6 +216,32 @@ TEST_F(LaunchTest, KilledServerIsRestartedFromTheNewestCheckpoint) {
   }
 }
 
+// --resume continues a job from its newest complete checkpoint, and
+// refuses to start without one.
+TEST_F(LaunchTest, ResumeContinuesFromTheNewestCheckpoint) {
+  const std::string job = absl::StrCat("output_dir=", out_.string(), ";checkpoint.dir=",
+                                       (out_ / "ckpt").string(), ";checkpoint.every_steps=5");
+  const Result none = Launch(job, "--resume");
+  EXPECT_EQ(none.exit_code, 2) << none.output;
+  EXPECT_NE(none.output.find("--resume: no complete checkpoint of this job"), std::string::npos)
+      << none.output;
+  EXPECT_EQ(none.output.find("[server 0]"), std::string::npos) << none.output;
+
+  const Result first = Launch(job);
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  const Result resumed = Launch(job, "--resume");
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  // 15 steps: checkpoints after 5 and 10 (none after the last).
+  EXPECT_NE(resumed.output.find("[launch] resuming from the checkpoint of step 10"),
+            std::string::npos)
+      << resumed.output;
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::string json = ReadFile(out_ / absl::StrCat("worker_", rank, ".json"));
+    EXPECT_EQ(JsonNumber(json, "resumed_from_step"), 10);
+    EXPECT_EQ(JsonNumber(json, "steps"), 15);
+  }
+}
+
 // cluster.elastic: kill -9 of one of 4 CSER workers mid-job; the servers
 // drop it at its round's timeout, the launcher lets the others go on, and
 // they finish the job with 3 members.

@@ -72,6 +72,9 @@ ABSL_FLAG(std::string, backend, "cpu",
           "The workers' --backend. With cluster.local_size L > 1: cpu starts one "
           "process per node (its L local ranks are threads), cuda starts L per node "
           "(--local_rank 0..L-1, one GPU each).");
+ABSL_FLAG(bool, resume, false,
+          "Start every process with --resume: the job continues from the newest complete "
+          "checkpoint in checkpoint.dir, and fails without one.");
 ABSL_FLAG(int, max_restarts, 0,
           "When a server or worker dies, stop the rest and start the whole job again, "
           "at most this many times: every process with --resume from the newest complete "
@@ -601,7 +604,22 @@ int main(int argc, char** argv) {
   const int timeout_s = absl::GetFlag(FLAGS_timeout_s);
   const absl::Time deadline =
       timeout_s > 0 ? absl::Now() + absl::Seconds(timeout_s) : absl::InfiniteFuture();
-  std::string attempt_overrides = overrides;
+  if (absl::GetFlag(FLAGS_resume)) {
+    const std::optional<uint64_t> step = NewestCheckpointStep(*config);
+    if (!step.has_value()) {
+      std::fprintf(stderr,
+                   "cserps-launch: --resume: no complete checkpoint of this job in "
+                   "checkpoint.dir \"%s\"%s\n",
+                   config->checkpoint().dir().c_str(),
+                   config->checkpoint().every_steps() == 0 ? " (checkpoint.every_steps is 0)" : "");
+      return 2;
+    }
+    std::printf("[launch] resuming from the checkpoint of step %llu\n",
+                static_cast<unsigned long long>(*step));
+  }
+  std::string resume_overrides = overrides;
+  absl::StrAppend(&resume_overrides, resume_overrides.empty() ? "" : ";", "checkpoint.resume=true");
+  std::string attempt_overrides = absl::GetFlag(FLAGS_resume) ? resume_overrides : overrides;
   for (int restarts = 0;; ++restarts) {
     Cluster cluster(*config, path, attempt_overrides, bin_dir, command, deadline);
     const int code = cluster.Run(signal_fd);
@@ -611,10 +629,6 @@ int main(int argc, char** argv) {
                 step.has_value() ? absl::StrCat("resuming from the checkpoint of step ", *step).c_str()
                                  : "no complete checkpoint yet, starting from step 0");
     std::fflush(stdout);
-    attempt_overrides = overrides;
-    if (step.has_value()) {
-      absl::StrAppend(&attempt_overrides, attempt_overrides.empty() ? "" : ";",
-                      "checkpoint.resume=true");
-    }
+    attempt_overrides = step.has_value() ? resume_overrides : overrides;
   }
 }
