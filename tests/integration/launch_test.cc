@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -50,6 +51,34 @@ Result LaunchCommand(const std::string& flags, const std::string& command) {
   return Run(absl::StrCat(CSERPS_LAUNCH_BIN, " --config=", CSERPS_SOURCE_DIR,
                           "/configs/tiny.textproto --timeout_s=60 ", flags, " -- ", command,
                           " 2>&1"));
+}
+
+// Runs the shell command `line` (a launcher, bounded by its --timeout_s),
+// reading its output as it comes: at the first line `trigger` accepts after
+// the launcher named `process`'s pid ("[launch] <process> is pid P"), P is
+// killed with SIGKILL.
+struct Killed {
+  std::string output;
+  bool killed = false;
+  int exit_code = -1;
+};
+Killed RunKillingOnce(const std::string& line, const std::string& process,
+                      const std::function<bool(const std::string&)>& trigger) {
+  Killed result;
+  FILE* pipe = popen(line.c_str(), "r");
+  if (pipe == nullptr) return result;
+  const std::string named = absl::StrCat("[launch] ", process, " is pid ");
+  pid_t pid = 0;
+  char buffer[4096];
+  while (fgets(buffer, sizeof(buffer), pipe) != nullptr) {
+    const std::string text(buffer);
+    result.output += text;
+    if (pid == 0 && text.rfind(named, 0) == 0) pid = std::atoi(text.c_str() + named.size());
+    if (!result.killed && pid > 0 && trigger(text)) result.killed = kill(pid, SIGKILL) == 0;
+  }
+  const int status = pclose(pipe);
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return result;
 }
 
 class LaunchTest : public testing::Test {
@@ -173,28 +202,13 @@ TEST_F(LaunchTest, KilledServerIsRestartedFromTheNewestCheckpoint) {
       CSERPS_LAUNCH_BIN, " --config=", CSERPS_SOURCE_DIR,
       "/configs/tiny.textproto --timeout_s=120 --max_restarts=1 --set='output_dir=",
       (out_ / "cut").string(), ";checkpoint.dir=", (out_ / "ckpt-cut").string(), job, "' 2>&1");
-  FILE* pipe = popen(line.c_str(), "r");
-  ASSERT_NE(pipe, nullptr);
-  std::string output;
-  pid_t server = 0;
-  bool killed = false;
-  char buffer[4096];
-  while (fgets(buffer, sizeof(buffer), pipe) != nullptr) {
-    const std::string text(buffer);
-    output += text;
-    int pid = 0;
-    if (server == 0 && std::sscanf(buffer, "[launch] server 1 is pid %d", &pid) == 1) {
-      server = pid;
-    }
-    // The first complete checkpoint: kill shard 1 (of the first start).
-    if (!killed && server != 0 && text.find("(step complete)") != std::string::npos) {
-      ASSERT_EQ(kill(server, SIGKILL), 0) << output;
-      killed = true;
-    }
-  }
-  const int status = pclose(pipe);
-  ASSERT_TRUE(killed) << output;
-  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << output;
+  // At the first complete checkpoint, shard 1 (of the first start) is killed.
+  const Killed cut = RunKillingOnce(line, "server 1", [](const std::string& text) {
+    return text.find("(step complete)") != std::string::npos;
+  });
+  const std::string& output = cut.output;
+  ASSERT_TRUE(cut.killed) << output;
+  ASSERT_EQ(cut.exit_code, 0) << output;
   EXPECT_NE(output.find("server 1 exited with code 137"), std::string::npos) << output;
   const std::string restart = "[launch] restart 1 of 1: resuming from the checkpoint of step ";
   const size_t at = output.find(restart);
@@ -252,26 +266,13 @@ TEST_F(LaunchTest, ElasticJobFinishesWithoutAKilledWorker) {
       ";cluster.num_workers=4;cluster.elastic=true;cluster.round_timeout_s=3;epochs=8"
       ";log_every_steps=5;data.rank_slowdown=10,10,10,10;algorithm.name=cser"
       ";algorithm.period=4;algorithm.ratio_c1=2;algorithm.ratio_c2=8' 2>&1");
-  FILE* pipe = popen(line.c_str(), "r");
-  ASSERT_NE(pipe, nullptr);
-  std::string output;
-  pid_t worker = 0;
-  bool killed = false;
-  char buffer[4096];
-  while (fgets(buffer, sizeof(buffer), pipe) != nullptr) {
-    const std::string text(buffer);
-    output += text;
-    int pid = 0;
-    if (worker == 0 && std::sscanf(buffer, "[launch] worker 3 is pid %d", &pid) == 1) worker = pid;
-    if (!killed && worker != 0 && text.rfind("[worker 0]", 0) == 0 &&
-        text.find("] step 10 ") != std::string::npos) {
-      ASSERT_EQ(kill(worker, SIGKILL), 0) << output;
-      killed = true;
-    }
-  }
-  const int status = pclose(pipe);
-  ASSERT_TRUE(killed) << output;
-  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << output;
+  // Worker 3 is killed when worker 0 reports step 10.
+  const Killed run = RunKillingOnce(line, "worker 3", [](const std::string& text) {
+    return text.rfind("[worker 0]", 0) == 0 && text.find("] step 10 ") != std::string::npos;
+  });
+  const std::string& output = run.output;
+  ASSERT_TRUE(run.killed) << output;
+  ASSERT_EQ(run.exit_code, 0) << output;
   EXPECT_NE(output.find("worker 3 exited with code 137; the elastic job goes on without it"),
             std::string::npos)
       << output;
