@@ -7,23 +7,17 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
-#include "common/checkpoint_dir.h"
 #include "common/status.h"
 #include "spdlog/spdlog.h"
 #include "worker/algorithms/registry.h"
 #include "worker/device/host_backend.h"
+#include "worker/trainer/rank_checkpoint.h"
 
 namespace cserps {
 namespace {
 
 constexpr size_t kEvalBatch = 1000;
-
-// The sections of a worker's checkpoint file: the algorithm's state
-// buffers (Algorithm::StateBuffers) in order, and the epoch's losses.
-constexpr char kEpochLossesSection[] = "epoch_losses";
-std::string StateSection(size_t i) { return absl::StrCat("state-", i); }
 
 double SumOf(const std::vector<float>& losses) {
   double sum = 0;
@@ -144,80 +138,33 @@ absl::Status Trainer::InitializeModel() {
 }
 
 absl::Status Trainer::ResumeFromCheckpoint() {
-  const CheckpointJob job = CheckpointJob::Of(config_);
-  const uint32_t partition = plan_.partition;
   auto load = [&]() -> absl::Status {
+    const std::vector<float*> buffers = algorithm_->StateBuffers();
     std::vector<std::string> passed_over;
-    absl::StatusOr<LoadedCheckpoint> loaded = LoadNewestCheckpoint(
-        job.dir, job.fingerprint, &passed_over, [partition](const CheckpointId& id) {
-          return id.role == CheckpointRole::kRank && id.index == partition;
-        });
+    const absl::StatusOr<RankCheckpoint> loaded =
+        LoadRankCheckpoint(config_, plan_.partition, buffers.size(), num_params_,
+                           plan_.steps_per_epoch, &passed_over);
     for (const std::string& reason : passed_over) {
       spdlog::warn("{}passed over {}", plan_.log_prefix, reason);
     }
-    if (!loaded.ok()) {
-      return absl::Status(loaded.status().code(),
-                          absl::StrCat("rank ", partition, " cannot resume: ",
-                                       loaded.status().message(),
-                                       passed_over.empty() ? "" : " (passed over: ",
-                                       absl::StrJoin(passed_over, "; "),
-                                       passed_over.empty() ? "" : ")"));
-    }
-    const uint64_t step = loaded->step;
-    if (client_->resumed_from_step() != step) {
+    if (!loaded.ok()) return loaded.status();
+    if (client_->resumed_from_step() != loaded->step) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "rank ", partition, " resumes from the checkpoint of step ", step, " in ", job.dir,
-          " but the servers ",
+          "rank ", plan_.partition, " resumes from the checkpoint of step ", loaded->step, " in ",
+          config_.checkpoint().dir(), " but the servers ",
           client_->resumed_from_step() == 0
               ? std::string("started fresh")
               : absl::StrCat("resumed from step ", client_->resumed_from_step()),
           ": start every server of the job with --resume and the same checkpoint.dir"));
     }
-    const std::string file = absl::StrCat(CheckpointStepDir(job.dir, step), "/",
-                                          CheckpointFileName(CheckpointRole::kRank, partition));
-    if (loaded->files.empty()) {
-      return absl::DataLossError(absl::StrCat("checkpoint of step ", step, " in ", job.dir,
-                                              ": its manifest does not list rank ", partition));
-    }
-    const std::vector<CheckpointSection>& sections = loaded->files[0];
-    auto find = [&](const std::string& name) -> const CheckpointSection* {
-      for (const CheckpointSection& s : sections) {
-        if (s.name == name) return &s;
-      }
-      return nullptr;
-    };
-    const std::vector<float*> buffers = algorithm_->StateBuffers();
-    if (find(StateSection(buffers.size())) != nullptr) {
-      return absl::DataLossError(absl::StrCat(
-          "checkpoint file ", file, ": more state buffers than the ", buffers.size(), " that ",
-          config_.algorithm().name(), " with this job's optimizer keeps"));
-    }
     for (size_t i = 0; i < buffers.size(); ++i) {
-      const CheckpointSection* state = find(StateSection(i));
-      if (state == nullptr || state->values.size() != num_params_) {
-        return absl::DataLossError(absl::StrCat(
-            "checkpoint file ", file, ": section '", StateSection(i), "' ",
-            state == nullptr ? std::string("is missing")
-                             : absl::StrCat("holds ", state->values.size(), " floats, not ",
-                                            num_params_),
-            " (", config_.algorithm().name(), " keeps ", buffers.size(), " state buffers)"));
-      }
-      RETURN_IF_ERROR(ops_.Upload(state->values, buffers[i]));
+      RETURN_IF_ERROR(ops_.Upload(loaded->state[i], buffers[i]));
     }
-    const CheckpointSection* losses = find(kEpochLossesSection);
-    const uint64_t done_in_epoch = step % plan_.steps_per_epoch;
-    if (losses == nullptr || losses->values.size() != done_in_epoch) {
-      return absl::DataLossError(absl::StrCat(
-          "checkpoint file ", file, ": section '", kEpochLossesSection, "' ",
-          losses == nullptr ? std::string("is missing")
-                            : absl::StrCat("holds ", losses->values.size(), " losses, not the ",
-                                           done_in_epoch, " steps done of epoch ",
-                                           step / plan_.steps_per_epoch + 1)));
-    }
-    RETURN_IF_ERROR(algorithm_->ResumeAfter(step));
-    epoch_losses_ = losses->values;
-    step_ = resumed_from_ = step;
-    spdlog::info("{}resumed from the checkpoint of step {} ({})", plan_.log_prefix, step, file);
+    RETURN_IF_ERROR(algorithm_->ResumeAfter(loaded->step));
+    epoch_losses_ = loaded->epoch_losses;
+    step_ = resumed_from_ = loaded->step;
+    spdlog::info("{}resumed from the checkpoint of step {} ({})", plan_.log_prefix, step_,
+                 loaded->file);
     return absl::OkStatus();
   };
   RETURN_IF_ERROR(Shared(load(), "checkpoint resume"));
@@ -234,19 +181,13 @@ absl::Status Trainer::CheckpointIfDue() {
   RETURN_IF_ERROR(algorithm_->AverageForCheckpoint(step_, x_.data()));
   const std::vector<float*> buffers = algorithm_->StateBuffers();
   std::vector<std::vector<float>> state(buffers.size(), std::vector<float>(num_params_));
-  std::vector<std::string> names;
   for (size_t i = 0; i < buffers.size(); ++i) {
     RETURN_IF_ERROR(ops_.Download(buffers[i], absl::MakeSpan(state[i])));
-    names.push_back(StateSection(i));
   }
-  std::vector<CheckpointSectionView> sections;
-  for (size_t i = 0; i < buffers.size(); ++i) sections.push_back({names[i], state[i]});
   // A finished epoch's losses have been reported; the next one starts empty.
-  const std::vector<float> none;
-  sections.push_back(
-      {kEpochLossesSection, step_ % plan_.steps_per_epoch == 0 ? none : epoch_losses_});
-  const absl::StatusOr<bool> completed = WriteCheckpointPart(
-      CheckpointJob::Of(config_), CheckpointRole::kRank, plan_.partition, step_, sections);
+  const absl::StatusOr<bool> completed = WriteRankCheckpoint(
+      config_, plan_.partition, step_, state,
+      step_ % plan_.steps_per_epoch == 0 ? absl::Span<const float>() : epoch_losses_);
   if (!completed.ok()) {
     spdlog::error("{}checkpoint of step {} not written: {}", plan_.log_prefix, step_,
                   std::string(completed.status().message()));
