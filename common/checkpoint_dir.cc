@@ -157,6 +157,18 @@ absl::StatusOr<LoadedCheckpoint> LoadNewestCheckpoint(
                                           absl::Hex(fingerprint, absl::kZeroPad16), " in ", dir));
 }
 
+bool HasManifestOf(const std::string& dir, uint64_t fingerprint) {
+  for (uint64_t step : StepsNewestFirst(dir)) {
+    const absl::StatusOr<Manifest> manifest = ReadManifest(dir, step);
+    // One that cannot be read may be this job's.
+    if (manifest.ok() ? manifest->fingerprint == fingerprint
+                      : !absl::IsNotFound(manifest.status())) {
+      return true;
+    }
+  }
+  return false;
+}
+
 absl::Status PruneCheckpoints(const std::string& dir, uint64_t fingerprint, uint32_t keep) {
   uint32_t kept = 0;
   for (uint64_t step : StepsNewestFirst(dir)) {

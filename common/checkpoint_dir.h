@@ -69,6 +69,10 @@ absl::StatusOr<bool> WriteCheckpointPart(const CheckpointJob& job, CheckpointRol
                                          uint32_t index, uint64_t step,
                                          absl::Span<const CheckpointSectionView> sections);
 
+// Whether `dir` holds a manifest of job `fingerprint`, or one that cannot
+// be read: a checkpoint of the job may have been completed there.
+bool HasManifestOf(const std::string& dir, uint64_t fingerprint);
+
 // Removes all but the newest `keep` complete checkpoints of job
 // `fingerprint`, and incomplete steps older than the oldest kept; another
 // job's steps and unreadable manifests stay.

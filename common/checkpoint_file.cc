@@ -4,6 +4,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -110,7 +111,10 @@ absl::Status WriteCheckpointFile(const std::string& path, const CheckpointId& id
 
 absl::Status WriteFileAtomically(const std::string& path,
                                  std::initializer_list<absl::string_view> parts) {
-  const std::string temporary = absl::StrCat(path, ".tmp.", getpid());
+  // Unique to the writer: the threads of one process (local ranks, a
+  // test's workers) may write the same file, the same manifest, at once.
+  static std::atomic<uint64_t> writes{0};
+  const std::string temporary = absl::StrCat(path, ".tmp.", getpid(), ".", writes.fetch_add(1));
   const int fd = open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return Errno(temporary, "open");
   absl::Status ok;

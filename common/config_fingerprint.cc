@@ -37,6 +37,7 @@ v1::JobConfig Normalised(const v1::JobConfig& config) {
   checkpoint->clear_dir();
   checkpoint->clear_keep();
   checkpoint->clear_resume();
+  checkpoint->clear_restart_on_failure();
   if (checkpoint->every_steps() == 0) copy.clear_checkpoint();
   return copy;
 }

@@ -333,6 +333,10 @@ absl::Status ValidateCheckpoint(const v1::CheckpointConfig& checkpoint,
     if (checkpoint.resume()) {
       return Invalid("checkpoint.resume", "needs checkpoint.every_steps > 0 and checkpoint.dir");
     }
+    if (checkpoint.restart_on_failure()) {
+      return Invalid("checkpoint.restart_on_failure",
+                     "needs checkpoint.every_steps > 0 and checkpoint.dir");
+    }
     return absl::OkStatus();
   }
   if (checkpoint.dir().empty()) {

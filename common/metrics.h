@@ -154,7 +154,8 @@ class ServerMetrics {
 // trainer's loop is the only writer).
 class WorkerMetrics {
  public:
-  static constexpr const char* kStreams[] = {"GRAD", "MODEL", "sparse", "async", "other"};
+  static constexpr const char* kStreams[] = {"GRAD", "MODEL", "CHECKPOINT", "sparse", "async",
+                                             "other"};
 
   // `registry` outlives the result.
   static absl::StatusOr<std::unique_ptr<WorkerMetrics>> Create(

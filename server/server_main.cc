@@ -17,6 +17,10 @@
 #include "spdlog/spdlog.h"
 
 ABSL_FLAG(std::string, config, "", "Job config file (text-format cserps.v1.JobConfig).");
+ABSL_FLAG(bool, restart_on_failure, false,
+          "For restart policies (checkpoint.restart_on_failure=true): resume from the newest "
+          "complete checkpoint when there is one, else start fresh; exit when the job has "
+          "lost a process, for the policy to restart it.");
 ABSL_FLAG(bool, resume, false,
           "Start from the newest complete checkpoint of the job in checkpoint.dir "
           "(checkpoint.resume=true); without one, fail rather than start fresh.");
@@ -40,6 +44,9 @@ ABSL_FLAG(std::string, metrics_address, "",
 std::vector<std::string> Overrides() {
   std::vector<std::string> overrides = cserps::SplitOverrides(absl::GetFlag(FLAGS_set));
   if (absl::GetFlag(FLAGS_resume)) overrides.push_back("checkpoint.resume=true");
+  if (absl::GetFlag(FLAGS_restart_on_failure)) {
+    overrides.push_back("checkpoint.restart_on_failure=true");
+  }
   return overrides;
 }
 
@@ -112,7 +119,18 @@ int main(int argc, char** argv) {
   }
   std::fflush(stdout);
 
-  stop->WaitForNotification();
+  // A failed round means a process of the job died: the job goes on only
+  // by restarting from its checkpoint, which the restart policy does.
+  const bool restart_on_failure = config->checkpoint().restart_on_failure();
+  while (!stop->WaitForNotificationWithTimeout(absl::Seconds(1))) {
+    if (restart_on_failure && (*server)->rounds_failed() > 0) {
+      spdlog::error("shard {}: a round failed (a process of the job died); exiting with code 3 "
+                    "for the restart policy to restart the job from its newest checkpoint",
+                    shard);
+      (*server)->Shutdown();
+      return 3;
+    }
+  }
   (*server)->Shutdown();
   spdlog::info("shard {} stopped", shard);
   return 0;

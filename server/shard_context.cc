@@ -6,7 +6,9 @@
 #include "common/config.h"
 #include "common/model_spec.h"
 #include "common/status.h"
+#include "common/checkpoint_dir.h"
 #include "server/shard_checkpoint.h"
+#include "spdlog/spdlog.h"
 
 namespace cserps {
 
@@ -23,10 +25,19 @@ absl::StatusOr<std::unique_ptr<ShardContext>> ShardContext::Create(
   }
   ASSIGN_OR_RETURN(ModelSpec spec, MakeModelSpec(config.model()));
   std::unique_ptr<ShardContext> context(new ShardContext(config, shard, spec.num_params));
-  if (config.checkpoint().resume()) {
-    ASSIGN_OR_RETURN(ResumedShard resumed, ResumeShard(config, shard, &context->store_));
-    context->resumed_from_step_ = resumed.step;
-    context->resumed_sections_ = std::move(resumed.sections);
+  const v1::CheckpointConfig& checkpoint = config.checkpoint();
+  if (checkpoint.resume() || checkpoint.restart_on_failure()) {
+    absl::StatusOr<ResumedShard> resumed = ResumeShard(config, shard, &context->store_);
+    if (resumed.ok()) {
+      context->resumed_from_step_ = resumed->step;
+      context->resumed_sections_ = std::move(resumed->sections);
+    } else if (checkpoint.resume() || !absl::IsNotFound(resumed.status()) ||
+               HasManifestOf(checkpoint.dir(), context->fingerprint_)) {
+      return resumed.status();
+    } else {
+      spdlog::info("shard {}: no checkpoint of this job in {} yet: starting fresh", shard,
+                   checkpoint.dir());
+    }
   }
   return context;
 }

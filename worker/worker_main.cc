@@ -46,6 +46,10 @@
 #endif
 
 ABSL_FLAG(std::string, config, "", "Job config file (text-format cserps.v1.JobConfig).");
+ABSL_FLAG(bool, restart_on_failure, false,
+          "For restart policies (checkpoint.restart_on_failure=true): resume from the newest "
+          "complete checkpoint when there is one, else start fresh; exit when the job has "
+          "lost a process, for the policy to restart it.");
 ABSL_FLAG(bool, resume, false,
           "Start from the newest complete checkpoint of the job in checkpoint.dir "
           "(checkpoint.resume=true); without one, fail rather than start fresh.");
@@ -263,6 +267,9 @@ absl::Status RunLocalRankThreads(const Job& job, const std::string& node_id) {
 std::vector<std::string> Overrides() {
   std::vector<std::string> overrides = cserps::SplitOverrides(absl::GetFlag(FLAGS_set));
   if (absl::GetFlag(FLAGS_resume)) overrides.push_back("checkpoint.resume=true");
+  if (absl::GetFlag(FLAGS_restart_on_failure)) {
+    overrides.push_back("checkpoint.restart_on_failure=true");
+  }
   return overrides;
 }
 

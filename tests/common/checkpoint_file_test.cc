@@ -11,6 +11,7 @@
 #include <fstream>
 #include <limits>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -77,6 +78,27 @@ TEST_F(CheckpointFileTest, WhatIsWrittenIsReadBackBitForBit) {
     ++files;
   }
   EXPECT_EQ(files, 1);
+}
+
+// Two writers of one process (local ranks completing a step together)
+// write the same manifest at once: both succeed, and one whole copy is left.
+TEST_F(CheckpointFileTest, ThreadsWritingOneFileAtOnceBothSucceed) {
+  const std::string path = (dir_ / "MANIFEST").string();
+  const std::string text(1 << 16, 'm');
+  absl::Status status[2];
+  std::thread writers[2];
+  for (int i = 0; i < 2; ++i) {
+    writers[i] = std::thread([&, i] {
+      for (int n = 0; n < 50 && status[i].ok(); ++n) status[i] = WriteFileAtomically(path, {text});
+    });
+  }
+  for (std::thread& t : writers) t.join();
+  EXPECT_TRUE(status[0].ok()) << status[0];
+  EXPECT_TRUE(status[1].ok()) << status[1];
+  EXPECT_EQ(fs::file_size(path), text.size());
+  int files = 0;
+  for ([[maybe_unused]] const auto& entry : fs::directory_iterator(dir_)) ++files;
+  EXPECT_EQ(files, 1) << "a temporary file was left behind";
 }
 
 TEST_F(CheckpointFileTest, DamagedFilesAreRefusedNamingTheFileAndTheDamage) {

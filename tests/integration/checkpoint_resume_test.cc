@@ -89,9 +89,19 @@ class CheckpointResumeTest : public ::testing::TestWithParam<Case> {
 
   // Trains from the start (or, with resume, from the newest checkpoint)
   // until step `stop`; finishes the job when stop is its last step.
+  // How a run starts: fresh, with checkpoint.resume, or with
+  // checkpoint.restart_on_failure (resuming when there is a checkpoint).
+  enum class Start { kFresh, kResume, kRestartable };
+
   absl::StatusOr<Outcome> Run(const std::string& dir, bool resume, uint64_t stop) {
+    return Run(dir, resume ? Start::kResume : Start::kFresh, stop);
+  }
+  absl::StatusOr<Outcome> Run(const std::string& dir, Start start, uint64_t stop) {
     v1::JobConfig config = MakeConfig(GetParam(), (root_ / dir).string());
-    config.mutable_checkpoint()->set_resume(resume);
+    config.mutable_checkpoint()->set_resume(start == Start::kResume);
+    config.mutable_checkpoint()->set_restart_on_failure(start == Start::kRestartable);
+    const bool resume = start == Start::kResume ||
+                        (start == Start::kRestartable && fs::exists(root_ / dir));
     ASSIGN_OR_RETURN(std::unique_ptr<InProcessCluster> cluster,
                      InProcessCluster::Start(config, kD));
     std::vector<std::unique_ptr<Trainer>> trainers;
@@ -202,6 +212,63 @@ void FlipByte(const fs::path& path) {
 }
 
 class DamagedCheckpointTest : public CheckpointResumeTest {};
+
+// checkpoint.restart_on_failure: the first start finds no checkpoint and
+// starts fresh, a restart resumes from the newest one, to the bit.
+TEST_P(DamagedCheckpointTest, RestartableJobStartsFreshThenResumes) {
+  absl::StatusOr<Outcome> whole = Run("whole", Start::kFresh, kSteps);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  ASSERT_FALSE(fs::exists(root_ / "cut"));
+  ASSERT_TRUE(Run("cut", Start::kRestartable, kStopAt).status().ok());
+  absl::StatusOr<Outcome> resumed = Run("cut", Start::kRestartable, kSteps);
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  ExpectSameEnd(*whole, *resumed);
+}
+
+// ... but a folder whose checkpoints of the job are all damaged is not a
+// fresh start.
+TEST_P(DamagedCheckpointTest, RestartableJobRefusesAFolderOfDamagedCheckpoints) {
+  ASSERT_TRUE(Run("cut", Start::kFresh, kStopAt).status().ok());
+  for (uint64_t step : {8, 12}) {
+    FlipByte(fs::path(CheckpointStepDir((root_ / "cut").string(), step)) / "shard-0.ckpt");
+  }
+  const absl::StatusOr<Outcome> refused = Run("cut", Start::kRestartable, kSteps);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kNotFound) << refused.status();
+  EXPECT_THAT(refused.status().message(), HasSubstr("shard 0 cannot resume"));
+  EXPECT_THAT(refused.status().message(), HasSubstr("CRC32"));
+}
+
+// A worker restarted on its own finds servers in the middle of the job,
+// which it cannot join: it says so instead of initialising a new model.
+TEST_P(DamagedCheckpointTest, RestartedWorkerRefusesServersInTheMiddleOfTheJob) {
+  v1::JobConfig config = MakeConfig(GetParam(), (root_ / "alone").string());
+  config.mutable_checkpoint()->set_restart_on_failure(true);
+  absl::StatusOr<std::unique_ptr<InProcessCluster>> cluster =
+      InProcessCluster::Start(config, kD);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  std::vector<std::unique_ptr<Trainer>> trainers;
+  for (int r = 0; r < kWorkers; ++r) {
+    absl::StatusOr<std::unique_ptr<Trainer>> trainer =
+        Trainer::Create((*cluster)->config(), &(*cluster)->client(r), &train_, &test_);
+    ASSERT_TRUE(trainer.ok()) << trainer.status();
+    trainers.push_back(*std::move(trainer));
+  }
+  ASSERT_TRUE((*cluster)->OnEveryRank([&](int r) -> absl::Status {
+                          RETURN_IF_ERROR(trainers[r]->InitializeModel());
+                          return trainers[r]->Step().status();
+                        }).ok());
+  // Rank 1 again, as a restarted process: a new client under its id.
+  absl::StatusOr<std::unique_ptr<PsClient>> client = PsClient::Connect((*cluster)->config(), kD);
+  ASSERT_TRUE(client.ok()) << client.status();
+  ASSERT_TRUE((*client)->Register(1, "test-worker-1").ok());
+  absl::StatusOr<std::unique_ptr<Trainer>> restarted =
+      Trainer::Create((*cluster)->config(), client->get(), &train_, &test_);
+  ASSERT_TRUE(restarted.ok()) << restarted.status();
+  const absl::Status refused = (*restarted)->InitializeModel();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_THAT(refused.message(), HasSubstr("in the middle of the job"));
+}
 
 TEST_P(DamagedCheckpointTest, DamagedNewestIsPassedOverForThePreviousOne) {
   absl::StatusOr<Outcome> whole = Run("whole", /*resume=*/false, kSteps);

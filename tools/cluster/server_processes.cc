@@ -77,8 +77,12 @@ absl::StatusOr<std::unique_ptr<ServerProcesses>> ServerProcesses::Start(
 }
 
 ServerProcesses::~ServerProcesses() {
-  for (ChildProcess& child : children_) child.Signal(SIGTERM);
+  // Those AwaitExit saw exit are reaped already.
   for (ChildProcess& child : children_) {
+    if (child.running()) child.Signal(SIGTERM);
+  }
+  for (ChildProcess& child : children_) {
+    if (!child.running()) continue;
     const absl::Time deadline = absl::Now() + kStopTimeout;
     int status = 0;
     while (waitpid(child.pid(), &status, WNOHANG) == 0) {
@@ -91,6 +95,22 @@ ServerProcesses::~ServerProcesses() {
     }
   }
   for (std::thread& t : drains_) t.join();
+}
+
+std::optional<int> ServerProcesses::AwaitExit(int shard, absl::Duration timeout) {
+  ChildProcess& child = children_[shard];
+  const absl::Time deadline = absl::Now() + timeout;
+  while (child.running()) {
+    int status = 0;
+    const pid_t pid = waitpid(child.pid(), &status, WNOHANG);
+    if (pid == child.pid()) {
+      child.SetExited(status);
+      break;
+    }
+    if (pid < 0 || absl::Now() > deadline) return std::nullopt;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return child.exit_code();
 }
 
 double ServerProcesses::CpuSeconds() const {

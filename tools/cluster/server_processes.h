@@ -9,11 +9,13 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "tools/cluster/child_process.h"
 
 namespace cserps {
@@ -31,6 +33,9 @@ class ServerProcesses {
   // "127.0.0.1:port" by shard.
   const std::vector<std::string>& addresses() const { return addresses_; }
   pid_t pid(int shard) const { return children_[shard].pid(); }
+  // Waits up to `timeout` for shard's process to exit on its own; its exit
+  // code (128 + the signal when killed), or nullopt when it still runs.
+  std::optional<int> AwaitExit(int shard, absl::Duration timeout);
   // User + system CPU seconds of all of them.
   double CpuSeconds() const;
 

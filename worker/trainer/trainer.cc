@@ -127,6 +127,10 @@ absl::Status Trainer::Init() {
 
 absl::Status Trainer::InitializeModel() {
   if (config_.checkpoint().resume()) return ResumeFromCheckpoint();
+  if (config_.checkpoint().restart_on_failure()) {
+    if (client_->resumed_from_step() > 0) return ResumeFromCheckpoint();
+    RETURN_IF_ERROR(Shared(CheckServersStartedFresh(), "restart"));
+  }
   std::vector<float> x(num_params_);
   if (plan_.rank == 0) {
     // Only local rank 0's model is pushed; every local rank joins the push.
@@ -171,6 +175,22 @@ absl::Status Trainer::ResumeFromCheckpoint() {
   std::vector<float> x(num_params_);
   RETURN_IF_ERROR(PullModel(link_, absl::MakeSpan(x), /*wait_for_init=*/false));
   return ops_.Upload(x, x_.data());
+}
+
+absl::Status Trainer::CheckServersStartedFresh() {
+  for (uint32_t s = 0; s < client_->layout().num_shards(); ++s) {
+    absl::StatusOr<v1::GetStatusResponse> status = client_->GetStatus(s);
+    if (absl::IsInvalidArgument(status.status())) continue;  // not this client's shard
+    if (!status.ok()) return status.status();
+    if (status->rounds_completed() > 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "shard ", s, " is in the middle of the job (newest step ", status->newest_step(),
+          ") and did not resume from a checkpoint: a restarted worker joins only servers "
+          "restarted with it (checkpoint.restart_on_failure); they restart once their rounds "
+          "fail"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Trainer::CheckpointIfDue() {

@@ -32,6 +32,7 @@ void ReportTraffic(const PsClient& client, WorkerMetrics& metrics) {
   const std::pair<const char*, TrafficCounts> streams[] = {
       {"GRAD", client.traffic(v1::GRAD)},
       {"MODEL", client.traffic(v1::MODEL)},
+      {"CHECKPOINT", client.traffic(v1::CHECKPOINT)},
       {"sparse", client.sparse_traffic()},
       {"async", client.async_traffic()}};
   uint64_t pushed = 0, pulled = 0;
