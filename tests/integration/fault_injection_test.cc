@@ -5,10 +5,9 @@
 // (tools/cluster/exact_rounds.h), every member's every reply is checked
 // against the exact mean: a lost contribution or one counted twice would
 // change it. The server completes each round once and fails none, and its
-// memory stays flat. Small requests are sent again by gRPC's own retry
-// policy; requests larger than its retry buffer (256 KiB) by the client's
-// (worker/ps/call_batch.h), which the second case, of 320 KB per member,
-// takes.
+// memory stays flat. The client sends lost calls again
+// (worker/ps/call_batch.h); the second case's 320 KB pushes are what
+// gRPC's own retries, now off, once left waiting for their deadline.
 #include <unistd.h>
 
 #include <cstdint>
@@ -120,7 +119,7 @@ TEST_P(FaultInjectionTest, EveryRoundThroughResetsAndDelaysHasTheExactMean) {
 
 INSTANTIATE_TEST_SUITE_P(Payloads, FaultInjectionTest,
                          ::testing::Values(Case{"small", 2000, 1000, 200},
-                                           Case{"past_grpc_retry_buffer", 150, 80000, 0}),
+                                           Case{"large", 150, 80000, 0}),
                          [](const ::testing::TestParamInfo<Case>& info) {
                            return info.param.name;
                          });

@@ -61,8 +61,9 @@ inline void SetDeadline(grpc::ClientContext* context, absl::Duration timeout) {
 
 // A failure another attempt may cure: the connection went (reset, refused,
 // a server restarting at its address). The calls the client retries are
-// idempotent on the servers: a push is counted once per round and rank,
-// Register keeps a worker id's rank, PushModel writes the same floats.
+// idempotent on the servers: a push is counted once per round and rank
+// (an asynchronous one applied once per rank, offset and step), Register
+// keeps a worker id's rank, PushModel writes the same floats.
 inline bool Retryable(const absl::Status& status) { return absl::IsUnavailable(status); }
 
 // Capped exponential backoff between attempts: 20 ms, doubling, at most

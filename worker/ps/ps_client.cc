@@ -38,23 +38,6 @@ std::string StartName(uint64_t resumed_from_step) {
                                 : absl::StrCat("the checkpoint of step ", resumed_from_step);
 }
 
-// gRPC retries calls that fail UNAVAILABLE (a shard restarting, a
-// connection reset); the server answers retried pushes from the round.
-constexpr char kServiceConfig[] = R"({
-  "methodConfig": [{
-    "name": [{"service": "cserps.v1.ParameterServer"},
-             {"service": "cserps.v1.AsyncParameterServer"},
-             {"service": "cserps.v1.SparseExchange"}],
-    "retryPolicy": {
-      "maxAttempts": 5,
-      "initialBackoff": "0.02s",
-      "maxBackoff": "1s",
-      "backoffMultiplier": 2,
-      "retryableStatusCodes": ["UNAVAILABLE"]
-    }
-  }]
-})";
-
 // One RPC to one shard: what gRPC's callback API needs to outlive the call.
 template <typename Request, typename Response>
 struct ShardCall {
@@ -223,13 +206,15 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(
     const int max_bytes = static_cast<int>(config.cluster().max_message_bytes());
     args.SetMaxReceiveMessageSize(max_bytes);
     args.SetMaxSendMessageSize(max_bytes);
-    args.SetInt("grpc.per_rpc_retry_buffer_size", max_bytes);
     // A job waits for its servers: reconnect within 2 s of one coming back
     // (gRPC's default backoff grows to 120 s), from 100 ms after a failure.
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
     args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
-    args.SetServiceConfigJSON(kServiceConfig);
+    // The client sends lost calls again itself (RunAll, the rounds): gRPC's
+    // own retries left a call waiting for its deadline, now and then, after
+    // connection resets (tests/integration/fault_injection_test.cc).
+    args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
     std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(
         address, grpc::InsecureChannelCredentials(), args);
     impl->stubs_.push_back(v1::ParameterServer::NewStub(channel));
@@ -470,9 +455,9 @@ absl::Status PsClient::AsyncPushPull(uint64_t step, float lr, absl::Span<const f
     impl.total_.AddRequest(call.request.ByteSizeLong());
     impl.async_.AddRequest(call.request.ByteSizeLong(), call.count);
   });
-  // Not sent again here: an asynchronous push is applied when it arrives.
+  // A push sent again is applied once per (rank, offset, step).
   RETURN_IF_ERROR(RunAll(calls, timeout, "AsyncPushPull to", impl.addresses_, &impl.wait_nanos_,
-                         /*retries=*/nullptr, [&](Call& c, auto done) {
+                         &impl.retries_, [&](Call& c, auto done) {
                            impl.async_stubs_[c.shard]->async()->AsyncPushPull(
                                c.context.get(), &c.request, &c.response, std::move(done));
                          }));

@@ -6,9 +6,9 @@
 // Each call sends one RPC per shard and chunk, all in parallel, and returns
 // when every shard has answered. A call that fails UNAVAILABLE (its
 // connection reset, its server restarting at the same address) is sent
-// again with capped exponential backoff until its deadline, except
-// AsyncPushPull's, which the servers apply when they arrive: pushes are
-// counted once per round and rank, so a retry never counts twice. Thread safety: one thread at a time
+// again with capped exponential backoff until its deadline: pushes are
+// counted once per round and rank (asynchronous ones once per rank, offset
+// and step), so a retry never counts twice. Thread safety: one thread at a time
 // per client; the traffic accessors may be read from any thread.
 #ifndef CSERPS_WORKER_PS_PS_CLIENT_H_
 #define CSERPS_WORKER_PS_PS_CLIENT_H_
