@@ -3,10 +3,10 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/checkpoint_dir.h"
 #include "common/config.h"
 #include "common/model_spec.h"
 #include "common/status.h"
-#include "common/checkpoint_dir.h"
 #include "server/shard_checkpoint.h"
 #include "spdlog/spdlog.h"
 
