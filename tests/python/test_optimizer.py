@@ -133,6 +133,12 @@ def test_bad_arguments_are_value_errors(tmp_path):
         cserps.torch.Optimizer(model.parameters(), job=job, servers=nowhere, lr=-1.0)
     with pytest.raises(ValueError, match="no job config"):
         cserps.torch.Optimizer(model.parameters())
+    checkpointed = cluster.write_job(
+        tmp_path, cluster.job_text(num_params(model)) +
+        f'checkpoint {{ dir: "{tmp_path}/ckpt" every_steps: 5 }}\n', name="checkpointed.textproto")
+    with pytest.raises(ValueError, match="checkpoint.every_steps is 5: the PyTorch front "
+                       "checkpoints through the optimizer's state_dict"):
+        cserps.torch.Optimizer(model.parameters(), job=checkpointed, servers=nowhere)
     with pytest.raises(FileNotFoundError, match="no_such_job.textproto"):
         cserps.torch.Optimizer(model.parameters(), job=str(tmp_path / "no_such_job.textproto"))
 

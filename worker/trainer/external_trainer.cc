@@ -21,6 +21,14 @@ absl::StatusOr<std::unique_ptr<ExternalTrainer>> ExternalTrainer::Create(
         "cluster.local_size is ", local_size,
         ": this process is one local rank of a node, which needs its node's group"));
   }
+  // Its workers would never join the checkpoints' averages that
+  // cserps-workers of the job wait in.
+  if (config.checkpoint().every_steps() > 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint.every_steps is ", config.checkpoint().every_steps(),
+        ": the PyTorch front checkpoints through the optimizer's state_dict (torch.save); the "
+        "job's checkpoint folder (docs/reliability.md) is cserps-worker's, so leave it unset"));
+  }
   if (config.algorithm().period_warmup_epochs() > 0 && options.steps_per_epoch == 0) {
     return absl::FailedPreconditionError(absl::StrCat(
         "algorithm.period_warmup_epochs is ", config.algorithm().period_warmup_epochs(),

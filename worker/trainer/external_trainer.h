@@ -53,8 +53,9 @@ class ExternalTrainer {
   // A local rank that fails or ends fails the others in their next
   // collective (at once with a SocketGroup, else at the group's timeout).
   // Errors: FAILED_PRECONDITION for cluster.local_size > 1 without a group
-  // or with one of another size, or an algorithm field counted in epochs
-  // without steps_per_epoch; UNAVAILABLE for servers that
+  // or with one of another size, an algorithm field counted in epochs
+  // without steps_per_epoch, or checkpoint.every_steps (the front saves
+  // through state_dict); UNAVAILABLE for servers that
   // do not answer Register within setup_timeout; Register's (FAILED_PRECONDITION
   // naming the first field where the servers' job differs);
   // INVALID_ARGUMENT for a rank not below cluster.num_workers;
