@@ -13,17 +13,11 @@
 #include "common/config_override.h"
 #include "common/metrics.h"
 #include "common/signals.h"
+#include "common/start_flags.h"
 #include "server/ps_server.h"
 #include "spdlog/spdlog.h"
 
 ABSL_FLAG(std::string, config, "", "Job config file (text-format cserps.v1.JobConfig).");
-ABSL_FLAG(bool, restart_on_failure, false,
-          "For restart policies (checkpoint.restart_on_failure=true): resume from the newest "
-          "complete checkpoint when there is one, else start fresh; exit when the job has "
-          "lost a process, for the policy to restart it.");
-ABSL_FLAG(bool, resume, false,
-          "Start from the newest complete checkpoint of the job in checkpoint.dir "
-          "(checkpoint.resume=true); without one, fail rather than start fresh.");
 ABSL_FLAG(std::string, set, "",
           "Config overrides 'field.path=value', separated by ';' "
           "(e.g. --set='optimizer.lr=0.05;model.hidden=256,128').");
@@ -39,16 +33,6 @@ ABSL_FLAG(int, bulk_port, 0,
 ABSL_FLAG(std::string, metrics_address, "",
           "Serve Prometheus metrics on http://ADDRESS/metrics (host:port; port 0 "
           "picks a free port); empty: no metrics.");
-
-// --set's overrides, and --resume's.
-std::vector<std::string> Overrides() {
-  std::vector<std::string> overrides = cserps::SplitOverrides(absl::GetFlag(FLAGS_set));
-  if (absl::GetFlag(FLAGS_resume)) overrides.push_back("checkpoint.resume=true");
-  if (absl::GetFlag(FLAGS_restart_on_failure)) {
-    overrides.push_back("checkpoint.restart_on_failure=true");
-  }
-  return overrides;
-}
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
@@ -69,7 +53,8 @@ int main(int argc, char** argv) {
   });
 
   absl::StatusOr<cserps::v1::JobConfig> config = cserps::LoadJobWithOverrides(
-      absl::GetFlag(FLAGS_config), Overrides(),
+      absl::GetFlag(FLAGS_config),
+      cserps::WithStartFlags(cserps::SplitOverrides(absl::GetFlag(FLAGS_set))),
       {.allow_port_zero = true});
   if (!config.ok()) {
     spdlog::error("{}", config.status().ToString());

@@ -26,6 +26,7 @@
 #include "common/config_override.h"
 #include "common/metrics.h"
 #include "common/model_spec.h"
+#include "common/start_flags.h"
 #include "common/status.h"
 #include "spdlog/spdlog.h"
 #include "worker/data/dataset.h"
@@ -46,13 +47,6 @@
 #endif
 
 ABSL_FLAG(std::string, config, "", "Job config file (text-format cserps.v1.JobConfig).");
-ABSL_FLAG(bool, restart_on_failure, false,
-          "For restart policies (checkpoint.restart_on_failure=true): resume from the newest "
-          "complete checkpoint when there is one, else start fresh; exit when the job has "
-          "lost a process, for the policy to restart it.");
-ABSL_FLAG(bool, resume, false,
-          "Start from the newest complete checkpoint of the job in checkpoint.dir "
-          "(checkpoint.resume=true); without one, fail rather than start fresh.");
 ABSL_FLAG(std::string, set, "",
           "Config overrides 'field.path=value', separated by ';' "
           "(e.g. --set='optimizer.lr=0.05;cluster.servers=10.0.0.5:7000,10.0.0.6:7000').");
@@ -263,21 +257,12 @@ absl::Status RunLocalRankThreads(const Job& job, const std::string& node_id) {
   return failure;
 }
 
-// --set's overrides, and --resume's.
-std::vector<std::string> Overrides() {
-  std::vector<std::string> overrides = cserps::SplitOverrides(absl::GetFlag(FLAGS_set));
-  if (absl::GetFlag(FLAGS_resume)) overrides.push_back("checkpoint.resume=true");
-  if (absl::GetFlag(FLAGS_restart_on_failure)) {
-    overrides.push_back("checkpoint.restart_on_failure=true");
-  }
-  return overrides;
-}
-
 absl::Status RunWorker() {
   Job job;
-  ASSIGN_OR_RETURN(job.config, cserps::LoadJobWithOverrides(
-                                   absl::GetFlag(FLAGS_config),
-                                   Overrides()));
+  ASSIGN_OR_RETURN(job.config,
+                   cserps::LoadJobWithOverrides(
+                       absl::GetFlag(FLAGS_config),
+                       cserps::WithStartFlags(cserps::SplitOverrides(absl::GetFlag(FLAGS_set)))));
   const cserps::v1::JobConfig& config = job.config;
   const std::string backend = absl::GetFlag(FLAGS_backend);
   if (backend != "cpu" && backend != "cuda") {
