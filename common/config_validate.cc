@@ -392,6 +392,18 @@ absl::Status ValidateJobConfig(const v1::JobConfig& config,
   }
   RETURN_IF_ERROR(ValidateAlgorithm(config.algorithm(), config.optimizer()));
   if (config.cluster().elastic()) RETURN_IF_ERROR(ValidateElastic(*algorithm));
+  if (config.cluster().admit_every_steps() > 0) {
+    if (!config.cluster().elastic()) {
+      return Invalid("cluster.admit_every_steps",
+                     "needs cluster.elastic: only an elastic job drops a rank to admit back");
+    }
+    // A node's local ranks would have to rejoin together, each with its shards.
+    if (config.cluster().local_size() > 1) {
+      return Invalid("cluster.admit_every_steps",
+                     absl::StrCat("needs cluster.local_size 1 (got ",
+                                  config.cluster().local_size(), ")"));
+    }
+  }
   return ValidateCheckpoint(config.checkpoint(), *algorithm);
 }
 

@@ -193,6 +193,9 @@ void ServerMetrics::Attach(std::function<Snapshot()> snapshot) {
     single("cserps_server_members_dropped_total",
            "Ranks an elastic job dropped on the shard: they missed a round's timeout.",
            MetricType::Counter, s.members_dropped);
+    single("cserps_server_members_admitted_total",
+           "Ranks an elastic job admitted back on the shard at a full average (Rejoin).",
+           MetricType::Counter, s.members_admitted);
     single("cserps_server_open_rounds", "Rounds (dense and sparse) waiting for pushes.",
            MetricType::Gauge, s.open_rounds);
     single("cserps_server_model_step",

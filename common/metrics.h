@@ -114,8 +114,10 @@ class ServerMetrics {
     // Members heard from within cluster.round_timeout_s, or waiting in a
     // call (server/member_activity.h).
     uint64_t members_alive = 0;
-    // Ranks an elastic job dropped (ClusterConfig.elastic).
+    // Ranks an elastic job dropped (ClusterConfig.elastic), and admitted
+    // back.
     uint64_t members_dropped = 0;
+    uint64_t members_admitted = 0;
     uint64_t open_rounds = 0;  // dense and sparse
     uint64_t newest_step = 0;
     // Traffic by stream: the streams above for the requests they accepted

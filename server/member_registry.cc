@@ -5,10 +5,11 @@
 namespace cserps {
 
 MemberRegistry::MemberRegistry(uint32_t world_size)
-    : world_size_(world_size), holder_(world_size) {}
+    : world_size_(world_size), holder_(world_size), drops_seen_(world_size, 0) {}
 
 absl::StatusOr<uint32_t> MemberRegistry::Register(int64_t requested,
-                                                  absl::string_view worker_id) {
+                                                  absl::string_view worker_id,
+                                                  const std::vector<uint32_t>* times_dropped) {
   if (worker_id.empty()) {
     return absl::InvalidArgumentError("worker_id must not be empty");
   }
@@ -17,32 +18,44 @@ absl::StatusOr<uint32_t> MemberRegistry::Register(int64_t requested,
         "requested rank ", requested, " is out of range: the job has ",
         world_size_, " workers (ranks 0..", world_size_ - 1, ")"));
   }
+  auto drops = [&](uint32_t r) -> uint32_t {
+    return times_dropped != nullptr && r < times_dropped->size() ? (*times_dropped)[r] : 0;
+  };
   absl::MutexLock lock(&mu_);
+  auto take = [&](uint32_t r) {
+    holder_[r] = std::string(worker_id);
+    drops_seen_[r] = drops(r);
+    return r;
+  };
+  auto replaceable = [&](uint32_t r) { return drops(r) > drops_seen_[r]; };
   for (uint32_t r = 0; r < world_size_; ++r) {
     if (holder_[r] != worker_id) continue;
-    if (requested < 0 || requested == r) return r;
+    if (requested < 0 || requested == r) return take(r);
     return absl::AlreadyExistsError(absl::StrCat(
         "worker \"", worker_id, "\" already holds rank ", r,
         " and cannot also take rank ", requested));
   }
   if (requested >= 0) {
-    std::string& holder = holder_[requested];
-    if (!holder.empty()) {
-      return absl::AlreadyExistsError(absl::StrCat(
-          "rank ", requested, " is already registered by worker \"", holder,
-          "\""));
-    }
-    holder = std::string(worker_id);
-    return static_cast<uint32_t>(requested);
+    const uint32_t r = static_cast<uint32_t>(requested);
+    if (holder_[r].empty() || replaceable(r)) return take(r);
+    const std::string held =
+        absl::StrCat("rank ", requested, " is already registered by worker \"", holder_[r], "\"");
+    if (times_dropped == nullptr) return absl::AlreadyExistsError(held);
+    return absl::UnavailableError(absl::StrCat(
+        held, ", a member of the rounds: a replacement takes it once the shard drops it (at a "
+        "round's timeout)"));
   }
   for (uint32_t r = 0; r < world_size_; ++r) {
-    if (holder_[r].empty()) {
-      holder_[r] = std::string(worker_id);
-      return r;
-    }
+    if (holder_[r].empty()) return take(r);
   }
-  return absl::ResourceExhaustedError(absl::StrCat(
-      "all ", world_size_, " ranks of the job are registered"));
+  for (uint32_t r = 0; times_dropped != nullptr && r < world_size_; ++r) {
+    if (replaceable(r)) return take(r);
+  }
+  const std::string all = absl::StrCat("all ", world_size_, " ranks of the job are registered");
+  if (times_dropped == nullptr) return absl::ResourceExhaustedError(all);
+  return absl::UnavailableError(absl::StrCat(
+      all, " and members of the rounds: a replacement takes the rank of one the shard drops "
+      "(at a round's timeout)"));
 }
 
 bool MemberRegistry::IsRegistered(uint32_t rank) const {

@@ -22,7 +22,15 @@ class MemberRegistry {
   // INVALID_ARGUMENT: requested >= world size. ALREADY_EXISTS: the rank is
   // held by another worker id (named), or worker_id already holds another
   // rank. RESOURCE_EXHAUSTED: every rank taken.
-  absl::StatusOr<uint32_t> Register(int64_t requested, absl::string_view worker_id);
+  //
+  // Elastic (`times_dropped`: how often each rank has been dropped so far):
+  // a rank dropped since its holder registered goes to the worker id that
+  // asks for it (requested, or the lowest such when requested < 0 and none
+  // is free), a replacement taking the dead one's place; UNAVAILABLE instead
+  // of ALREADY_EXISTS or RESOURCE_EXHAUSTED while its holder is still a
+  // member, since the shard may yet drop it.
+  absl::StatusOr<uint32_t> Register(int64_t requested, absl::string_view worker_id,
+                                    const std::vector<uint32_t>* times_dropped = nullptr);
 
   bool IsRegistered(uint32_t rank) const;
   uint32_t registered() const;
@@ -32,6 +40,8 @@ class MemberRegistry {
   const uint32_t world_size_;
   mutable absl::Mutex mu_;
   std::vector<std::string> holder_ ABSL_GUARDED_BY(mu_);  // "" = free
+  // By rank: its times_dropped when its holder registered (elastic).
+  std::vector<uint32_t> drops_seen_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace cserps

@@ -42,9 +42,11 @@ ParameterServerService::ParameterServerService(ShardContext* shard, Options opti
       options_(std::move(options)),
       members_(shard->members()),
       store_(shard->store()),
-      checkpoint_(config_.checkpoint().every_steps() > 0 && !config_.checkpoint().dir().empty()
-                      ? std::make_unique<ShardCheckpoint>(config_, shard->shard(), &store_)
-                      : nullptr),
+      checkpoint_((config_.checkpoint().every_steps() > 0 &&
+                    !config_.checkpoint().dir().empty()) ||
+                           config_.cluster().admit_every_steps() > 0
+                       ? std::make_unique<ShardCheckpoint>(config_, shard->shard(), &store_)
+                       : nullptr),
       rounds_(RoundTable::Options{
           .limits =
               {
@@ -101,8 +103,10 @@ grpc::ServerUnaryReactor* ParameterServerService::Register(
   ApplyDefaults(&theirs);
   absl::Status same = CompareJobConfigs(config_, theirs, "server", "worker");
   if (!same.ok()) return FinishWith(context, same);
+  const std::vector<uint32_t> times_dropped = rounds_.times_dropped();
   absl::StatusOr<uint32_t> rank =
-      members_.Register(request->requested_rank(), request->worker_id());
+      members_.Register(request->requested_rank(), request->worker_id(),
+                        config_.cluster().elastic() ? &times_dropped : nullptr);
   if (!rank.ok()) return FinishWith(context, rank.status());
   shard_.activity().Heard(*rank, options_.now());
   response->set_rank(*rank);
@@ -154,8 +158,8 @@ absl::StatusOr<size_t> ParameterServerService::AdmitPushPull(const PushPullHead&
     }
     if (checkpoint_ == nullptr) {
       return refuse(absl::FailedPreconditionError(absl::StrCat(
-          "shard ", shard_.shard(), " takes no checkpoints: its checkpoint.dir is empty "
-          "(give every server and worker the same folder)")));
+          "shard ", shard_.shard(), " takes no full averages: its checkpoint.dir is empty "
+          "(give every server and worker the same folder) and cluster.admit_every_steps 0")));
     }
   } else {
     ok = CheckRoundRatio(config_.algorithm(), head.stream, head.ratio);
@@ -318,6 +322,7 @@ ParameterServerService::Counters ParameterServerService::counters() const {
   c.model = stream_traffic_[v1::MODEL].Snapshot();
   c.checkpoint = stream_traffic_[v1::CHECKPOINT].Snapshot();
   c.dropped = rounds_.dropped_ranks().size();
+  c.admitted = rounds_.admitted_ranks().size();
   c.traffic = traffic_.Snapshot();
   c.other = other_traffic_.Snapshot();
   return c;
@@ -336,6 +341,11 @@ grpc::ServerUnaryReactor* ParameterServerService::GetStatus(
   response->set_open_rounds(rounds_.open_rounds());
   response->set_newest_step(rounds_.newest_step());
   for (uint32_t r : rounds_.dropped_ranks()) response->add_dropped_ranks(r);
+  for (uint32_t r : rounds_.admitted_ranks()) response->add_admitted_ranks(r);
+  response->set_members(rounds_.members());
+  if (checkpoint_ != nullptr) {
+    response->set_newest_full_average_step(checkpoint_->newest_full_average_step());
+  }
   const TrafficCounts total = traffic_.Snapshot();
   response->set_bytes_in(total.request_bytes);
   response->set_bytes_out(total.reply_bytes);
@@ -347,6 +357,34 @@ grpc::ServerUnaryReactor* ParameterServerService::GetStatus(
     traffic->set_bytes_out(counts.reply_bytes);
     traffic->set_floats_in(counts.request_floats);
   }
+  return FinishWith(context, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* ParameterServerService::Rejoin(grpc::CallbackServerContext* context,
+                                                         const v1::RejoinRequest* request,
+                                                         v1::RejoinResponse* response) {
+  auto refuse = [&](const absl::Status& status) {
+    return FinishWith(context, Prefixed(absl::StrCat("Rejoin (rank ", request->rank(),
+                                                     ", step ", request->step(), ")"),
+                                        status));
+  };
+  absl::Status ok = shard_.Admit(request->fingerprint(), request->rank(), options_.now());
+  if (!ok.ok()) return refuse(ok);
+  const uint32_t every = config_.cluster().admit_every_steps();
+  if (every == 0) {
+    return refuse(absl::FailedPreconditionError(
+        "this job admits no rank back: its cluster.admit_every_steps is 0"));
+  }
+  if (request->step() == 0 || request->step() % every != 0) {
+    return refuse(absl::InvalidArgumentError(absl::StrCat(
+        "step must be a multiple of cluster.admit_every_steps ", every, ", the steps whose "
+        "full average admits ranks")));
+  }
+  ok = rounds_.Admit(request->rank(), request->step());
+  if (!ok.ok()) return refuse(ok);
+  response->set_members(rounds_.members());
+  spdlog::info("shard {}: rank {} admitted back from the full average of step {}, {} members",
+               shard_.shard(), request->rank(), request->step(), response->members());
   return FinishWith(context, absl::OkStatus());
 }
 

@@ -50,8 +50,9 @@ class ParameterServerService final : public v1::ParameterServer::CallbackService
     // PushPull requests that reached their round, by stream, and the
     // replies carrying a round's mean.
     TrafficCounts grad, model, checkpoint;
-    // Ranks an elastic job dropped on this shard.
+    // Ranks an elastic job dropped on this shard, and admitted back.
     uint64_t dropped = 0;
+    uint64_t admitted = 0;
     // The rest, counted where it happens (not as a difference, so that it
     // never goes down): PushModel requests and refused PushPull requests;
     // PullModel replies.
@@ -116,8 +117,9 @@ class ParameterServerService final : public v1::ParameterServer::CallbackService
   // before the service receives calls.
   void set_bulk_port(uint32_t port) { bulk_port_ = port; }
 
-  // The shard's checkpoint writer; null when the job takes none. Sections
-  // of other services are added before the service receives calls.
+  // The shard's part in the full averages (checkpoints, admissions); null
+  // when the job takes none. Sections of other services are added before
+  // the service receives calls.
   ShardCheckpoint* checkpoint() { return checkpoint_.get(); }
 
   const BlockLayout& layout() const { return layout_; }
@@ -132,6 +134,7 @@ class ParameterServerService final : public v1::ParameterServer::CallbackService
   Reactor* PullModel(Context*, const v1::PullModelRequest*, v1::PullModelResponse*) override;
   Reactor* PushModel(Context*, const v1::PushModelRequest*, v1::PushModelResponse*) override;
   Reactor* GetStatus(Context*, const v1::GetStatusRequest*, v1::GetStatusResponse*) override;
+  Reactor* Rejoin(Context*, const v1::RejoinRequest*, v1::RejoinResponse*) override;
 
  private:
   ParameterServerService(ShardContext* shard, Options options);
@@ -150,7 +153,7 @@ class ParameterServerService final : public v1::ParameterServer::CallbackService
   ShardStore& store_;
   std::function<void(const RoundKey&, absl::Duration)> on_round_latency_;
   uint32_t bulk_port_ = 0;
-  const std::unique_ptr<ShardCheckpoint> checkpoint_;  // null: no checkpoints
+  const std::unique_ptr<ShardCheckpoint> checkpoint_;  // null: no full averages
   RoundTable rounds_;
 
   TrafficCounter traffic_;

@@ -86,6 +86,7 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(
       s.members_registered = c.registered;
       s.members_alive = context->activity().Alive(now());
       s.members_dropped = c.dropped;
+      s.members_admitted = c.admitted;
       s.open_rounds = c.open_rounds + sc.open_rounds;
       s.newest_step = std::max({c.newest_step, sc.newest_step, ac.newest_step});
       s.bytes_in = {{"GRAD", c.grad.request_bytes},

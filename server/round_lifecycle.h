@@ -25,7 +25,11 @@
 // members that pushed, and the members that did not are dropped: rounds
 // then complete once every remaining member has pushed (those already open
 // too), and a dropped rank's pushes are refused with FAILED_PRECONDITION.
-// A round that no remaining member pushed to fails as before.
+// A round that no remaining member pushed to fails as before. Admit takes a
+// dropped rank back as a member from a step on whose rounds have not begun
+// to complete: it is expected in that step's rounds after its full average
+// (Aggregate::kFullAverageStream), which it does not join, and in every
+// later step's.
 //
 // What Aggregate provides (see WeightedSum and SparsePushes):
 //   Key            the round's identity; ordered by operator<
@@ -46,6 +50,8 @@
 //                  how messages name a round, a push and its step
 //   static constexpr absl::string_view kKind     "" or "sparse ", the word
 //                  before "rounds" and "step" in the window messages
+//   static constexpr int kFullAverageStream      the stream of the full
+//                  averages a rank is admitted at (Admit); -1: none
 //
 // Thread safety: every method may be called from any thread. Callbacks
 // (`finish`, the callers' Callbacks) are never called with the lock held; a
@@ -62,6 +68,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -133,9 +140,22 @@ class RoundLifecycle {
   uint64_t rounds_failed(int stream) const;
   // Newest step of any completed round; 0 before the first.
   uint64_t newest_step() const;
-  // The members rounds wait for, and the ranks dropped, in drop order.
+  // Elastic: takes dropped rank `rank` back as a member from step `step`
+  // on: the rounds of that step after its full average, and every later
+  // step's, wait for it. FAILED_PRECONDITION when the table is not elastic,
+  // `rank` is a member (not dropped, or admitted already at another step;
+  // the same step again is OK), or a round of `step` or later has completed
+  // (too late: a later step can still be taken); INVALID_ARGUMENT for a rank
+  // out of range.
+  absl::Status Admit(uint32_t rank, uint64_t step);
+
+  // The members rounds wait for, the ranks dropped, in drop order, and the
+  // ranks admitted back, in admission order.
   uint32_t members() const;
   std::vector<uint32_t> dropped_ranks() const;
+  std::vector<uint32_t> admitted_ranks() const;
+  // By rank: how many times it has been dropped.
+  std::vector<uint32_t> times_dropped() const;
   // Called (without the lock) with the ranks an overdue round dropped and
   // that round's name; set before the first push.
   void SetDropObserver(std::function<void(const std::vector<uint32_t>&, const std::string&)> f) {
@@ -205,8 +225,12 @@ class RoundLifecycle {
   // Answers every waiter of `failed` with its round's status; call without
   // the lock.
   static void Answer(FailedRounds& failed);
-  // Whether every member has pushed to `round`.
-  bool CompleteLocked(const Round& round) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether round `key` waits for `rank`'s push.
+  bool ExpectsLocked(const Key& key, uint32_t rank) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  uint32_t ExpectedLocked(const Key& key) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether every rank round `key` waits for has pushed to `round`.
+  bool CompleteLocked(const Key& key, const Round& round) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Takes `it` out of open_ as completing.
   RoundNode ExtractCompletingLocked(typename std::map<Key, Round>::iterator it)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -228,8 +252,12 @@ class RoundLifecycle {
   std::map<int, uint64_t> failed_by_stream_ ABSL_GUARDED_BY(mu_);
   uint64_t newest_step_ ABSL_GUARDED_BY(mu_);
   std::vector<bool> member_ ABSL_GUARDED_BY(mu_);  // by rank
+  // By rank: the step a member was admitted back at; nullopt: a member
+  // since the start.
+  std::vector<std::optional<uint64_t>> admitted_at_ ABSL_GUARDED_BY(mu_);
   uint32_t members_ ABSL_GUARDED_BY(mu_);
   std::vector<uint32_t> dropped_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint32_t> admitted_ ABSL_GUARDED_BY(mu_);
   std::function<void(const std::vector<uint32_t>&, const std::string&)> on_dropped_;
 };
 

@@ -30,6 +30,7 @@ RoundLifecycle<Aggregate>::RoundLifecycle(RoundLimits limits, Finish finish)
       finish_(std::move(finish)),
       newest_step_(limits.first_step),
       member_(limits.world_size, true),
+      admitted_at_(limits.world_size),
       members_(limits.world_size) {
   CSERPS_CHECK(limits_.world_size >= 1);
   CSERPS_CHECK(finish_ != nullptr);
@@ -68,6 +69,11 @@ void RoundLifecycle<Aggregate>::Contribute(const Key& key, uint32_t rank,
           Aggregate::PushName(key, rank), " refused: rank ", rank,
           " was dropped from the job (elastic: it missed a round's timeout); the rounds go on "
           "with the other ", members_, " members"));
+    } else if (!ExpectsLocked(key, rank)) {
+      refused = absl::FailedPreconditionError(absl::StrCat(
+          Aggregate::PushName(key, rank), " refused: rank ", rank,
+          " was admitted back from the rounds of step ", *admitted_at_[rank],
+          " after its full average"));
     } else if (const RetainedRound* r = FindRetainedLocked(key)) {
       refused = Aggregate::CheckShape(key, rank, shape, r->shape);
       if (refused.ok()) retained = r->result;
@@ -82,7 +88,8 @@ void RoundLifecycle<Aggregate>::Contribute(const Key& key, uint32_t rank,
       if (it == open_.end()) {
         refused = CheckWindowLocked(key, rank);
         if (refused.ok()) {
-          it = open_.try_emplace(key, contribution, members_, limits_.world_size, now).first;
+          it = open_.try_emplace(key, contribution, ExpectedLocked(key), limits_.world_size, now)
+                   .first;
         }
       }
       if (refused.ok()) refused = Aggregate::CheckShape(key, rank, shape, it->second.shape);
@@ -94,7 +101,7 @@ void RoundLifecycle<Aggregate>::Contribute(const Key& key, uint32_t rank,
           ++round.ranks_pushed;
         }
         round.waiters.push_back(std::move(done));
-        if (!CompleteLocked(round)) return;
+        if (!CompleteLocked(key, round)) return;
         completed = ExtractCompletingLocked(it);
       }
     }
@@ -111,10 +118,26 @@ void RoundLifecycle<Aggregate>::Contribute(const Key& key, uint32_t rank,
 }
 
 template <typename Aggregate>
-bool RoundLifecycle<Aggregate>::CompleteLocked(const Round& round) const {
-  if (round.ranks_pushed < members_) return false;
+bool RoundLifecycle<Aggregate>::ExpectsLocked(const Key& key, uint32_t rank) const {
+  if (!member_[rank]) return false;
+  const std::optional<uint64_t>& since = admitted_at_[rank];
+  if (!since.has_value()) return true;
+  const uint64_t step = Aggregate::Step(key);
+  return step > *since ||
+         (step == *since && Aggregate::Stream(key) != Aggregate::kFullAverageStream);
+}
+
+template <typename Aggregate>
+uint32_t RoundLifecycle<Aggregate>::ExpectedLocked(const Key& key) const {
+  uint32_t n = 0;
+  for (uint32_t r = 0; r < limits_.world_size; ++r) n += ExpectsLocked(key, r) ? 1 : 0;
+  return n;
+}
+
+template <typename Aggregate>
+bool RoundLifecycle<Aggregate>::CompleteLocked(const Key& key, const Round& round) const {
   for (uint32_t r = 0; r < limits_.world_size; ++r) {
-    if (member_[r] && !round.pushed[r]) return false;
+    if (ExpectsLocked(key, r) && !round.pushed[r]) return false;
   }
   return true;
 }
@@ -229,12 +252,13 @@ int RoundLifecycle<Aggregate>::ExpireOverdue(absl::Time now) {
       std::vector<uint32_t> missing;
       bool a_member_pushed = false;
       for (uint32_t r = 0; r < limits_.world_size; ++r) {
-        if (member_[r] && !round.pushed[r]) missing.push_back(r);
-        if (member_[r] && round.pushed[r]) a_member_pushed = true;
+        if (ExpectsLocked(it->first, r) && !round.pushed[r]) missing.push_back(r);
+        if (ExpectsLocked(it->first, r) && round.pushed[r]) a_member_pushed = true;
       }
       if (limits_.elastic && a_member_pushed) {
         for (uint32_t r : missing) {
           member_[r] = false;
+          admitted_at_[r].reset();
           dropped_.push_back(r);
         }
         members_ -= static_cast<uint32_t>(missing.size());
@@ -256,7 +280,7 @@ int RoundLifecycle<Aggregate>::ExpireOverdue(absl::Time now) {
     // Rounds that waited only for the members just dropped.
     for (auto it = open_.begin(); !drops.empty() && it != open_.end();) {
       const auto next = std::next(it);
-      if (CompleteLocked(it->second)) completed.push_back(ExtractCompletingLocked(it));
+      if (CompleteLocked(it->first, it->second)) completed.push_back(ExtractCompletingLocked(it));
       it = next;
     }
   }
@@ -334,6 +358,53 @@ template <typename Aggregate>
 uint64_t RoundLifecycle<Aggregate>::newest_step() const {
   absl::MutexLock lock(&mu_);
   return newest_step_;
+}
+
+template <typename Aggregate>
+absl::Status RoundLifecycle<Aggregate>::Admit(uint32_t rank, uint64_t step) {
+  if (rank >= limits_.world_size) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", rank,
+                                                   " is out of range for world_size ",
+                                                   limits_.world_size));
+  }
+  if (!limits_.elastic) {
+    return absl::FailedPreconditionError(
+        "this job is not elastic (cluster.elastic): its members never change");
+  }
+  absl::MutexLock lock(&mu_);
+  if (member_[rank]) {
+    if (admitted_at_[rank] == step) return absl::OkStatus();
+    return absl::FailedPreconditionError(
+        admitted_at_[rank].has_value()
+            ? absl::StrCat("rank ", rank, " is already admitted back from step ",
+                           *admitted_at_[rank])
+            : absl::StrCat("rank ", rank, " is still a member: it is admitted back once it "
+                           "is dropped (a round without it times out)"));
+  }
+  if (newest_step_ >= step) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rank ", rank, " cannot be admitted from step ", step, ": ", Aggregate::kKind,
+        "rounds up to step ", newest_step_, " have completed"));
+  }
+  member_[rank] = true;
+  admitted_at_[rank] = step;
+  ++members_;
+  admitted_.push_back(rank);
+  return absl::OkStatus();
+}
+
+template <typename Aggregate>
+std::vector<uint32_t> RoundLifecycle<Aggregate>::admitted_ranks() const {
+  absl::MutexLock lock(&mu_);
+  return admitted_;
+}
+
+template <typename Aggregate>
+std::vector<uint32_t> RoundLifecycle<Aggregate>::times_dropped() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<uint32_t> times(limits_.world_size, 0);
+  for (uint32_t r : dropped_) ++times[r];
+  return times;
 }
 
 template <typename Aggregate>

@@ -5,11 +5,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "cserps/v1/parameter_server.pb.h"
 #include "server/round_lifecycle_impl.h"
 
 namespace cserps {
 
 template class RoundLifecycle<WeightedSum>;
+static_assert(WeightedSum::kFullAverageStream == v1::CHECKPOINT);
 
 WeightedSum::WeightedSum(const Contribution& first, uint32_t world_size)
     : size_(first.values.size()), world_size_(world_size), lr_(first.lr) {

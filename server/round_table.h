@@ -69,6 +69,7 @@ class WeightedSum {
   using Shape = size_t;  // values per push
   using Result = RoundMean;
   static constexpr absl::string_view kKind = "";
+  static constexpr int kFullAverageStream = 3;  // cserps.v1.CHECKPOINT
 
   WeightedSum(const Contribution& first, uint32_t world_size);
   // Each member once; the last of world_size computes the mean.

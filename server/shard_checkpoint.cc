@@ -1,5 +1,6 @@
 #include "server/shard_checkpoint.h"
 
+#include <algorithm>
 #include <string>
 #include <utility>
 #include <vector>
@@ -16,7 +17,10 @@ constexpr char kModelSection[] = "model";
 }  // namespace
 
 ShardCheckpoint::ShardCheckpoint(const v1::JobConfig& config, uint32_t shard, ShardStore* store)
-    : job_(CheckpointJob::Of(config)), shard_(shard), store_(*store) {}
+    : job_(CheckpointJob::Of(config)),
+      every_steps_(config.checkpoint().dir().empty() ? 0 : config.checkpoint().every_steps()),
+      shard_(shard),
+      store_(*store) {}
 
 void ShardCheckpoint::AddSection(std::string name, std::function<std::vector<float>()> read) {
   sections_.emplace_back(std::move(name), std::move(read));
@@ -29,7 +33,9 @@ void ShardCheckpoint::ChunkApplied(uint64_t step, uint64_t floats) {
     applied += floats;
     if (applied < store_.size()) return;
     applied_.erase(step);
+    newest_average_ = std::max(newest_average_, step);
   }
+  if (every_steps_ == 0 || step % every_steps_ != 0) return;
   // Every member is still waiting for this round's last chunk, so no other
   // round changes the floats while they are read.
   std::vector<float> model(store_.size());
@@ -57,6 +63,11 @@ void ShardCheckpoint::ChunkApplied(uint64_t step, uint64_t floats) {
 uint64_t ShardCheckpoint::written() const {
   absl::MutexLock lock(&mu_);
   return written_;
+}
+
+uint64_t ShardCheckpoint::newest_full_average_step() const {
+  absl::MutexLock lock(&mu_);
+  return newest_average_;
 }
 
 absl::StatusOr<ResumedShard> ResumeShard(const v1::JobConfig& config, uint32_t shard,

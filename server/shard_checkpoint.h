@@ -1,8 +1,10 @@
-// A shard's part in the job's checkpoints (docs/reliability.md). When every
-// chunk of a step's CHECKPOINT round has been applied, the shard's floats
-// are that step's global model: it writes them as its file of the step, and
-// completes the step when it writes last. With checkpoint.resume it starts
-// from the newest complete checkpoint instead of waiting for PushModel.
+// A shard's part in the job's full averages: its checkpoints and an elastic
+// job's admission steps (docs/reliability.md). When every chunk of a step's
+// CHECKPOINT round has been applied, the shard's floats are that step's
+// global model: at a checkpoint's step it writes them as its file of the
+// step, and completes the step when it writes last. With checkpoint.resume
+// it starts from the newest complete checkpoint instead of waiting for
+// PushModel.
 //
 // Thread safety: ChunkApplied may be called from any thread.
 #ifndef CSERPS_SERVER_SHARD_CHECKPOINT_H_
@@ -34,20 +36,25 @@ class ShardCheckpoint {
 
   // `floats` of step `step`'s CHECKPOINT round have been applied to the
   // store; the call that brings the step to the shard's size writes the
-  // file, before the round's members are answered. A write that fails is
-  // logged: the step stays incomplete and training goes on.
+  // file of a checkpoint's step, before the round's members are answered.
+  // A write that fails is logged: the step stays incomplete and training
+  // goes on.
   void ChunkApplied(uint64_t step, uint64_t floats);
 
   // Checkpoints written by this shard.
   uint64_t written() const;
+  // Newest step whose full average covers the shard; 0: none yet.
+  uint64_t newest_full_average_step() const;
 
  private:
   const CheckpointJob job_;
+  const uint32_t every_steps_;  // checkpoint.every_steps, with a folder; 0: none
   const uint32_t shard_;
   ShardStore& store_;
   std::vector<std::pair<std::string, std::function<std::vector<float>()>>> sections_;
   mutable absl::Mutex mu_;
   std::map<uint64_t, uint64_t> applied_ ABSL_GUARDED_BY(mu_);  // floats by step
+  uint64_t newest_average_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t written_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

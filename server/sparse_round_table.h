@@ -46,6 +46,7 @@ class SparsePushes {
   struct Shape {};
   using Result = SparseRoundReply;
   static constexpr absl::string_view kKind = "sparse ";
+  static constexpr int kFullAverageStream = -1;  // none: not elastic
 
   SparsePushes(const SparseVector& first, uint32_t world_size);
   void Add(uint32_t rank, SparseVector push);

@@ -554,6 +554,16 @@ TEST(ValidateJobConfigTest, EachRuleNamesItsField) {
       {"resume without checkpoints",
        [](v1::JobConfig* c) { c->mutable_checkpoint()->set_resume(true); },
        "checkpoint.resume"},
+      {"admissions without elastic",
+       [](v1::JobConfig* c) { c->mutable_cluster()->set_admit_every_steps(10); },
+       "cluster.admit_every_steps"},
+      {"admissions of nodes",
+       [](v1::JobConfig* c) {
+         c->mutable_cluster()->set_elastic(true);
+         c->mutable_cluster()->set_local_size(2);
+         c->mutable_cluster()->set_admit_every_steps(10);
+       },
+       "cluster.admit_every_steps"},
   };
   for (const ValidationCase& c : cases) {
     SCOPED_TRACE(c.name);
@@ -854,6 +864,16 @@ TEST(JobFingerprintTest, NonLocalDifferencesChangeItAndAreNamed) {
     EXPECT_THAT(std::string(status.message()),
                 StartsWith("config mismatch at " + c.field + ": "));
   }
+}
+
+TEST(JobFingerprintTest, AdmissionStepsArePartOfAnElasticJob) {
+  v1::JobConfig elastic = ValidConfig();
+  elastic.mutable_cluster()->set_elastic(true);
+  v1::JobConfig admitting = elastic;
+  admitting.mutable_cluster()->set_admit_every_steps(20);
+  EXPECT_NE(JobFingerprint(elastic), JobFingerprint(admitting));
+  const absl::Status differs = CompareJobConfigs(elastic, admitting, "server", "worker");
+  EXPECT_THAT(std::string(differs.message()), HasSubstr("cluster.admit_every_steps"));
 }
 
 TEST(CompareJobConfigsTest, NamesFieldAndBothValues) {

@@ -120,7 +120,7 @@ class CheckpointResumeTest : public ::testing::TestWithParam<Case> {
       while (trainer.step() < stop) {
         ASSIGN_OR_RETURN(const float loss, trainer.Step());
         outcome.losses[r].push_back(loss);
-        RETURN_IF_ERROR(trainer.CheckpointIfDue());
+        RETURN_IF_ERROR(trainer.FullAverageIfDue());
       }
       if (stop < kSteps) return absl::OkStatus();
       RETURN_IF_ERROR(trainer.FinishTraining());

@@ -3,12 +3,15 @@
 // round's timeout both shards drop it and complete the round with the
 // other three, reweighted, and the job trains on with them to the end.
 // The three then hold the servers' model, every shard names rank 3 as
-// dropped, and rank 3's next push is refused saying so.
+// dropped, and rank 3's next push is refused saying so. With
+// cluster.admit_every_steps, a replacement worker (a new worker id) takes
+// rank 3 back at the next admission step and finishes the job with them.
 #include <cstring>
 #include <memory>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/status.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -27,8 +30,7 @@ constexpr int kWorkers = 4;
 constexpr uint64_t kD = 20 * 16 + 16 + 16 * 4 + 4;  // MLP 20 -> 16 -> 4
 constexpr uint64_t kStopsAfter = 5;
 
-TEST(ElasticTest, AStoppedWorkerIsDroppedAndTheOthersFinishTheJob) {
-  const v1::JobConfig config = testing::TestConfig(R"pb(
+constexpr char kElasticCser[] = R"pb(
     name: "elastic-test"
     seed: 9
     cluster {
@@ -43,7 +45,10 @@ TEST(ElasticTest, AStoppedWorkerIsDroppedAndTheOthersFinishTheJob) {
     optimizer { lr: 0.1 momentum_kind: NESTEROV momentum: 0.9 }
     algorithm { name: "cser" block_size: 8 period: 4 ratio_c1: 2 ratio_c2: 8 }
     epochs: 2
-  )pb");
+  )pb";
+
+TEST(ElasticTest, AStoppedWorkerIsDroppedAndTheOthersFinishTheJob) {
+  const v1::JobConfig config = testing::TestConfig(kElasticCser);
   absl::StatusOr<std::unique_ptr<InProcessCluster>> cluster = InProcessCluster::Start(config, kD);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   const Dataset train = testing::RandomDataset(320, 20, 4, 5);
@@ -90,6 +95,109 @@ TEST(ElasticTest, AStoppedWorkerIsDroppedAndTheOthersFinishTheJob) {
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
   EXPECT_THAT(refused.status().message(), HasSubstr("rank 3 was dropped"));
+}
+
+// Whether every shard has admitted a rank back.
+absl::StatusOr<bool> Admitted(PsClient& client, int shards) {
+  for (int s = 0; s < shards; ++s) {
+    ASSIGN_OR_RETURN(const v1::GetStatusResponse status, client.GetStatus(s));
+    if (status.admitted_ranks_size() == 0) return false;
+  }
+  return true;
+}
+
+TEST(ElasticTest, AReplacementTakesTheDroppedRankAtTheNextAdmissionStep) {
+  v1::JobConfig config = testing::TestConfig(kElasticCser);
+  config.mutable_cluster()->set_admit_every_steps(4);
+  absl::StatusOr<std::unique_ptr<InProcessCluster>> cluster = InProcessCluster::Start(config, kD);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const Dataset train = testing::RandomDataset(320, 20, 4, 5);
+  const Dataset test = testing::RandomDataset(100, 20, 4, 6);
+  std::vector<std::unique_ptr<Trainer>> trainers;
+  for (int r = 0; r < kWorkers; ++r) {
+    absl::StatusOr<std::unique_ptr<Trainer>> trainer =
+        Trainer::Create((*cluster)->config(), &(*cluster)->client(r), &train, &test);
+    ASSERT_TRUE(trainer.ok()) << trainer.status();
+    trainers.push_back(*std::move(trainer));
+  }
+  const uint64_t steps = 2 * trainers[0]->steps_per_epoch();
+  // The others wait after this step until the replacement is admitted, so
+  // that they do not finish the job first.
+  constexpr uint64_t kPauseAt = 7;
+  ASSERT_GT(steps, 12u);
+  std::unique_ptr<PsClient> replacement_client;
+  std::unique_ptr<Trainer> replacement;
+  const absl::Status run = (*cluster)->OnEveryRank([&](int r) -> absl::Status {
+    Trainer& trainer = *trainers[r];
+    RETURN_IF_ERROR(trainer.InitializeModel());
+    if (r == 3) {
+      while (trainer.step() < kStopsAfter) {
+        RETURN_IF_ERROR(trainer.Step().status());
+        RETURN_IF_ERROR(trainer.FullAverageIfDue());
+      }
+      // A new process: a new client and worker id, given the dropped rank
+      // once the shards drop it.
+      ASSIGN_OR_RETURN(replacement_client, PsClient::Connect((*cluster)->config(), kD));
+      ASSIGN_OR_RETURN(const uint32_t rank, replacement_client->Register(-1, "replacement"));
+      if (rank != 3) return absl::InternalError(absl::StrCat("replacement got rank ", rank));
+      ASSIGN_OR_RETURN(replacement, Trainer::Create((*cluster)->config(),
+                                                    replacement_client.get(), &train, &test));
+      RETURN_IF_ERROR(replacement->InitializeModel());
+      while (replacement->step() < steps) {
+        RETURN_IF_ERROR(replacement->Step().status());
+        RETURN_IF_ERROR(replacement->FullAverageIfDue());
+      }
+      return replacement->FinishTraining();
+    }
+    while (trainer.step() < steps) {
+      RETURN_IF_ERROR(trainer.Step().status());
+      if (trainer.step() == kPauseAt) {
+        const absl::Time deadline = absl::Now() + absl::Seconds(60);
+        bool admitted = false;
+        while (!admitted && absl::Now() < deadline) {
+          ASSIGN_OR_RETURN(admitted, Admitted((*cluster)->client(r), (*cluster)->num_shards()));
+          if (!admitted) absl::SleepFor(absl::Milliseconds(10));
+        }
+        if (!admitted) return absl::DeadlineExceededError("the replacement was never admitted");
+      }
+      RETURN_IF_ERROR(trainer.FullAverageIfDue());
+    }
+    return trainer.FinishTraining();
+  });
+  ASSERT_TRUE(run.ok()) << run;
+  ASSERT_NE(replacement, nullptr);
+
+  EXPECT_EQ(replacement->rank(), 3u);
+  EXPECT_EQ(replacement->joined_at_step(), 8u)
+      << "the first admission step two steps past the newest completed";
+  EXPECT_EQ(replacement->step(), steps);
+  std::vector<float> servers(kD);
+  ASSERT_TRUE((*cluster)->client(0).PullModel(absl::MakeSpan(servers), false).ok());
+  std::vector<Trainer*> finished = {trainers[0].get(), trainers[1].get(), trainers[2].get(),
+                                    replacement.get()};
+  for (Trainer* trainer : finished) {
+    SCOPED_TRACE(absl::StrCat("rank ", trainer->rank()));
+    const absl::StatusOr<std::vector<float>> params = trainer->Params();
+    ASSERT_TRUE(params.ok());
+    EXPECT_EQ(0, std::memcmp(params->data(), servers.data(), kD * sizeof(float)))
+        << "after the final average every worker holds the servers' model";
+  }
+  for (int r = 0; r < 3; ++r) {
+    SCOPED_TRACE(absl::StrCat("rank ", r));
+    const std::vector<MembershipChange>& changes = trainers[r]->membership();
+    ASSERT_EQ(changes.size(), 2u);
+    EXPECT_EQ(changes[0].members, 3u);
+    EXPECT_EQ(changes[1].members, 4u);
+    EXPECT_LE(changes[1].step, 8u);
+  }
+  for (int s = 0; s < 2; ++s) {
+    absl::StatusOr<v1::GetStatusResponse> status = (*cluster)->client(0).GetStatus(s);
+    ASSERT_TRUE(status.ok());
+    EXPECT_THAT(status->dropped_ranks(), ElementsAre(3u)) << "shard " << s;
+    EXPECT_THAT(status->admitted_ranks(), ElementsAre(3u)) << "shard " << s;
+    EXPECT_EQ(status->members(), 4u);
+    EXPECT_EQ(status->rounds_failed(), 0u);
+  }
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -54,9 +55,38 @@ Result LaunchCommand(const std::string& flags, const std::string& command) {
 }
 
 // Runs the shell command `line` (a launcher, bounded by its --timeout_s),
-// reading its output as it comes: at the first line `trigger` accepts after
-// the launcher named `process`'s pid ("[launch] <process> is pid P"), P is
-// killed with SIGKILL.
+// reading its output as it comes: `on_line` sees each line with the pids
+// the launcher named so far ("[launch] <process> is pid P"; the first of
+// each name).
+struct Launched {
+  std::string output;
+  int exit_code = -1;
+};
+Launched RunReacting(
+    const std::string& line,
+    const std::function<void(const std::string&, const std::map<std::string, pid_t>&)>&
+        on_line) {
+  Launched result;
+  FILE* pipe = popen(line.c_str(), "r");
+  if (pipe == nullptr) return result;
+  std::map<std::string, pid_t> pids;
+  char buffer[4096];
+  while (fgets(buffer, sizeof(buffer), pipe) != nullptr) {
+    const std::string text(buffer);
+    result.output += text;
+    const size_t is_pid = text.find(" is pid ");
+    if (text.rfind("[launch] ", 0) == 0 && is_pid != std::string::npos) {
+      pids.emplace(text.substr(9, is_pid - 9), std::atoi(text.c_str() + is_pid + 8));
+    }
+    on_line(text, pids);
+  }
+  const int status = pclose(pipe);
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return result;
+}
+
+// RunReacting: at the first line `trigger` accepts once the launcher named
+// `process`'s pid, that pid is killed with SIGKILL.
 struct Killed {
   std::string output;
   bool killed = false;
@@ -65,19 +95,15 @@ struct Killed {
 Killed RunKillingOnce(const std::string& line, const std::string& process,
                       const std::function<bool(const std::string&)>& trigger) {
   Killed result;
-  FILE* pipe = popen(line.c_str(), "r");
-  if (pipe == nullptr) return result;
-  const std::string named = absl::StrCat("[launch] ", process, " is pid ");
-  pid_t pid = 0;
-  char buffer[4096];
-  while (fgets(buffer, sizeof(buffer), pipe) != nullptr) {
-    const std::string text(buffer);
-    result.output += text;
-    if (pid == 0 && text.rfind(named, 0) == 0) pid = std::atoi(text.c_str() + named.size());
-    if (!result.killed && pid > 0 && trigger(text)) result.killed = kill(pid, SIGKILL) == 0;
-  }
-  const int status = pclose(pipe);
-  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  const Launched run = RunReacting(
+      line, [&](const std::string& text, const std::map<std::string, pid_t>& pids) {
+        auto pid = pids.find(process);
+        if (!result.killed && pid != pids.end() && trigger(text)) {
+          result.killed = kill(pid->second, SIGKILL) == 0;
+        }
+      });
+  result.output = run.output;
+  result.exit_code = run.exit_code;
   return result;
 }
 
@@ -285,6 +311,68 @@ TEST_F(LaunchTest, ElasticJobFinishesWithoutAKilledWorker) {
     EXPECT_NE(json.find("\"members\": 3}"), std::string::npos) << json;
   }
   EXPECT_FALSE(std::filesystem::exists(out_ / "worker_3.json"));
+}
+
+// cluster.admit_every_steps with --max_restarts: kill -9 of one of 4 CSER
+// workers mid-job; the launcher starts a replacement, which takes rank 3
+// once the servers drop it, rejoins at the next admission step and
+// finishes the job with the others.
+TEST_F(LaunchTest, ElasticJobReplacesAKilledWorker) {
+  const std::string line = absl::StrCat(
+      CSERPS_LAUNCH_BIN, " --config=", CSERPS_SOURCE_DIR,
+      "/configs/tiny.textproto --timeout_s=120 --max_restarts=1 --set='output_dir=",
+      out_.string(),
+      ";cluster.num_workers=4;cluster.elastic=true;cluster.round_timeout_s=5"
+      ";cluster.admit_every_steps=8;epochs=60;log_every_steps=5;algorithm.name=cser"
+      ";algorithm.period=4;algorithm.ratio_c1=2;algorithm.ratio_c2=8' 2>&1");
+  // Worker 3 is killed when worker 0 reports step 10. Once the server has
+  // dropped it the others are stopped (SIGSTOP) until the replacement is
+  // admitted, so that they cannot finish the job before it arrives; they
+  // stop for less than a round's timeout. (No data.rank_slowdown: it would
+  // stretch a step by the time it was stopped.)
+  bool killed = false, stopped = false, resumed = false;
+  auto signal_others = [](const std::map<std::string, pid_t>& pids, int signal) {
+    for (int r = 0; r < 3; ++r) kill(pids.at(absl::StrCat("worker ", r)), signal);
+  };
+  const Launched run = RunReacting(
+      line, [&](const std::string& text, const std::map<std::string, pid_t>& pids) {
+        if (!killed && pids.size() >= 5 && text.rfind("[worker 0]", 0) == 0 &&
+            text.find("] step 10 ") != std::string::npos) {
+          killed = kill(pids.at("worker 3"), SIGKILL) == 0;
+        }
+        if (killed && !stopped && text.find("dropped rank(s) 3") != std::string::npos) {
+          stopped = true;
+          signal_others(pids, SIGSTOP);
+        }
+        if (stopped && !resumed &&
+            text.find("admitted back from the full average") != std::string::npos) {
+          resumed = true;
+          signal_others(pids, SIGCONT);
+        }
+      });
+  const std::string& output = run.output;
+  ASSERT_TRUE(killed) << output;
+  EXPECT_TRUE(stopped && resumed) << output;
+  ASSERT_EQ(run.exit_code, 0) << output;
+  EXPECT_NE(output.find("worker 3 exited with code 137; starting a replacement"),
+            std::string::npos)
+      << output;
+  EXPECT_NE(output.find("rank 3 admitted back from the full average of step"), std::string::npos)
+      << output;
+  const std::string replacement = ReadFile(out_ / "worker_3.json");
+  ASSERT_FALSE(replacement.empty()) << output;
+  EXPECT_EQ(JsonNumber(replacement, "steps"), 420);  // 60 epochs of floor(500 / 64)
+  const double joined = JsonNumber(replacement, "joined_at_step");
+  EXPECT_GT(joined, 10);
+  EXPECT_EQ(static_cast<int>(joined) % 8, 0);
+  for (int rank = 0; rank < 3; ++rank) {
+    SCOPED_TRACE(absl::StrCat("rank ", rank));
+    const std::string json = ReadFile(out_ / absl::StrCat("worker_", rank, ".json"));
+    EXPECT_EQ(JsonNumber(json, "steps"), 420);
+    EXPECT_EQ(JsonNumber(json, "joined_at_step"), 0);
+    EXPECT_NE(json.find("\"members\": 3}, {"), std::string::npos) << json;
+    EXPECT_NE(json.find("\"members\": 4}"), std::string::npos) << json;
+  }
 }
 
 // --nproc: the command's processes are the workers, each told its place as

@@ -92,6 +92,35 @@ TEST(MemberRegistryTest, AllTaken) {
   EXPECT_EQ(registry.Register(-1, "b").value(), 1u);
 }
 
+// Elastic: a replacement takes a rank dropped since its holder registered,
+// once: the next newcomer waits (UNAVAILABLE) until it is dropped again.
+TEST(MemberRegistryTest, AReplacementTakesTheRankOfADroppedHolder) {
+  MemberRegistry registry(3);
+  std::vector<uint32_t> dropped = {0, 0, 0};
+  for (const char* id : {"a", "b", "c"}) ASSERT_TRUE(registry.Register(-1, id, &dropped).ok());
+  const absl::StatusOr<uint32_t> full = registry.Register(-1, "d", &dropped);
+  EXPECT_EQ(full.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(full.status().message(), HasSubstr("all 3 ranks of the job are registered"));
+  const absl::StatusOr<uint32_t> held = registry.Register(1, "d", &dropped);
+  EXPECT_EQ(held.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(held.status().message(),
+              AllOf(HasSubstr("rank 1 is already registered by worker \"b\""),
+                    HasSubstr("once the shard drops it")));
+
+  dropped = {0, 1, 0};
+  EXPECT_EQ(registry.Register(-1, "d", &dropped).value(), 1u) << "the dropped rank";
+  EXPECT_EQ(registry.Register(-1, "e", &dropped).status().code(),
+            absl::StatusCode::kUnavailable)
+      << "taken already since its drop";
+  EXPECT_EQ(registry.Register(-1, "d", &dropped).value(), 1u) << "a retry";
+  EXPECT_EQ(registry.Register(1, "b", &dropped).status().code(), absl::StatusCode::kUnavailable)
+      << "the old holder lost it";
+  dropped = {0, 2, 0};
+  EXPECT_EQ(registry.Register(1, "e", &dropped).value(), 1u) << "dropped again, asked for";
+  EXPECT_EQ(registry.Register(-1, "f").status().code(), absl::StatusCode::kResourceExhausted)
+      << "not elastic: every rank is taken";
+}
+
 TEST(MemberRegistryTest, ConcurrentRegistrationsGetDistinctRanks) {
   constexpr uint32_t kWorld = 16;
   MemberRegistry registry(kWorld);

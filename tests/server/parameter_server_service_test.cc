@@ -560,7 +560,7 @@ TEST_F(RefusalTest, CheckpointRoundsNeedACheckpointFolderAndRatioOne) {
   v1::PushPullRequest request = ValidPush();
   request.set_stream(v1::CHECKPOINT);
   ExpectRefused(request, grpc::StatusCode::FAILED_PRECONDITION,
-                {"CHECKPOINT", "shard 0 takes no checkpoints", "checkpoint.dir"});
+                {"CHECKPOINT", "shard 0 takes no full averages", "checkpoint.dir"});
   request.set_ratio(2);
   ExpectRefused(request, grpc::StatusCode::INVALID_ARGUMENT, {"ratio must be 1", "got 2"}, 2);
 }

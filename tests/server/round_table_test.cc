@@ -533,6 +533,86 @@ TEST(RoundTableTest, ElasticRoundOfDroppedRanksOnlyFails) {
   EXPECT_EQ(table.members(), 1u);
 }
 
+// Elastic: a dropped rank admitted back from step 8 is not waited for in
+// step 8's full average (stream 3), which the others complete alone and
+// which refuses its push, but in every later round of step 8 and after.
+TEST(RoundTableTest, ElasticAdmitTakesADroppedRankBackAfterTheStepsFullAverage) {
+  RoundTable::Options o = SmallOptions(3);
+  o.limits.timeout = absl::Seconds(10);
+  o.limits.elastic = true;
+  o.limits.max_step_lag = 16;
+  RoundTable table(o);
+  constexpr int kGrad = 1, kFull = 3;
+  auto push_all = [&](const RoundKey& key, const std::vector<uint32_t>& ranks,
+                      absl::Time now, std::vector<Answer>* answers) {
+    answers->resize(ranks.size());
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      table.Push(key, ranks[i], 1.0f, kLr, std::vector<float>{float(ranks[i] + 1)}, now,
+                 (*answers)[i].Callback());
+    }
+  };
+  std::vector<Answer> dropping;
+  push_all({4, kGrad, 0}, {0, 1}, kT0, &dropping);
+  ASSERT_EQ(table.ExpireOverdue(kT0 + absl::Seconds(10)), 1);
+  EXPECT_EQ(table.members(), 2u);
+  EXPECT_THAT(table.times_dropped(), ElementsAreArray({0u, 0u, 1u}));
+
+  const absl::Status member = table.Admit(0, 8);
+  EXPECT_EQ(member.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(member.message(), HasSubstr("rank 0 is still a member"));
+  ASSERT_TRUE(table.Admit(2, 8).ok());
+  EXPECT_TRUE(table.Admit(2, 8).ok()) << "the same admission again";
+  const absl::Status other = table.Admit(2, 12);
+  EXPECT_EQ(other.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(other.message(), HasSubstr("already admitted back from step 8"));
+  EXPECT_EQ(table.members(), 3u);
+  EXPECT_THAT(table.admitted_ranks(), ElementsAreArray({2u}));
+
+  const absl::Time t = kT0 + absl::Seconds(11);
+  std::vector<Answer> full;
+  push_all({8, kFull, 0}, {0, 1}, t, &full);
+  for (Answer& a : full) {
+    ASSERT_TRUE(a.ok()) << a.status();
+    EXPECT_THAT(a.mean(), ElementsAreArray({1.5f})) << "the full average is the others'";
+  }
+  std::vector<Answer> early;
+  push_all({8, kFull, 0}, {2}, t, &early);
+  EXPECT_EQ(early[0].status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(early[0].status().message(), HasSubstr("admitted back from the rounds of step 8"));
+
+  for (const RoundKey& key : {RoundKey{8, kGrad, 0}, RoundKey{9, kGrad, 0}}) {
+    std::vector<Answer> two, third;
+    push_all(key, {0, 1}, t, &two);
+    EXPECT_EQ(two[0].calls, 0) << "waits for the admitted rank";
+    push_all(key, {2}, t, &third);
+    ASSERT_TRUE(third[0].ok()) << third[0].status();
+    EXPECT_THAT(third[0].mean(), ElementsAreArray({2.0f}));
+    EXPECT_TRUE(two[0].ok());
+  }
+
+  // Dropped again at step 10, it cannot come back at a step already done.
+  std::vector<Answer> again;
+  push_all({10, kGrad, 0}, {0, 1}, t, &again);
+  ASSERT_EQ(table.ExpireOverdue(t + absl::Seconds(10)), 1);
+  EXPECT_THAT(table.times_dropped(), ElementsAreArray({0u, 0u, 2u}));
+  const absl::Status late = table.Admit(2, 10);
+  EXPECT_EQ(late.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(late.message(), HasSubstr("rounds up to step 10 have completed"));
+  EXPECT_TRUE(table.Admit(2, 12).ok());
+  EXPECT_THAT(table.admitted_ranks(), ElementsAreArray({2u, 2u}));
+}
+
+TEST(RoundTableTest, AdmitRefusesOutsideAnElasticJob) {
+  RoundTable fixed(SmallOptions(2));
+  const absl::Status refused = fixed.Admit(1, 8);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(refused.message(), HasSubstr("not elastic"));
+  RoundTable::Options o = SmallOptions(2);
+  o.limits.elastic = true;
+  RoundTable elastic(o);
+  EXPECT_EQ(elastic.Admit(2, 8).code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(RoundTableTest, NextDeadlineIsTheEarliestOpenRound) {
   RoundTable::Options o = SmallOptions(2);
   o.limits.timeout = absl::Seconds(30);

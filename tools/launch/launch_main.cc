@@ -17,7 +17,9 @@
 // With --max_restarts=N, a job one of whose processes dies is stopped and
 // started again, up to N times: from the newest complete checkpoint of
 // checkpoint.dir (docs/reliability.md) when there is one, else from the
-// start.
+// start. In an elastic job that admits ranks back
+// (cluster.admit_every_steps) a dead cserps-worker is replaced instead, up
+// to N times: a new process takes its rank at the next admission step.
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
@@ -78,7 +80,9 @@ ABSL_FLAG(bool, resume, false,
 ABSL_FLAG(int, max_restarts, 0,
           "When a server or worker dies, stop the rest and start the whole job again, "
           "at most this many times: every process with --resume from the newest complete "
-          "checkpoint (checkpoint.dir), or from the start when there is none yet.");
+          "checkpoint (checkpoint.dir), or from the start when there is none yet. In an "
+          "elastic job with cluster.admit_every_steps, a dead worker is replaced instead, "
+          "at most this many times: the new one rejoins at the next admission step.");
 ABSL_FLAG(int, nproc, 0,
           "Run the command after \"--\" as the job's workers, this many processes "
           "(cluster.num_workers x cluster.local_size), with torchrun's environment "
@@ -211,14 +215,22 @@ class Cluster {
  public:
   // `command` (its program resolved) empty: the workers are cserps-workers.
   // Everything stops and fails at `deadline` (--timeout_s).
+  // `replacements`: dead workers of an elastic job that admits ranks back
+  // that may be replaced.
   Cluster(cserps::v1::JobConfig config, std::string config_path, std::string overrides,
-          std::string bin_dir, std::vector<std::string> command, absl::Time deadline)
+          std::string bin_dir, std::vector<std::string> command, absl::Time deadline,
+          int replacements)
       : config_(std::move(config)),
         config_path_(std::move(config_path)),
         overrides_(std::move(overrides)),
         bin_dir_(std::move(bin_dir)),
         command_(std::move(command)),
-        deadline_(deadline) {}
+        deadline_(deadline),
+        replacements_left_(config_.cluster().elastic() &&
+                                   config_.cluster().admit_every_steps() > 0 &&
+                                   command_.empty()
+                               ? replacements
+                               : 0) {}
 
   // After Run: whether it failed for a reason a restart may cure (a
   // process that died or could not start), not a signal or the deadline.
@@ -326,9 +338,9 @@ class Cluster {
   void StartWorkers() {
     workers_started_ = true;
     if (!command_.empty()) return StartCommand();
-    std::string overrides = overrides_;
-    if (!overrides.empty()) overrides += ";";
-    overrides += absl::StrCat("cluster.servers=", absl::StrJoin(server_addresses_, ","));
+    worker_overrides_ = overrides_;
+    if (!worker_overrides_.empty()) worker_overrides_ += ";";
+    worker_overrides_ += absl::StrCat("cluster.servers=", absl::StrJoin(server_addresses_, ","));
     const uint32_t local_size = config_.cluster().local_size();
     const std::string backend = absl::GetFlag(FLAGS_backend);
     std::string shape;
@@ -345,22 +357,27 @@ class Cluster {
     const std::string backend_flag = absl::StrCat("--backend=", backend);
     for (uint32_t r = 0; r < config_.cluster().num_workers(); ++r) {
       if (backend != "cuda" || local_size == 1) {
-        if (!Spawn(absl::StrCat("worker ", r), absl::StrCat(bin_dir_, "/cserps-worker"),
-                   {absl::StrCat("--rank=", r), backend_flag}, overrides)) {
-          return;
-        }
+        if (!SpawnWorker(r)) return;
         ++workers_;
         continue;
       }
       for (uint32_t j = 0; j < local_size; ++j) {
         if (!Spawn(absl::StrCat("worker ", r, ".", j), absl::StrCat(bin_dir_, "/cserps-worker"),
                    {absl::StrCat("--rank=", r), backend_flag, absl::StrCat("--local_rank=", j)},
-                   overrides)) {
+                   worker_overrides_)) {
           return;
         }
         ++workers_;
       }
     }
+  }
+
+  // The cserps-worker of rank `rank` of a flat job (one process per rank).
+  bool SpawnWorker(uint32_t rank) {
+    return Spawn(absl::StrCat("worker ", rank), absl::StrCat(bin_dir_, "/cserps-worker"),
+                 {absl::StrCat("--rank=", rank),
+                  absl::StrCat("--backend=", absl::GetFlag(FLAGS_backend))},
+                 worker_overrides_);
   }
 
   // Worker processes of the job: one per node, or one per local rank with
@@ -442,13 +459,23 @@ class Cluster {
   void CheckChildren() {
     int wait_status = 0;
     pid_t pid;
+    std::vector<uint32_t> replace;  // ranks; started after the loop, which holds children_
     while ((pid = waitpid(-1, &wait_status, WNOHANG)) > 0) {
       for (ChildProcess& c : children_) {
         if (c.pid() != pid) continue;
         c.SetExited(wait_status);
         const bool is_worker = absl::StartsWith(c.name(), "worker ");
-        if (is_worker && *c.exit_code() != 0 && !stopping_ && config_.cluster().elastic() &&
-            workers_lost_ + 1 < ExpectedWorkerProcesses()) {
+        if (is_worker && *c.exit_code() != 0 && !stopping_ && replacements_left_ > 0) {
+          // Its replacement takes its place among the workers_.
+          --replacements_left_;
+          ++replaced_;
+          replace.push_back(static_cast<uint32_t>(std::stoul(c.name().substr(7))));
+          std::printf("[launch] %s exited with code %d; starting a replacement (%d so far), "
+                      "which rejoins the elastic job at its next admission step\n",
+                      c.name().c_str(), *c.exit_code(), replaced_);
+          std::fflush(stdout);
+        } else if (is_worker && *c.exit_code() != 0 && !stopping_ &&
+                   config_.cluster().elastic() && workers_lost_ + 1 < ExpectedWorkerProcesses()) {
           // The servers drop it at its rounds' timeout; the others go on.
           ++workers_lost_;
           std::printf("[launch] %s exited with code %d; the elastic job goes on without it\n",
@@ -462,6 +489,9 @@ class Cluster {
           ++workers_done_;
         }
       }
+    }
+    for (uint32_t rank : replace) {
+      if (!SpawnWorker(rank)) return;
     }
     if (!stopping_ && workers_started_ && workers_done_ + workers_lost_ == workers_ &&
         workers_ == ExpectedWorkerProcesses()) {
@@ -526,6 +556,9 @@ class Cluster {
   uint32_t workers_ = 0;
   uint32_t workers_done_ = 0;
   uint32_t workers_lost_ = 0;  // elastic: workers that died while the others went on
+  int replacements_left_;
+  int replaced_ = 0;
+  std::string worker_overrides_;  // the workers' --set: the job's and the servers'
   bool stopping_ = false;
   bool succeeded_ = false;
   bool interrupted_ = false;
@@ -621,7 +654,8 @@ int main(int argc, char** argv) {
   absl::StrAppend(&resume_overrides, resume_overrides.empty() ? "" : ";", "checkpoint.resume=true");
   std::string attempt_overrides = absl::GetFlag(FLAGS_resume) ? resume_overrides : overrides;
   for (int restarts = 0;; ++restarts) {
-    Cluster cluster(*config, path, attempt_overrides, bin_dir, command, deadline);
+    Cluster cluster(*config, path, attempt_overrides, bin_dir, command, deadline,
+                    max_restarts);
     const int code = cluster.Run(signal_fd);
     if (code == 0 || !cluster.restartable() || restarts == max_restarts) return code;
     const std::optional<uint64_t> step = NewestCheckpointStep(*config);

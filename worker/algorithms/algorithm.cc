@@ -69,10 +69,11 @@ Algorithm::~Algorithm() = default;
 absl::Status Algorithm::Init() {
   // Here rather than at the first average: on a node, a local rank that
   // cannot make its staging would leave its peers waiting in that average.
-  // A checkpoint's average needs one even where the steps need none (the
-  // sparse methods).
-  const int staging =
-      std::max(staging_devices_, config().checkpoint().every_steps() > 0 ? 1 : 0);
+  // A full average (checkpoints, admissions) needs one even where the steps
+  // need none (the sparse methods).
+  const bool full_averages = config().checkpoint().every_steps() > 0 ||
+                             config().cluster().admit_every_steps() > 0;
+  const int staging = std::max(staging_devices_, full_averages ? 1 : 0);
   for (int i = 0; i < staging; ++i) {
     ASSIGN_OR_RETURN(std::unique_ptr<StagingDevice> staging,
                      ops().MakeStaging(context_.group));

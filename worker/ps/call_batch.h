@@ -67,16 +67,17 @@ inline void SetDeadline(grpc::ClientContext* context, absl::Duration timeout) {
 inline bool Retryable(const absl::Status& status) { return absl::IsUnavailable(status); }
 
 // Capped exponential backoff between attempts: 20 ms, doubling, at most
-// 1 s between two, at most kMaxRetries retries, never past the deadline.
+// 1 s between two, at most `max_retries` retries, never past the deadline.
 class Backoff {
  public:
   static constexpr int kMaxRetries = 10;
 
-  explicit Backoff(absl::Time deadline) : deadline_(deadline) {}
+  explicit Backoff(absl::Time deadline, int max_retries = kMaxRetries)
+      : deadline_(deadline), max_retries_(max_retries) {}
 
   // Sleeps before the next attempt; false, at once, when none is left.
   bool Wait() {
-    if (retries_ >= kMaxRetries || absl::Now() + delay_ >= deadline_) return false;
+    if (retries_ >= max_retries_ || absl::Now() + delay_ >= deadline_) return false;
     absl::SleepFor(delay_);
     delay_ = std::min(2 * delay_, absl::Seconds(1));
     ++retries_;
@@ -91,6 +92,7 @@ class Backoff {
 
  private:
   const absl::Time deadline_;
+  const int max_retries_;
   absl::Duration delay_ = absl::Milliseconds(20);
   int retries_ = 0;
 };

@@ -5,8 +5,10 @@
 #include <grpcpp/security/credentials.h>
 #include <grpcpp/support/channel_arguments.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -167,8 +169,8 @@ struct PsClient::Impl {
   std::atomic<int64_t> wait_nanos_{0};
   // Calls sent again after they lost their connection (RunAll, rounds).
   std::atomic<uint64_t> retries_{0};
-  // The fewest members a round's reply reported.
-  std::atomic<uint32_t> members_{0};
+  // By shard: the members its latest reply reported (0: none yet).
+  std::unique_ptr<std::atomic<uint32_t>[]> members_;
   TrafficCounter total_;       // every call
   TrafficCounter streams_[4];  // PushPull, by v1::Stream value
   TrafficCounter sparse_;
@@ -190,7 +192,8 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(
   }
   auto impl = std::make_unique<Impl>(config, num_params, options);
   impl->bulk_ports_.assign(config.cluster().servers_size(), 0);
-  impl->members_ = config.cluster().num_workers();
+  impl->members_.reset(new std::atomic<uint32_t>[config.cluster().servers_size()]);
+  for (int s = 0; s < config.cluster().servers_size(); ++s) impl->members_[s] = 0;
   impl->bulk_.resize(config.cluster().servers_size());
   for (const std::string& address : config.cluster().servers()) {
     const uint32_t shard = static_cast<uint32_t>(impl->addresses_.size());
@@ -240,7 +243,9 @@ absl::StatusOr<uint32_t> PsClient::Register(int requested_rank,
     request.set_worker_id(worker_id);
     v1::RegisterResponse response;
     const absl::Time deadline = absl::Now() + impl_->options_.setup_timeout;
-    Backoff backoff(deadline);
+    // Until the deadline: an elastic job's replacement waits here for the
+    // shards to drop the rank it takes.
+    Backoff backoff(deadline, std::numeric_limits<int>::max());
     while (true) {
       grpc::ClientContext context;
       SetDeadline(&context, deadline - absl::Now());
@@ -316,7 +321,17 @@ std::vector<PsClient::Impl::ModelChunk> PsClient::Impl::ModelChunks() const {
 uint32_t PsClient::rank() const { return impl_->rank_; }
 uint64_t PsClient::resumed_from_step() const { return impl_->resumed_from_step_; }
 uint64_t PsClient::retries() const { return impl_->retries_.load(); }
-uint32_t PsClient::members() const { return impl_->members_.load(); }
+uint32_t PsClient::members() const {
+  uint32_t fewest = impl_->config_.cluster().num_workers();
+  bool heard = false;
+  for (uint32_t s : impl_->shards_) {
+    const uint32_t members = impl_->members_[s].load();
+    if (members == 0) continue;
+    fewest = heard ? std::min(fewest, members) : members;
+    heard = true;
+  }
+  return fewest;
+}
 const BlockLayout& PsClient::layout() const { return impl_->layout_; }
 uint64_t PsClient::bytes_pushed() const { return impl_->total_.Snapshot().request_bytes; }
 uint64_t PsClient::bytes_pulled() const { return impl_->total_.Snapshot().reply_bytes; }
@@ -368,7 +383,7 @@ RoundSetup PsClient::Impl::MakeRoundSetup(v1::Stream stream, uint64_t step, uint
   setup.traffic = &streams_[stream];
   setup.waited_nanos = &wait_nanos_;
   setup.retries = &retries_;
-  setup.members = &members_;
+  setup.members = members_.get();
   return setup;
 }
 
@@ -556,6 +571,22 @@ absl::StatusOr<v1::GetStatusResponse> PsClient::GetStatus(uint32_t shard) {
       impl_->stubs_[shard]->GetStatus(&context, v1::GetStatusRequest(), &response),
       absl::StrCat("GetStatus of shard ", shard, " at ", impl_->addresses_[shard])));
   return response;
+}
+
+absl::Status PsClient::Rejoin(uint32_t shard, uint64_t step) {
+  if (shard >= impl_->stubs_.size() || !impl_->TalksTo(shard)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Rejoin: shard ", shard, " is not one this client talks to"));
+  }
+  v1::RejoinRequest request;
+  request.set_fingerprint(impl_->fingerprint_);
+  request.set_rank(impl_->rank_);
+  request.set_step(step);
+  grpc::ClientContext context;
+  SetDeadline(&context, impl_->options_.setup_timeout);
+  v1::RejoinResponse response;
+  return FromGrpcStatus(impl_->stubs_[shard]->Rejoin(&context, request, &response),
+                        absl::StrCat("Rejoin of shard ", shard, " at ", impl_->addresses_[shard]));
 }
 
 }  // namespace cserps

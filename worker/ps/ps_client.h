@@ -83,6 +83,10 @@ class PsClient final : public Communicator {
   absl::Status PullModel(absl::Span<float> model, bool wait_for_init) override;
 
   absl::StatusOr<v1::GetStatusResponse> GetStatus(uint32_t shard);
+  // Elastic: asks `shard` to take this client's (dropped) rank back into
+  // its rounds from the full average of `step` on (docs/protocol.md 7.11);
+  // the shard's refusal as it is.
+  absl::Status Rejoin(uint32_t shard, uint64_t step);
 
   // One SparsePushPull per non-empty shard, in parallel (docs/protocol.md
   // 14). INVALID_ARGUMENT, before sending, when `local`'s indices and values
@@ -121,8 +125,8 @@ class PsClient final : public Communicator {
   // (UNAVAILABLE), with capped exponential backoff inside their deadline.
   uint64_t retries() const;
   // The members the servers' rounds wait for, as their replies said: the
-  // job's num_workers until an elastic job drops one (the fewest any shard
-  // reported).
+  // job's num_workers until an elastic job drops one (the fewest of the
+  // shards' latest replies), more again once it admits one back.
   uint32_t members() const;
 
  private:

@@ -155,7 +155,7 @@ class PushPullRound final : public ShardedAverage {
       }
       setup_.total->AddReply(call->response.ByteSizeLong());
       setup_.traffic->AddReply(call->response.ByteSizeLong());
-      NoteMembers(call->response.members());
+      NoteMembers(state.shard, call->response.members());
       spans.clear();
       state.mean(call->begin, call->count, &spans);
       const char* from = bytes.data();
@@ -308,7 +308,7 @@ class PushPullRound final : public ShardedAverage {
       }
     }
     setup_.waited_nanos->fetch_add(absl::ToInt64Nanoseconds(absl::Now() - start));
-    NoteMembers(state.channel->members());
+    NoteMembers(state.shard, state.channel->members());
     // Chunks never sent: the channel broke before them.
     uint64_t sent = 0;
     for (uint64_t count : state.bulk_counts) sent += count;
@@ -332,11 +332,8 @@ class PushPullRound final : public ShardedAverage {
     return absl::OkStatus();
   }
 
-  void NoteMembers(uint32_t members) {
-    if (members == 0) return;
-    uint32_t seen = setup_.members->load();
-    while (members < seen && !setup_.members->compare_exchange_weak(seen, members)) {
-    }
+  void NoteMembers(uint32_t shard, uint32_t members) {
+    if (members != 0) setup_.members[shard].store(members);
   }
 
   absl::Status CheckStartable(uint32_t shard) const {

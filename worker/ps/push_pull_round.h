@@ -45,7 +45,8 @@ struct RoundSetup {
   TrafficCounter* traffic = nullptr;  // the stream's
   std::atomic<int64_t>* waited_nanos = nullptr;
   std::atomic<uint64_t>* retries = nullptr;  // chunks sent again
-  // The fewest members a reply reported (PushPullResponse.members).
+  // By shard: the members its latest reply reported
+  // (PushPullResponse.members).
   std::atomic<uint32_t>* members = nullptr;
 };
 

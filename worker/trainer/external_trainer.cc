@@ -29,6 +29,12 @@ absl::StatusOr<std::unique_ptr<ExternalTrainer>> ExternalTrainer::Create(
         ": the PyTorch front checkpoints through the optimizer's state_dict (torch.save); the "
         "job's checkpoint folder (docs/reliability.md) is cserps-worker's, so leave it unset"));
   }
+  if (config.cluster().admit_every_steps() > 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cluster.admit_every_steps is ", config.cluster().admit_every_steps(),
+        ": the PyTorch front does not run the admission steps' full averages that "
+        "cserps-workers of the job wait in, so leave it unset"));
+  }
   if (config.algorithm().period_warmup_epochs() > 0 && options.steps_per_epoch == 0) {
     return absl::FailedPreconditionError(absl::StrCat(
         "algorithm.period_warmup_epochs is ", config.algorithm().period_warmup_epochs(),

@@ -13,11 +13,15 @@
 #include "worker/algorithms/registry.h"
 #include "worker/device/host_backend.h"
 #include "worker/trainer/rank_checkpoint.h"
+#include "worker/trainer/rejoin.h"
 
 namespace cserps {
 namespace {
 
 constexpr size_t kEvalBatch = 1000;
+// How long beyond a round's timeout a rejoining worker waits for a job
+// whose steps do not move.
+constexpr absl::Duration kRejoinPatience = absl::Seconds(60);
 
 double SumOf(const std::vector<float>& losses) {
   double sum = 0;
@@ -28,15 +32,16 @@ double SumOf(const std::vector<float>& losses) {
 // The learning-curve row of the epoch that just ended (epoch is 1-based),
 // logged as the epoch's progress line.
 // A test evaluation after `steps` of the steps_per_epoch steps of epoch
-// `epoch` (1-based), whose losses sum to train_loss_sum.
-CurvePoint Evaluation(uint64_t epoch, uint64_t step, double train_loss_sum, size_t steps,
+// `epoch` (1-based), of which this process trained those of `losses` (all,
+// unless it rejoined the job in this epoch).
+CurvePoint Evaluation(uint64_t epoch, uint64_t step, const std::vector<float>& losses, size_t steps,
                       size_t steps_per_epoch, const EvalSums& test, double wall_seconds,
                       const PsClient& client, const std::string& log_prefix) {
   CurvePoint point;
   point.epoch = epoch;
   point.step = step;
   point.epochs = static_cast<double>(step) / steps_per_epoch;
-  point.train_loss = train_loss_sum / steps;
+  point.train_loss = SumOf(losses) / std::max<size_t>(1, losses.size());
   point.test_loss = test.loss_sum / std::max<size_t>(1, test.count);
   point.test_accuracy = Accuracy(test);
   point.wall_seconds = wall_seconds;
@@ -126,6 +131,10 @@ absl::Status Trainer::Init() {
 }
 
 absl::Status Trainer::InitializeModel() {
+  if (config_.cluster().admit_every_steps() > 0) {
+    ASSIGN_OR_RETURN(const bool under_way, JobUnderWay(*client_));
+    if (under_way) return RejoinRunningJob();
+  }
   if (config_.checkpoint().resume()) return ResumeFromCheckpoint();
   if (config_.checkpoint().restart_on_failure()) {
     if (client_->resumed_from_step() > 0) return ResumeFromCheckpoint();
@@ -166,7 +175,7 @@ absl::Status Trainer::ResumeFromCheckpoint() {
     }
     RETURN_IF_ERROR(algorithm_->ResumeAfter(loaded->step));
     epoch_losses_ = loaded->epoch_losses;
-    step_ = resumed_from_ = loaded->step;
+    step_ = first_step_ = resumed_from_ = loaded->step;
     spdlog::info("{}resumed from the checkpoint of step {} ({})", plan_.log_prefix, step_,
                  loaded->file);
     return absl::OkStatus();
@@ -175,6 +184,22 @@ absl::Status Trainer::ResumeFromCheckpoint() {
   std::vector<float> x(num_params_);
   RETURN_IF_ERROR(PullModel(link_, absl::MakeSpan(x), /*wait_for_init=*/false));
   return ops_.Upload(x, x_.data());
+}
+
+absl::Status Trainer::RejoinRunningJob() {
+  const uint64_t total = uint64_t{config_.epochs()} * plan_.steps_per_epoch;
+  ASSIGN_OR_RETURN(const uint64_t step, AwaitAdmission(*client_, config_, total,
+                                                       kRejoinPatience, plan_.log_prefix));
+  std::vector<float> x(num_params_);
+  RETURN_IF_ERROR(PullModel(link_, absl::MakeSpan(x), /*wait_for_init=*/false));
+  RETURN_IF_ERROR(ops_.Upload(x, x_.data()));
+  const std::vector<float> zeros(num_params_, 0.0f);
+  for (float* buffer : algorithm_->StateBuffers()) RETURN_IF_ERROR(ops_.Upload(zeros, buffer));
+  RETURN_IF_ERROR(algorithm_->ResumeAfter(step));
+  step_ = first_step_ = joined_at_ = step;
+  spdlog::info("{}rejoined the job at step {} with the servers' model and zero state",
+               plan_.log_prefix, step_);
+  return absl::OkStatus();
 }
 
 absl::Status Trainer::CheckServersStartedFresh() {
@@ -193,12 +218,17 @@ absl::Status Trainer::CheckServersStartedFresh() {
   return absl::OkStatus();
 }
 
-absl::Status Trainer::CheckpointIfDue() {
+absl::Status Trainer::FullAverageIfDue() {
   const uint32_t every = config_.checkpoint().every_steps();
+  const uint32_t admit = config_.cluster().admit_every_steps();
   const uint64_t total = uint64_t{config_.epochs()} * plan_.steps_per_epoch;
-  if (every == 0 || step_ % every != 0 || step_ >= total) return absl::OkStatus();
+  const bool checkpoint = every != 0 && step_ % every == 0;
+  if (!(checkpoint || (admit != 0 && step_ % admit == 0)) || step_ >= total) {
+    return absl::OkStatus();
+  }
   RETURN_IF_ERROR(algorithm_->SettleForCheckpoint(x_.data()));
   RETURN_IF_ERROR(algorithm_->AverageForCheckpoint(step_, x_.data()));
+  if (!checkpoint) return absl::OkStatus();
   const std::vector<float*> buffers = algorithm_->StateBuffers();
   std::vector<std::vector<float>> state(buffers.size(), std::vector<float>(num_params_));
   for (size_t i = 0; i < buffers.size(); ++i) {
@@ -258,9 +288,10 @@ absl::StatusOr<float> Trainer::Step() {
   ++step_;
   epoch_losses_.push_back(loss);
   if (const uint32_t members = client_->members(); members != members_) {
-    spdlog::warn("{}step {}: the servers' rounds now wait for {} of {} members (elastic: the "
-                 "others missed a round's timeout)",
-                 plan_.log_prefix, step_, members, config_.cluster().num_workers());
+    spdlog::warn("{}step {}: the servers' rounds now wait for {} of {} members (elastic: {})",
+                 plan_.log_prefix, step_, members, config_.cluster().num_workers(),
+                 members < members_ ? "the others missed a round's timeout"
+                                    : "a rank was admitted back");
     membership_.push_back({step_, members});
     members_ = members;
   }
@@ -283,7 +314,7 @@ double Trainer::AchievedCompression() const {
   const uint64_t floats = TrainingFloatsPushed(*client_);
   // The steps of this process: its client counts only what it pushed.
   return floats == 0 ? 0.0
-                     : static_cast<double>(step_ - resumed_from_) * plan_.shard_floats / floats;
+                     : static_cast<double>(step_ - first_step_) * plan_.shard_floats / floats;
 }
 
 absl::StatusOr<EvalSums> Trainer::Evaluate(const float* params) {
@@ -347,7 +378,7 @@ absl::Status Trainer::RunEpochs(absl::Time start) {
       if (i + 1 == next_eval * spe / evals) {
         ++next_eval;
         ASSIGN_OR_RETURN(const EvalSums test, EvaluateTest());
-        curve_.push_back(Evaluation(epoch + 1, step_, SumOf(epoch_losses_), i + 1, spe, test,
+        curve_.push_back(Evaluation(epoch + 1, step_, epoch_losses_, i + 1, spe, test,
                                     absl::ToDoubleSeconds(absl::Now() - start), *client_,
                                     plan_.log_prefix));
       }
@@ -359,7 +390,7 @@ absl::Status Trainer::RunEpochs(absl::Time start) {
         window_start = now;
         window_steps = 0;
       }
-      RETURN_IF_ERROR(CheckpointIfDue());
+      RETURN_IF_ERROR(FullAverageIfDue());
     }
   }
   return absl::OkStatus();
@@ -381,6 +412,7 @@ absl::Status Trainer::Run() {
   summary.num_params = num_params_;
   summary.steps = step_;
   summary.resumed_from_step = resumed_from_;
+  summary.joined_at_step = joined_at_;
   summary.membership = &membership_;
   summary.batch_size = plan_.batch_size;
   summary.curve = &curve_;

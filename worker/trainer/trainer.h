@@ -55,8 +55,15 @@ class Trainer {
   // Rank 0 initialises the model from the job seed and pushes it (in a
   // node: local rank 0's, with PushNodeModel); every rank then pulls it, so
   // all start from the identical model. With checkpoint.resume instead:
-  // ResumeFromCheckpoint.
+  // ResumeFromCheckpoint. With cluster.admit_every_steps, in a job already
+  // under way: RejoinRunningJob.
   absl::Status InitializeModel();
+  // Takes this worker's rank back into the running elastic job at its next
+  // admission step (AwaitAdmission, worker/trainer/rejoin.h) and starts
+  // there from the servers' model, which that step's full average made
+  // every member's, with zero algorithm state (momentum, residuals, error
+  // buffers). AwaitAdmission's errors.
+  absl::Status RejoinRunningJob();
   // Loads this process's file of the newest complete checkpoint of the job
   // (docs/reliability.md): the algorithm's state, the step and the epoch's
   // losses so far; then pulls the servers' model, which is that
@@ -70,12 +77,13 @@ class Trainer {
   absl::Status CheckServersStartedFresh();
   // Runs the next step; returns its training loss.
   absl::StatusOr<float> Step();
-  // With checkpoint.every_steps, after a step whose count is a multiple of
-  // it (and not the last): settles the algorithm, runs the checkpoint's
-  // average and writes this process's file. A file that cannot be written
-  // is logged and training goes on; that step's checkpoint stays
-  // incomplete. Run calls it after each step's evaluation and progress line.
-  absl::Status CheckpointIfDue();
+  // After a step whose count is a multiple of checkpoint.every_steps or of
+  // cluster.admit_every_steps (and not the last): settles the algorithm and
+  // runs the full average (the error reset); at a checkpoint's step then
+  // writes this process's file. A file that cannot be written is logged and
+  // training goes on; that step's checkpoint stays incomplete. Run calls it
+  // after each step's evaluation and progress line.
+  absl::Status FullAverageIfDue();
   // Loss and accuracy of the local model on the test set. On a node a
   // collective: every local rank evaluates at the same point.
   absl::StatusOr<EvalSums> EvaluateTest();
@@ -95,6 +103,8 @@ class Trainer {
   uint64_t step() const { return step_; }
   // The step of the checkpoint this trainer resumed from; 0: none.
   uint64_t resumed_from_step() const { return resumed_from_; }
+  // The admission step at which it rejoined a running job; 0: none.
+  uint64_t joined_at_step() const { return joined_at_; }
   // Each change of the members the servers' rounds wait for (an elastic
   // job's dropped ranks), as the steps' replies said.
   const std::vector<MembershipChange>& membership() const { return membership_; }
@@ -140,7 +150,9 @@ class Trainer {
   DeviceVector x_;     // of ops_
   DeviceVector grad_;  // of ops_
   uint64_t step_ = 0;
+  uint64_t first_step_ = 0;  // this process's first step: resumed from or rejoined at
   uint64_t resumed_from_ = 0;
+  uint64_t joined_at_ = 0;
   // The members the servers' rounds wait for, and each change of them.
   uint32_t members_ = 0;
   std::vector<MembershipChange> membership_;

@@ -85,7 +85,7 @@ absl::Status WriteTrainingSummary(const TrainingSummary& summary) {
       "{\n  \"job\": \"%s\",\n  \"rank\": %d,\n  \"local_rank\": %d,\n"
       "  \"local_size\": %d,\n  \"algorithm\": \"%s\",\n"
       "  \"num_params\": %d,\n  \"epochs\": %d,\n  \"steps\": %d,\n"
-      "  \"resumed_from_step\": %d,\n"
+      "  \"resumed_from_step\": %d,\n  \"joined_at_step\": %d,\n"
       "  \"batch_size\": %d,\n  \"train_loss\": %.6f,\n  \"test_loss\": %.6f,\n"
       "  \"test_accuracy\": %.6f,\n  \"wall_seconds\": %.3f,\n"
       "  \"samples_per_second\": %.1f,\n  \"bytes_pushed\": %d,\n"
@@ -98,10 +98,12 @@ absl::Status WriteTrainingSummary(const TrainingSummary& summary) {
       "  \"membership_changes\": [%s]\n}\n",
       config.name(), summary.rank, summary.local_rank, config.cluster().local_size(),
       config.algorithm().name(), summary.num_params,
-      config.epochs(), summary.steps, summary.resumed_from_step, summary.batch_size,
+      config.epochs(), summary.steps, summary.resumed_from_step, summary.joined_at_step,
+      summary.batch_size,
       last.train_loss, last.test_loss, last.test_accuracy, wall_seconds,
       wall_seconds > 0
-          ? (summary.steps - summary.resumed_from_step) * summary.batch_size / wall_seconds
+          ? (summary.steps - std::max(summary.resumed_from_step, summary.joined_at_step)) *
+                summary.batch_size / wall_seconds
           : 0.0,
       client.bytes_pushed(), client.bytes_pulled(), grad.request_bytes,
       grad.reply_bytes, model.request_bytes, model.reply_bytes,

@@ -67,6 +67,9 @@ struct TrainingSummary {
   // The checkpoint's step this process resumed from (0: none): the curve,
   // the traffic and the wall time are of the steps after it.
   uint64_t resumed_from_step = 0;
+  // The admission step at which it rejoined an elastic job (0: none): the
+  // same.
+  uint64_t joined_at_step = 0;
   uint32_t batch_size = 0;
   const std::vector<CurvePoint>* curve = nullptr;
   const FinalReport* final_report = nullptr;
