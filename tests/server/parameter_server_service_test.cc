@@ -180,11 +180,13 @@ class ServiceTest : public ::testing::Test {
   }
 
   // Starts shard `shard` of a job of `world` workers and connects to it.
-  void Start(uint32_t world, uint32_t shard = 0,
-             ParameterServerService::Options options = {}) {
+  // `mutate` (optional) changes the job config first.
+  void Start(uint32_t world, uint32_t shard = 0, ParameterServerService::Options options = {},
+             const std::function<void(v1::JobConfig*)>& mutate = nullptr) {
     world_ = world;
     shard_ = shard;
     config_ = MakeConfig(world);
+    if (mutate) mutate(&config_);
     fingerprint_ = JobFingerprint(config_);
     absl::StatusOr<std::unique_ptr<PsServer>> server =
         PsServer::Start(config_, shard, "127.0.0.1:0", std::move(options));
@@ -573,6 +575,45 @@ TEST_F(RefusalTest, RankOutOfRange) {
   request.set_rank(std::numeric_limits<uint32_t>::max());
   ExpectRefused(request, grpc::StatusCode::INVALID_ARGUMENT,
                 {absl::StrCat("rank ", std::numeric_limits<uint32_t>::max())}, 2);
+}
+
+TEST_F(ServiceTest, RejoinIsRefusedNamingWhy) {
+  auto rejoin = [&](uint32_t rank, uint64_t step, uint64_t fingerprint) {
+    v1::RejoinRequest request;
+    request.set_fingerprint(fingerprint);
+    request.set_rank(rank);
+    request.set_step(step);
+    v1::RejoinResponse response;
+    grpc::ClientContext context;
+    SetDeadline(&context);
+    return stub_->Rejoin(&context, request, &response);
+  };
+  Start(2);
+  RegisterAll();
+  grpc::Status s = rejoin(0, 4, fingerprint_);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(s.error_message(), HasSubstr("Rejoin (rank 0, step 4)"));
+  EXPECT_THAT(s.error_message(), HasSubstr("cluster.admit_every_steps is 0"));
+  s = rejoin(0, 4, fingerprint_ + 1);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(s.error_message(), HasSubstr("fingerprint"));
+  TearDown();
+
+  Start(2, 0, {}, [](v1::JobConfig* c) {
+    c->mutable_cluster()->set_elastic(true);
+    c->mutable_cluster()->set_admit_every_steps(4);
+  });
+  s = rejoin(1, 4, fingerprint_);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(s.error_message(), HasSubstr("has not registered"));
+  RegisterAll();
+  s = rejoin(1, 6, fingerprint_);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("multiple of cluster.admit_every_steps 4"));
+  s = rejoin(1, 4, fingerprint_);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(s.error_message(), HasSubstr("rank 1 is still a member"));
+  EXPECT_EQ(GetStatus().members(), 2u);
 }
 
 TEST_F(ServiceTest, PushFromAnUnregisteredRankIsRefused) {
