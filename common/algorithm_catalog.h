@@ -53,6 +53,13 @@ struct AlgorithmInfo {
   // Whether the local ranks of a node (cluster.local_size > 1) can run it:
   // only averages have an intra-node form.
   bool runs_on_node() const { return exchange == Exchange::kAverages; }
+  // Whether a running job can roll back to a checkpoint in place when a
+  // server restarts (docs/reliability.md): its state is all in the
+  // checkpoint's files, with no exchange in flight between steps.
+  bool rolls_back_in_place() const {
+    return exchange == Exchange::kAverages && id != AlgorithmId::kCocodSgd &&
+           id != AlgorithmId::kPipeSgd;
+  }
 };
 
 // Every known algorithm, sorted by name. The reference lives for the whole

@@ -118,6 +118,8 @@ grpc::ServerUnaryReactor* ParameterServerService::Register(
   FillShardInfo(response->mutable_shard());
   response->set_bulk_port(bulk_port_);
   response->set_resumed_from_step(shard_.resumed_from_step());
+  response->set_incarnation(shard_.incarnation());
+  shard_.Acknowledge(*rank);
   return FinishWith(context, absl::OkStatus());
 }
 
@@ -346,6 +348,9 @@ grpc::ServerUnaryReactor* ParameterServerService::GetStatus(
   if (checkpoint_ != nullptr) {
     response->set_newest_full_average_step(checkpoint_->newest_full_average_step());
   }
+  response->set_incarnation(shard_.incarnation());
+  response->set_resumed_from_step(shard_.resumed_from_step());
+  response->set_rolled_back_for(shard_.rolled_back_for());
   const TrafficCounts total = traffic_.Snapshot();
   response->set_bytes_in(total.request_bytes);
   response->set_bytes_out(total.reply_bytes);
@@ -385,6 +390,70 @@ grpc::ServerUnaryReactor* ParameterServerService::Rejoin(grpc::CallbackServerCon
   response->set_members(rounds_.members());
   spdlog::info("shard {}: rank {} admitted back from the full average of step {}, {} members",
                shard_.shard(), request->rank(), request->step(), response->members());
+  return FinishWith(context, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* ParameterServerService::RollBack(grpc::CallbackServerContext* context,
+                                                           const v1::RollBackRequest* request,
+                                                           v1::RollBackResponse* /*response*/) {
+  auto refuse = [&](const absl::Status& status) {
+    return FinishWith(context, Prefixed(absl::StrCat("RollBack (rank ", request->rank(),
+                                                     ", step ", request->step(), ")"),
+                                        status));
+  };
+  absl::Status ok = shard_.CheckFingerprint(request->fingerprint());
+  if (!ok.ok()) return refuse(ok);
+  absl::MutexLock lock(&roll_back_mu_);
+  // The restarted shard itself (which lost its registrations), or a roll
+  // back another member started.
+  const bool restarted_here = request->restarted() == shard_.incarnation();
+  if (restarted_here || request->restarted() == shard_.rolled_back_for()) {
+    if (request->step() != shard_.resumed_from_step()) {
+      return refuse(absl::FailedPreconditionError(absl::StrCat(
+          "shard ", shard_.shard(), " is at the checkpoint of step ", shard_.resumed_from_step())));
+    }
+    if (!restarted_here) shard_.Acknowledge(request->rank());
+    return FinishWith(context, absl::OkStatus());
+  }
+  ok = shard_.CheckMember(request->rank());
+  if (!ok.ok()) return refuse(ok);
+  const absl::StatusOr<AlgorithmInfo> algorithm = FindAlgorithm(config_.algorithm().name());
+  if (!algorithm.ok() || !algorithm->rolls_back_in_place() || checkpoint_ == nullptr ||
+      config_.checkpoint().dir().empty()) {
+    return refuse(absl::FailedPreconditionError(absl::StrCat(
+        "this job cannot roll back in place: ",
+        checkpoint_ == nullptr || config_.checkpoint().dir().empty()
+            ? "it takes no checkpoints"
+            : absl::StrCat("algorithm ", config_.algorithm().name(),
+                           " keeps state outside its checkpoint's files or averages in flight"),
+        "; restart every process of the job with --resume")));
+  }
+  uint64_t loaded = 0;
+  const std::string reason = absl::StrCat("shard ", shard_.shard(),
+                                          " rolls back to the checkpoint of step ",
+                                          request->step(), ", which a restarted shard resumed from");
+  absl::Status reloaded = rounds_.Restart(request->step(), reason, [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(const ResumedShard resumed, ResumeShard(config_, shard_.shard(), &store_));
+    loaded = resumed.step;
+    return absl::OkStatus();
+  });
+  if (reloaded.ok() && loaded != request->step()) {
+    reloaded = absl::FailedPreconditionError(absl::StrCat(
+        "the newest complete checkpoint in ", config_.checkpoint().dir(), " is of step ", loaded,
+        ", not ", request->step()));
+  }
+  if (!reloaded.ok()) {
+    // The shard's model is no longer the one its rounds had reached.
+    Shutdown();
+    spdlog::error("shard {}: roll back failed, shutting down: {}", shard_.shard(),
+                  reloaded.ToString());
+    return refuse(reloaded);
+  }
+  checkpoint_->RollBack(loaded);
+  shard_.RecordRollBack(request->restarted(), loaded);
+  shard_.Acknowledge(request->rank());
+  spdlog::warn("shard {}: rolled back to the checkpoint of step {}, which a restarted shard "
+               "resumed from", shard_.shard(), loaded);
   return FinishWith(context, absl::OkStatus());
 }
 

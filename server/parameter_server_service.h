@@ -135,6 +135,7 @@ class ParameterServerService final : public v1::ParameterServer::CallbackService
   Reactor* PushModel(Context*, const v1::PushModelRequest*, v1::PushModelResponse*) override;
   Reactor* GetStatus(Context*, const v1::GetStatusRequest*, v1::GetStatusResponse*) override;
   Reactor* Rejoin(Context*, const v1::RejoinRequest*, v1::RejoinResponse*) override;
+  Reactor* RollBack(Context*, const v1::RollBackRequest*, v1::RollBackResponse*) override;
 
  private:
   ParameterServerService(ShardContext* shard, Options options);
@@ -155,6 +156,9 @@ class ParameterServerService final : public v1::ParameterServer::CallbackService
   uint32_t bulk_port_ = 0;
   const std::unique_ptr<ShardCheckpoint> checkpoint_;  // null: no full averages
   RoundTable rounds_;
+  // Held through a roll back, so that the callers of one do not each start
+  // it.
+  absl::Mutex roll_back_mu_;
 
   TrafficCounter traffic_;
   // PushPull traffic by stream, indexed by the v1::Stream value.

@@ -131,6 +131,14 @@ class RoundLifecycle {
   // Fails every open round with UNAVAILABLE "<round> failed: <reason>" and
   // refuses later pushes with "<push> refused: <reason>".
   void FailAll(const std::string& reason);
+  // Starts the rounds over as if the table had been created with
+  // first_step `first_step` (a roll back to a checkpoint): fails every open
+  // round with ABORTED "<round> aborted: <reason>", waits for the rounds
+  // completing to be answered, then runs `reload` (the shard's model goes
+  // back) while pushes are refused with ABORTED, and forgets every
+  // retained round. Returns `reload`'s status. Membership stays.
+  absl::Status Restart(uint64_t first_step, const std::string& reason,
+                       const std::function<absl::Status()>& reload);
 
   size_t open_rounds() const;
   uint64_t rounds_completed() const;
@@ -245,6 +253,7 @@ class RoundLifecycle {
   std::map<Key, CompletingRound> completing_ ABSL_GUARDED_BY(mu_);
   std::map<int, StreamHistory> streams_ ABSL_GUARDED_BY(mu_);
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+  bool restarting_ ABSL_GUARDED_BY(mu_) = false;  // in Restart: pushes refused
   std::string shutdown_reason_ ABSL_GUARDED_BY(mu_);
   uint64_t rounds_completed_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t rounds_failed_ ABSL_GUARDED_BY(mu_) = 0;

@@ -64,6 +64,9 @@ void RoundLifecycle<Aggregate>::Contribute(const Key& key, uint32_t rank,
     if (shut_down_) {
       refused = absl::UnavailableError(
           absl::StrCat(Aggregate::PushName(key, rank), " refused: ", shutdown_reason_));
+    } else if (restarting_) {
+      refused = absl::AbortedError(absl::StrCat(Aggregate::PushName(key, rank),
+                                                " refused: the shard is rolling back"));
     } else if (!member_[rank]) {
       refused = absl::FailedPreconditionError(absl::StrCat(
           Aggregate::PushName(key, rank), " refused: rank ", rank,
@@ -320,6 +323,33 @@ void RoundLifecycle<Aggregate>::FailAll(const std::string& reason) {
     open_.clear();
   }
   Answer(failed);
+}
+
+template <typename Aggregate>
+absl::Status RoundLifecycle<Aggregate>::Restart(uint64_t first_step, const std::string& reason,
+                                                const std::function<absl::Status()>& reload) {
+  FailedRounds failed;
+  {
+    absl::MutexLock lock(&mu_);
+    restarting_ = true;
+    for (auto& [key, round] : open_) {
+      failed.emplace_back(absl::AbortedError(
+                              absl::StrCat(Aggregate::RoundName(key), " aborted: ", reason)),
+                          std::move(round.waiters));
+      CountFailureLocked(key);
+    }
+    open_.clear();
+    // A completing round still applies its result to the model.
+    mu_.Await(absl::Condition(
+        +[](std::map<Key, CompletingRound>* c) { return c->empty(); }, &completing_));
+  }
+  Answer(failed);
+  const absl::Status reloaded = reload();
+  absl::MutexLock lock(&mu_);
+  streams_.clear();
+  newest_step_ = first_step;
+  restarting_ = false;
+  return reloaded;
 }
 
 template <typename Aggregate>

@@ -65,6 +65,12 @@ uint64_t ShardCheckpoint::written() const {
   return written_;
 }
 
+void ShardCheckpoint::RollBack(uint64_t step) {
+  absl::MutexLock lock(&mu_);
+  applied_.clear();
+  newest_average_ = step;
+}
+
 uint64_t ShardCheckpoint::newest_full_average_step() const {
   absl::MutexLock lock(&mu_);
   return newest_average_;

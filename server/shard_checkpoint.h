@@ -45,6 +45,9 @@ class ShardCheckpoint {
   uint64_t written() const;
   // Newest step whose full average covers the shard; 0: none yet.
   uint64_t newest_full_average_step() const;
+  // The shard went back to the checkpoint of `step`: the averages of later
+  // steps, complete or not, are forgotten.
+  void RollBack(uint64_t step);
 
  private:
   const CheckpointJob job_;

@@ -1,5 +1,6 @@
 #include "server/shard_context.h"
 
+#include <random>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -11,6 +12,14 @@
 #include "spdlog/spdlog.h"
 
 namespace cserps {
+namespace {
+
+uint64_t RandomIncarnation() {
+  std::random_device random;
+  return ((uint64_t{random()} << 32) ^ random()) | 1;  // never 0, which means none
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<ShardContext>> ShardContext::Create(
     const v1::JobConfig& config, uint32_t shard) {
@@ -29,6 +38,7 @@ absl::StatusOr<std::unique_ptr<ShardContext>> ShardContext::Create(
   if (checkpoint.resume() || checkpoint.restart_on_failure()) {
     absl::StatusOr<ResumedShard> resumed = ResumeShard(config, shard, &context->store_);
     if (resumed.ok()) {
+      absl::MutexLock lock(&context->mu_);
       context->resumed_from_step_ = resumed->step;
       context->resumed_sections_ = std::move(resumed->sections);
     } else if (checkpoint.resume() || !absl::IsNotFound(resumed.status()) ||
@@ -60,7 +70,31 @@ ShardContext::ShardContext(const v1::JobConfig& config, uint32_t shard,
       members_(config.cluster().num_workers()),
       activity_(config.cluster().num_workers(),
                 absl::Seconds(config.cluster().round_timeout_s())),
-      store_(layout_.ShardFirstFloat(shard), layout_.ShardSize(shard)) {}
+      store_(layout_.ShardFirstFloat(shard), layout_.ShardSize(shard)),
+      incarnation_(RandomIncarnation()),
+      acknowledged_(config.cluster().num_workers(), 0) {}
+
+uint64_t ShardContext::resumed_from_step() const {
+  absl::MutexLock lock(&mu_);
+  return resumed_from_step_;
+}
+
+void ShardContext::RecordRollBack(uint64_t restarted, uint64_t step) {
+  absl::MutexLock lock(&mu_);
+  ++roll_backs_;
+  rolled_back_for_ = restarted;
+  resumed_from_step_ = step;
+}
+
+void ShardContext::Acknowledge(uint32_t rank) {
+  absl::MutexLock lock(&mu_);
+  if (rank < acknowledged_.size()) acknowledged_[rank] = roll_backs_;
+}
+
+uint64_t ShardContext::rolled_back_for() const {
+  absl::MutexLock lock(&mu_);
+  return rolled_back_for_;
+}
 
 absl::Status ShardContext::CheckFingerprint(uint64_t fingerprint) const {
   if (fingerprint != fingerprint_) {
@@ -90,6 +124,14 @@ absl::Status ShardContext::CheckMember(uint32_t rank) const {
 absl::Status ShardContext::Admit(uint64_t fingerprint, uint32_t rank, absl::Time now) {
   RETURN_IF_ERROR(CheckFingerprint(fingerprint));
   RETURN_IF_ERROR(CheckMember(rank));
+  {
+    absl::MutexLock lock(&mu_);
+    if (acknowledged_[rank] != roll_backs_) {
+      return absl::AbortedError(absl::StrCat(
+          "shard ", shard_, " rolled back to the checkpoint of step ", resumed_from_step_,
+          ", which a restarted shard resumed from: roll back to it too (RollBack)"));
+    }
+  }
   activity_.Heard(rank, now);
   return absl::OkStatus();
 }

@@ -11,6 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/block_layout.h"
 #include "common/checkpoint_file.h"
@@ -42,9 +43,21 @@ class ShardContext {
   const MemberActivity& activity() const { return activity_; }
   ShardStore& store() { return store_; }
   const ShardStore& store() const { return store_; }
-  // The step of the checkpoint the shard resumed from; 0: a fresh start.
-  // Its rounds' step window starts there.
-  uint64_t resumed_from_step() const { return resumed_from_step_; }
+  // The step of the checkpoint the shard resumed from, or last rolled back
+  // to; 0: a fresh start. Its rounds' step window starts there.
+  uint64_t resumed_from_step() const;
+  // Random and not 0, chosen at Create: another value at the shard's
+  // address is another process.
+  uint64_t incarnation() const { return incarnation_; }
+
+  // In-place roll back (docs/protocol.md 7.12): the shard has gone back to
+  // the checkpoint of `step`, which the shard of incarnation `restarted`
+  // restarted from. Until a rank acknowledges it (Acknowledge; Register
+  // does), Admit refuses its requests with ABORTED.
+  void RecordRollBack(uint64_t restarted, uint64_t step);
+  void Acknowledge(uint32_t rank);
+  // The `restarted` of the newest RecordRollBack; 0: none.
+  uint64_t rolled_back_for() const;
   // A section other than the model of the checkpoint it resumed from (a
   // service's state); null when there is none of that name.
   const CheckpointSection* ResumedSection(absl::string_view name) const;
@@ -54,8 +67,9 @@ class ShardContext {
   // INVALID_ARGUMENT for a rank out of range, FAILED_PRECONDITION for one
   // that has not registered with this shard.
   absl::Status CheckMember(uint32_t rank) const;
-  // For a request from a member: CheckFingerprint, then CheckMember; when
-  // both pass, `rank` has been heard from at `now` (MemberActivity::Heard).
+  // For a request from a member: CheckFingerprint, then CheckMember, then
+  // ABORTED for a rank that has not acknowledged the newest roll back; when
+  // all pass, `rank` has been heard from at `now` (MemberActivity::Heard).
   absl::Status Admit(uint64_t fingerprint, uint32_t rank, absl::Time now);
 
  private:
@@ -69,8 +83,14 @@ class ShardContext {
   MemberRegistry members_;
   MemberActivity activity_;
   ShardStore store_;
-  uint64_t resumed_from_step_ = 0;  // set by Create
+  const uint64_t incarnation_;
   std::vector<CheckpointSection> resumed_sections_;  // set by Create
+  mutable absl::Mutex mu_;
+  uint64_t resumed_from_step_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t roll_backs_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t rolled_back_for_ ABSL_GUARDED_BY(mu_) = 0;
+  // By rank: roll_backs_ when it last acknowledged.
+  std::vector<uint64_t> acknowledged_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace cserps

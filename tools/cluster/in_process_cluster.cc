@@ -48,6 +48,14 @@ InProcessCluster::~InProcessCluster() {
   for (auto& server : servers_) server->Shutdown();
 }
 
+absl::Status InProcessCluster::RestartShard(int shard, v1::JobConfig config) {
+  const std::string address = servers_[shard]->address();
+  servers_[shard]->Shutdown();
+  servers_[shard].reset();
+  ASSIGN_OR_RETURN(servers_[shard], PsServer::Start(config, shard, address));
+  return absl::OkStatus();
+}
+
 absl::Status InProcessCluster::OnEveryRank(
     const std::function<absl::Status(int rank)>& fn) {
   std::vector<absl::Status> status(clients_.size());

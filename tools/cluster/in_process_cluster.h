@@ -31,6 +31,11 @@ class InProcessCluster {
   PsServer& server(int shard) { return *servers_[shard]; }
   int num_shards() const { return static_cast<int>(servers_.size()); }
 
+  // Stops shard `shard`'s server and starts another at its address with
+  // `config` (this cluster's, say with checkpoint.resume): a restarted
+  // server process. The clients are left as they are.
+  absl::Status RestartShard(int shard, v1::JobConfig config);
+
   // Runs fn(rank) on one thread per rank, joins them all, and returns the
   // first error (by rank).
   absl::Status OnEveryRank(const std::function<absl::Status(int rank)>& fn);

@@ -166,6 +166,8 @@ struct PsClient::Impl {
   uint64_t resumed_from_step_ = 0;  // the shards' (Register)
   std::vector<std::unique_ptr<BulkChannel>> bulk_;
   uint32_t rank_ = 0;
+  std::string worker_id_;  // the last Register's
+  std::vector<uint64_t> incarnations_;  // by shard, as Register reported them
   std::atomic<int64_t> wait_nanos_{0};
   // Calls sent again after they lost their connection (RunAll, rounds).
   std::atomic<uint64_t> retries_{0};
@@ -192,6 +194,7 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(
   }
   auto impl = std::make_unique<Impl>(config, num_params, options);
   impl->bulk_ports_.assign(config.cluster().servers_size(), 0);
+  impl->incarnations_.assign(config.cluster().servers_size(), 0);
   impl->members_.reset(new std::atomic<uint32_t>[config.cluster().servers_size()]);
   for (int s = 0; s < config.cluster().servers_size(); ++s) impl->members_[s] = 0;
   impl->bulk_.resize(config.cluster().servers_size());
@@ -276,8 +279,12 @@ absl::StatusOr<uint32_t> PsClient::Register(int requested_rank,
     impl_->resumed_from_step_ = response.resumed_from_step();
     rank = static_cast<int>(response.rank());
     impl_->bulk_ports_[s] = response.bulk_port();
+    // A restarted shard: the old channel went to the process that died.
+    if (impl_->incarnations_[s] != response.incarnation()) impl_->bulk_[s] = nullptr;
+    impl_->incarnations_[s] = response.incarnation();
   }
   impl_->rank_ = static_cast<uint32_t>(rank);
+  impl_->worker_id_ = worker_id;
   for (uint32_t s : impl_->shards_) impl_->BulkFor(s);
   return impl_->rank_;
 }
@@ -571,6 +578,31 @@ absl::StatusOr<v1::GetStatusResponse> PsClient::GetStatus(uint32_t shard) {
       impl_->stubs_[shard]->GetStatus(&context, v1::GetStatusRequest(), &response),
       absl::StrCat("GetStatus of shard ", shard, " at ", impl_->addresses_[shard])));
   return response;
+}
+
+absl::Status PsClient::Reregister() {
+  return Register(static_cast<int>(impl_->rank_), impl_->worker_id_).status();
+}
+
+uint64_t PsClient::incarnation(uint32_t shard) const {
+  return shard < impl_->incarnations_.size() ? impl_->incarnations_[shard] : 0;
+}
+
+absl::Status PsClient::RollBack(uint32_t shard, uint64_t step, uint64_t restarted) {
+  if (shard >= impl_->stubs_.size() || !impl_->TalksTo(shard)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("RollBack: shard ", shard, " is not one this client talks to"));
+  }
+  v1::RollBackRequest request;
+  request.set_fingerprint(impl_->fingerprint_);
+  request.set_rank(impl_->rank_);
+  request.set_step(step);
+  request.set_restarted(restarted);
+  grpc::ClientContext context;
+  SetDeadline(&context, impl_->options_.setup_timeout);
+  v1::RollBackResponse response;
+  return FromGrpcStatus(impl_->stubs_[shard]->RollBack(&context, request, &response),
+                        absl::StrCat("RollBack of shard ", shard, " at ", impl_->addresses_[shard]));
 }
 
 absl::Status PsClient::Rejoin(uint32_t shard, uint64_t step) {

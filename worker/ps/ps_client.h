@@ -59,6 +59,9 @@ class PsClient final : public Communicator {
   // shards sends nothing and takes `requested_rank`, which must then be
   // >= 0 (INVALID_ARGUMENT otherwise). Returns the rank.
   absl::StatusOr<uint32_t> Register(int requested_rank, const std::string& worker_id);
+  // Register again with the rank and worker id of the last Register (after a
+  // shard restarted): the same rank on every shard.
+  absl::Status Reregister();
 
   // One whole average on host memory (ps-lite's PushPull): averages `values`
   // (model-sized) with `weight` over the blocks GRBS(stream, step, ratio)
@@ -87,6 +90,11 @@ class PsClient final : public Communicator {
   // its rounds from the full average of `step` on (docs/protocol.md 7.11);
   // the shard's refusal as it is.
   absl::Status Rejoin(uint32_t shard, uint64_t step);
+  // Asks `shard` to go back to the checkpoint of `step` in place, which the
+  // shard of incarnation `restarted` restarted from (docs/protocol.md 7.12).
+  absl::Status RollBack(uint32_t shard, uint64_t step, uint64_t restarted);
+  // The incarnation `shard` reported at the last Register; 0: none.
+  uint64_t incarnation(uint32_t shard) const;
 
   // One SparsePushPull per non-empty shard, in parallel (docs/protocol.md
   // 14). INVALID_ARGUMENT, before sending, when `local`'s indices and values

@@ -8,12 +8,14 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "common/algorithm_catalog.h"
 #include "common/status.h"
 #include "spdlog/spdlog.h"
 #include "worker/algorithms/registry.h"
 #include "worker/device/host_backend.h"
 #include "worker/trainer/rank_checkpoint.h"
 #include "worker/trainer/rejoin.h"
+#include "worker/trainer/roll_back.h"
 
 namespace cserps {
 namespace {
@@ -22,6 +24,10 @@ constexpr size_t kEvalBatch = 1000;
 // How long beyond a round's timeout a rejoining worker waits for a job
 // whose steps do not move.
 constexpr absl::Duration kRejoinPatience = absl::Seconds(60);
+// Roll backs to a restarted shard's checkpoint one run follows at most, and
+// how long it waits for a shard that does not answer to come back.
+constexpr int kMaxRollBacks = 10;
+constexpr absl::Duration kRestartPatience = absl::Seconds(120);
 
 double SumOf(const std::vector<float>& losses) {
   double sum = 0;
@@ -396,10 +402,51 @@ absl::Status Trainer::RunEpochs(absl::Time start) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<bool> Trainer::RollBackIfAShardRestarted(const absl::Status& failure) {
+  const absl::StatusOr<AlgorithmInfo> algorithm = FindAlgorithm(config_.algorithm().name());
+  if (link_.group != nullptr || config_.checkpoint().every_steps() == 0 ||
+      config_.checkpoint().dir().empty() || !algorithm.ok() ||
+      !algorithm->rolls_back_in_place()) {
+    return false;
+  }
+  // What a shard that went away, came back empty or rolled back answers.
+  if (!absl::IsUnavailable(failure) && !absl::IsCancelled(failure) &&
+      !absl::IsFailedPrecondition(failure) && !absl::IsAborted(failure) &&
+      !absl::IsDeadlineExceeded(failure)) {
+    return false;
+  }
+  ASSIGN_OR_RETURN(const std::optional<RestartedShard> restarted,
+                   FindRestartedShard(*client_, followed_restart_, kRestartPatience));
+  if (!restarted.has_value()) return false;
+  spdlog::warn("{}step {} failed ({}): shard {} restarted from the checkpoint of step {}; "
+               "rolling back to it in place",
+               plan_.log_prefix, step_, std::string(failure.message()), restarted->shard,
+               restarted->step);
+  RETURN_IF_ERROR(RollBackShards(*client_, *restarted));
+  followed_restart_ = restarted->incarnation;
+  // This process still started where it did.
+  const uint64_t first_step = first_step_, resumed_from = resumed_from_;
+  RETURN_IF_ERROR(ResumeFromCheckpoint());
+  first_step_ = first_step;
+  resumed_from_ = resumed_from;
+  // The steps after the checkpoint are trained again.
+  while (!curve_.empty() && curve_.back().step > step_) curve_.pop_back();
+  while (!membership_.empty() && membership_.back().step > step_) membership_.pop_back();
+  epoch_started_ = false;
+  ++roll_backs_;
+  return true;
+}
+
 absl::Status Trainer::Run() {
   RETURN_IF_ERROR(InitializeModel());
   const absl::Time start = absl::Now();
-  RETURN_IF_ERROR(RunEpochs(start));
+  for (int roll_backs = 0;; ++roll_backs) {
+    const absl::Status trained = RunEpochs(start);
+    if (trained.ok()) break;
+    if (roll_backs == kMaxRollBacks) return trained;
+    ASSIGN_OR_RETURN(const bool rolled_back, RollBackIfAShardRestarted(trained));
+    if (!rolled_back) return trained;
+  }
   RETURN_IF_ERROR(FinishTraining());
   spdlog::info("{}final: local model {:.2f}%, global model {:.2f}%, achieved compression {:.1f}x",
                plan_.log_prefix, 100 * final_.local_accuracy, 100 * final_.global_accuracy,
@@ -413,6 +460,7 @@ absl::Status Trainer::Run() {
   summary.steps = step_;
   summary.resumed_from_step = resumed_from_;
   summary.joined_at_step = joined_at_;
+  summary.roll_backs = roll_backs_;
   summary.membership = &membership_;
   summary.batch_size = plan_.batch_size;
   summary.curve = &curve_;

@@ -92,8 +92,17 @@ class Trainer {
   absl::Status FinishTraining();
   // InitializeModel, then every epoch's steps with progress lines every
   // log_every_steps and a test evaluation at the end of each epoch; finally
-  // writes <output_dir>/<SummaryBaseName>.json and .csv.
+  // writes <output_dir>/<SummaryBaseName>.json and .csv. A step that fails
+  // because a server shard restarted from a checkpoint is followed by
+  // RollBackIfAShardRestarted, and the epochs go on from there.
   absl::Status Run();
+  // After a step failed with `failure`: when a shard restarted from a
+  // checkpoint (checkpoints on, a flat worker, an algorithm that
+  // rolls_back_in_place), every shard goes back to it in place and so does
+  // this trainer (ResumeFromCheckpoint; the learning curve drops the steps
+  // after it); true. False when no shard restarted (the failure stands).
+  // FindRestartedShard's, RollBackShards' and ResumeFromCheckpoint's errors.
+  absl::StatusOr<bool> RollBackIfAShardRestarted(const absl::Status& failure);
 
   // A host copy of the local model (waits for the backend).
   absl::StatusOr<std::vector<float>> Params();
@@ -105,6 +114,8 @@ class Trainer {
   uint64_t resumed_from_step() const { return resumed_from_; }
   // The admission step at which it rejoined a running job; 0: none.
   uint64_t joined_at_step() const { return joined_at_; }
+  // How often it rolled back to a restarted shard's checkpoint.
+  uint32_t roll_backs() const { return roll_backs_; }
   // Each change of the members the servers' rounds wait for (an elastic
   // job's dropped ranks), as the steps' replies said.
   const std::vector<MembershipChange>& membership() const { return membership_; }
@@ -153,6 +164,8 @@ class Trainer {
   uint64_t first_step_ = 0;  // this process's first step: resumed from or rejoined at
   uint64_t resumed_from_ = 0;
   uint64_t joined_at_ = 0;
+  uint64_t followed_restart_ = 0;  // the restarted shard's incarnation last rolled back to
+  uint32_t roll_backs_ = 0;
   // The members the servers' rounds wait for, and each change of them.
   uint32_t members_ = 0;
   std::vector<MembershipChange> membership_;

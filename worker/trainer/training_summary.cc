@@ -85,7 +85,7 @@ absl::Status WriteTrainingSummary(const TrainingSummary& summary) {
       "{\n  \"job\": \"%s\",\n  \"rank\": %d,\n  \"local_rank\": %d,\n"
       "  \"local_size\": %d,\n  \"algorithm\": \"%s\",\n"
       "  \"num_params\": %d,\n  \"epochs\": %d,\n  \"steps\": %d,\n"
-      "  \"resumed_from_step\": %d,\n  \"joined_at_step\": %d,\n"
+      "  \"resumed_from_step\": %d,\n  \"joined_at_step\": %d,\n  \"roll_backs\": %d,\n"
       "  \"batch_size\": %d,\n  \"train_loss\": %.6f,\n  \"test_loss\": %.6f,\n"
       "  \"test_accuracy\": %.6f,\n  \"wall_seconds\": %.3f,\n"
       "  \"samples_per_second\": %.1f,\n  \"bytes_pushed\": %d,\n"
@@ -99,6 +99,7 @@ absl::Status WriteTrainingSummary(const TrainingSummary& summary) {
       config.name(), summary.rank, summary.local_rank, config.cluster().local_size(),
       config.algorithm().name(), summary.num_params,
       config.epochs(), summary.steps, summary.resumed_from_step, summary.joined_at_step,
+      summary.roll_backs,
       summary.batch_size,
       last.train_loss, last.test_loss, last.test_accuracy, wall_seconds,
       wall_seconds > 0

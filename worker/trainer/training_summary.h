@@ -70,6 +70,8 @@ struct TrainingSummary {
   // The admission step at which it rejoined an elastic job (0: none): the
   // same.
   uint64_t joined_at_step = 0;
+  // Roll backs to a restarted shard's checkpoint the run followed.
+  uint32_t roll_backs = 0;
   uint32_t batch_size = 0;
   const std::vector<CurvePoint>* curve = nullptr;
   const FinalReport* final_report = nullptr;

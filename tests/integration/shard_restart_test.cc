@@ -1,0 +1,176 @@
+// A server shard that stops and restarts from the job's newest checkpoint
+// at its address, on a real in-process cluster (2 shards, 2 workers), is
+// followed by the running trainers without restarting them: every shard and
+// trainer goes back to that checkpoint in place and the job trains on to the
+// same learning curve, final models and accuracies, to the bit, as the job
+// never interrupted. Two members keep the servers' sums independent of the
+// order pushes arrive in.
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "gtest/gtest.h"
+#include "tools/cluster/in_process_cluster.h"
+#include "tools/cluster/random_dataset.h"
+#include "worker/trainer/trainer.h"
+
+namespace cserps {
+namespace {
+
+using testing::InProcessCluster;
+namespace fs = std::filesystem;
+
+constexpr int kWorkers = 2;
+constexpr uint64_t kD = 20 * 16 + 16 + 16 * 4 + 4;  // MLP 20 -> 16 -> 4
+// 160 examples, 8 per step and worker: 10 steps per epoch, 3 epochs; a
+// checkpoint every 8 steps. Rank 0 restarts shard 1 after step 10, so the
+// job goes back to step 8 and trains steps 8 to 10 again.
+constexpr uint64_t kSteps = 30;
+constexpr uint64_t kRestartAfter = 11;
+constexpr uint64_t kCheckpoint = 8;
+
+struct Case {
+  std::string name;
+  std::string optimizer;
+  std::string algorithm;
+};
+
+v1::JobConfig MakeConfig(const Case& c, const fs::path& root) {
+  return testing::TestConfig(absl::StrCat(R"pb(
+    name: "shard-restart-test"
+    seed: 5
+    cluster {
+      servers: "127.0.0.1:0"
+      servers: "127.0.0.1:0"
+      num_workers: 2
+      round_timeout_s: 30
+    }
+    model { kind: MLP hidden: 16 input_dim: 20 num_classes: 4 }
+    data { batch_size: 8 }
+    optimizer { lr: 0.1 )pb", c.optimizer, R"pb( }
+    algorithm { block_size: 8 )pb", c.algorithm, R"pb( }
+    epochs: 3
+    checkpoint { dir: ")pb", (root / "ckpt").string(), R"pb(" every_steps: 8 }
+  )pb"));
+}
+
+// Every step's loss by rank (those trained again replacing the first
+// ones), and the end of training.
+struct Outcome {
+  std::vector<std::vector<float>> losses{kWorkers};
+  std::vector<std::vector<float>> params{kWorkers};
+  std::vector<FinalReport> reports{kWorkers};
+  std::vector<uint32_t> roll_backs = std::vector<uint32_t>(kWorkers);
+  std::vector<uint64_t> rolled_back_to = std::vector<uint64_t>(kWorkers);
+};
+
+class ShardRestartTest : public ::testing::TestWithParam<Case> {
+ protected:
+  void SetUp() override {
+    root_ = fs::path(::testing::TempDir()) /
+            absl::StrCat("shard_restart_test.", getpid(), ".", GetParam().name);
+    fs::remove_all(root_);
+    train_ = testing::RandomDataset(160, 20, 4, 17);
+    test_ = testing::RandomDataset(100, 20, 4, 18);
+  }
+  void TearDown() override { fs::remove_all(root_); }
+
+  // The whole job; with `restart`, rank 0 restarts shard 1 (with
+  // checkpoint.resume) after step kRestartAfter, and a step or average
+  // that fails goes to Trainer::RollBackIfAShardRestarted, as in Run.
+  absl::StatusOr<Outcome> Run(const std::string& name, bool restart) {
+    const v1::JobConfig config = MakeConfig(GetParam(), root_ / name);
+    ASSIGN_OR_RETURN(std::unique_ptr<InProcessCluster> cluster,
+                     InProcessCluster::Start(config, kD));
+    std::vector<std::unique_ptr<Trainer>> trainers;
+    for (int r = 0; r < kWorkers; ++r) {
+      ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
+                       Trainer::Create(cluster->config(), &cluster->client(r), &train_, &test_));
+      trainers.push_back(std::move(trainer));
+    }
+    Outcome outcome;
+    RETURN_IF_ERROR(cluster->OnEveryRank([&](int r) -> absl::Status {
+      Trainer& trainer = *trainers[r];
+      RETURN_IF_ERROR(trainer.InitializeModel());
+      bool restarted = false;
+      auto recover = [&](const absl::Status& failure) -> absl::Status {
+        ASSIGN_OR_RETURN(const bool rolled_back, trainer.RollBackIfAShardRestarted(failure));
+        if (!rolled_back) return failure;
+        outcome.rolled_back_to[r] = trainer.step();
+        outcome.losses[r].resize(trainer.step());
+        return absl::OkStatus();
+      };
+      // Bounded: each round of the loop trains a step or rolls back, and a
+      // trainer rolls back at most once here.
+      for (uint64_t round = 0; trainer.step() < kSteps && round < 3 * kSteps; ++round) {
+        const absl::StatusOr<float> loss = trainer.Step();
+        if (!loss.ok()) {
+          RETURN_IF_ERROR(recover(loss.status()));
+          continue;
+        }
+        outcome.losses[r].push_back(*loss);
+        if (const absl::Status averaged = trainer.FullAverageIfDue(); !averaged.ok()) {
+          RETURN_IF_ERROR(recover(averaged));
+          continue;
+        }
+        if (restart && r == 0 && !restarted && trainer.step() == kRestartAfter) {
+          restarted = true;
+          v1::JobConfig resumed = cluster->config();
+          resumed.mutable_checkpoint()->set_resume(true);
+          RETURN_IF_ERROR(cluster->RestartShard(1, resumed));
+        }
+      }
+      RETURN_IF_ERROR(trainer.FinishTraining());
+      ASSIGN_OR_RETURN(outcome.params[r], trainer.Params());
+      outcome.reports[r] = trainer.final_report();
+      outcome.roll_backs[r] = trainer.roll_backs();
+      return absl::OkStatus();
+    }));
+    return outcome;
+  }
+
+  fs::path root_;
+  Dataset train_;
+  Dataset test_;
+};
+
+TEST_P(ShardRestartTest, TrainersRollBackInPlaceAndTrainAsTheUninterruptedJob) {
+  const absl::StatusOr<Outcome> whole = Run("whole", /*restart=*/false);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  const absl::StatusOr<Outcome> restarted = Run("restarted", /*restart=*/true);
+  ASSERT_TRUE(restarted.ok()) << restarted.status();
+  for (int r = 0; r < kWorkers; ++r) {
+    SCOPED_TRACE(absl::StrCat("rank ", r));
+    EXPECT_EQ(whole->roll_backs[r], 0u);
+    EXPECT_EQ(restarted->roll_backs[r], 1u);
+    EXPECT_EQ(restarted->rolled_back_to[r], kCheckpoint);
+    ASSERT_EQ(restarted->losses[r].size(), kSteps);
+    EXPECT_EQ(0, std::memcmp(restarted->losses[r].data(), whole->losses[r].data(),
+                             kSteps * sizeof(float)))
+        << "losses differ";
+    const std::vector<float>& a = whole->params[r];
+    const std::vector<float>& b = restarted->params[r];
+    ASSERT_EQ(a.size(), b.size());
+    EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)))
+        << "final models differ";
+    EXPECT_EQ(restarted->reports[r].local_accuracy, whole->reports[r].local_accuracy);
+    EXPECT_EQ(restarted->reports[r].global_accuracy, whole->reports[r].global_accuracy);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Algorithms, ShardRestartTest,
+    ::testing::Values(
+        Case{"ssgd", "momentum_kind: HEAVY_BALL momentum: 0.9", R"(name: "ssgd")"},
+        Case{"cser", "momentum_kind: NESTEROV momentum: 0.9",
+             R"(name: "cser" period: 4 ratio_c1: 2 ratio_c2: 8)"}),
+    [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
+
+}  // namespace
+}  // namespace cserps
