@@ -209,32 +209,80 @@ TEST_F(LaunchTest, FailingWorkerStopsTheClusterWithAnError) {
   EXPECT_NE(r.output.find("[server 0]"), std::string::npos) << r.output;
 }
 
-// kill -9 of one of two server shards mid-job with --max_restarts=1: the
-// launcher stops the rest and starts the whole job again from the newest
-// complete checkpoint, and the job ends exactly as the same job run without
-// interruption (which rules out a step applied twice or lost).
-TEST_F(LaunchTest, KilledServerIsRestartedFromTheNewestCheckpoint) {
+// A run of configs/tiny.textproto (2 shards) with --max_restarts=1 whose
+// server 1 is killed at the first complete checkpoint, and the same job run
+// without interruption; `job` adds to both.
+struct CutAndWhole {
+  Killed cut;
+  std::string whole_output;
+  int whole_exit_code = -1;
+};
+CutAndWhole KillAServerAtTheFirstCheckpoint(const std::filesystem::path& out,
+                                            const std::string& job) {
   // 90 steps, a checkpoint every 10; slowed down so that the job is far from
   // its end when the first checkpoint completes.
-  const std::string job =
-      ";cluster.servers=127.0.0.1:0,127.0.0.1:0;epochs=6;checkpoint.every_steps=10"
-      ";data.rank_slowdown=20,20";
-  const Result whole = Launch(absl::StrCat("output_dir=", (out_ / "whole").string(),
-                                           ";checkpoint.dir=", (out_ / "ckpt-whole").string(),
-                                           job));
-  ASSERT_EQ(whole.exit_code, 0) << whole.output;
-
+  const std::string common =
+      absl::StrCat(";cluster.servers=127.0.0.1:0,127.0.0.1:0;epochs=6;checkpoint.every_steps=10"
+                   ";data.rank_slowdown=20,20", job);
+  CutAndWhole result;
+  const Result whole = Launch(absl::StrCat("output_dir=", (out / "whole").string(),
+                                           ";checkpoint.dir=", (out / "ckpt-whole").string(),
+                                           common));
+  result.whole_output = whole.output;
+  result.whole_exit_code = whole.exit_code;
   const std::string line = absl::StrCat(
       CSERPS_LAUNCH_BIN, " --config=", CSERPS_SOURCE_DIR,
       "/configs/tiny.textproto --timeout_s=120 --max_restarts=1 --set='output_dir=",
-      (out_ / "cut").string(), ";checkpoint.dir=", (out_ / "ckpt-cut").string(), job, "' 2>&1");
-  // At the first complete checkpoint, shard 1 (of the first start) is killed.
-  const Killed cut = RunKillingOnce(line, "server 1", [](const std::string& text) {
+      (out / "cut").string(), ";checkpoint.dir=", (out / "ckpt-cut").string(), common, "' 2>&1");
+  result.cut = RunKillingOnce(line, "server 1", [](const std::string& text) {
     return text.find("(step complete)") != std::string::npos;
   });
-  const std::string& output = cut.output;
-  ASSERT_TRUE(cut.killed) << output;
-  ASSERT_EQ(cut.exit_code, 0) << output;
+  return result;
+}
+
+// S-SGD's workers follow a server restarted from the checkpoint in place:
+// the launcher restarts server 1 alone, and the job ends as the
+// uninterrupted one, every summary figure equal.
+TEST_F(LaunchTest, KilledServerIsRestartedAloneAndTheWorkersRollBack) {
+  const CutAndWhole run = KillAServerAtTheFirstCheckpoint(out_, "");
+  ASSERT_EQ(run.whole_exit_code, 0) << run.whole_output;
+  const std::string& output = run.cut.output;
+  ASSERT_TRUE(run.cut.killed) << output;
+  ASSERT_EQ(run.cut.exit_code, 0) << output;
+  const std::string restart = "[launch] server 1 exited with code 137; restarting it alone at ";
+  const size_t at = output.find(restart);
+  ASSERT_NE(at, std::string::npos) << output;
+  const std::string from = "from the checkpoint of step ";
+  const int step = std::atoi(output.c_str() + output.find(from, at) + from.size());
+  EXPECT_GT(step, 0);
+  EXPECT_LT(step, 90);
+  EXPECT_EQ(output.find("[launch] restart 1 of 1"), std::string::npos) << output;
+  EXPECT_NE(output.find(absl::StrCat("rolled back to the checkpoint of step ", step)),
+            std::string::npos)
+      << output;
+  for (int rank = 0; rank < 2; ++rank) {
+    SCOPED_TRACE(absl::StrCat("rank ", rank));
+    const std::string cut = ReadFile(out_ / "cut" / absl::StrCat("worker_", rank, ".json"));
+    const std::string full = ReadFile(out_ / "whole" / absl::StrCat("worker_", rank, ".json"));
+    ASSERT_FALSE(cut.empty());
+    EXPECT_EQ(JsonNumber(cut, "steps"), 90);
+    EXPECT_EQ(JsonNumber(cut, "roll_backs"), 1);
+    EXPECT_EQ(JsonNumber(full, "roll_backs"), 0);
+    for (const char* key : {"train_loss", "test_loss", "test_accuracy", "test_accuracy_global"}) {
+      EXPECT_EQ(JsonNumber(cut, key), JsonNumber(full, key)) << key;
+    }
+  }
+}
+
+// CoCoD-SGD keeps an average in flight across steps: the launcher restarts
+// the whole job from the checkpoint, which ends as the uninterrupted one.
+TEST_F(LaunchTest, KilledServerRestartsTheWholeJobFromTheNewestCheckpoint) {
+  const CutAndWhole run =
+      KillAServerAtTheFirstCheckpoint(out_, ";algorithm.name=cocod-sgd;algorithm.period=3");
+  ASSERT_EQ(run.whole_exit_code, 0) << run.whole_output;
+  const std::string& output = run.cut.output;
+  ASSERT_TRUE(run.cut.killed) << output;
+  ASSERT_EQ(run.cut.exit_code, 0) << output;
   EXPECT_NE(output.find("server 1 exited with code 137"), std::string::npos) << output;
   const std::string restart = "[launch] restart 1 of 1: resuming from the checkpoint of step ";
   const size_t at = output.find(restart);

@@ -17,9 +17,13 @@
 // With --max_restarts=N, a job one of whose processes dies is stopped and
 // started again, up to N times: from the newest complete checkpoint of
 // checkpoint.dir (docs/reliability.md) when there is one, else from the
-// start. In an elastic job that admits ranks back
-// (cluster.admit_every_steps) a dead cserps-worker is replaced instead, up
-// to N times: a new process takes its rank at the next admission step.
+// start. Where the running workers can follow (docs/reliability.md: a job
+// with checkpoints, flat cserps-workers, an algorithm that rolls back in
+// place) a dead server is restarted alone instead, at its address, from the
+// newest complete checkpoint, and the workers roll back to it in place. In
+// an elastic job that admits ranks back (cluster.admit_every_steps) a dead
+// cserps-worker is replaced instead, up to N times: a new process takes its
+// rank at the next admission step.
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
@@ -80,9 +84,11 @@ ABSL_FLAG(bool, resume, false,
 ABSL_FLAG(int, max_restarts, 0,
           "When a server or worker dies, stop the rest and start the whole job again, "
           "at most this many times: every process with --resume from the newest complete "
-          "checkpoint (checkpoint.dir), or from the start when there is none yet. In an "
-          "elastic job with cluster.admit_every_steps, a dead worker is replaced instead, "
-          "at most this many times: the new one rejoins at the next admission step.");
+          "checkpoint (checkpoint.dir), or from the start when there is none yet. Where "
+          "the workers can roll back in place (docs/reliability.md), a dead server is "
+          "restarted alone from that checkpoint instead; in an elastic job with "
+          "cluster.admit_every_steps, a dead worker is replaced instead: the new one "
+          "rejoins at the next admission step. Each counts as one of the N.");
 ABSL_FLAG(int, nproc, 0,
           "Run the command after \"--\" as the job's workers, this many processes "
           "(cluster.num_workers x cluster.local_size), with torchrun's environment "
@@ -215,22 +221,22 @@ class Cluster {
  public:
   // `command` (its program resolved) empty: the workers are cserps-workers.
   // Everything stops and fails at `deadline` (--timeout_s).
-  // `replacements`: dead workers of an elastic job that admits ranks back
-  // that may be replaced.
+  // `restarts`: the dead processes that may be restarted alone (workers of
+  // an elastic job that admits ranks back, servers whose workers roll back
+  // in place).
   Cluster(cserps::v1::JobConfig config, std::string config_path, std::string overrides,
           std::string bin_dir, std::vector<std::string> command, absl::Time deadline,
-          int replacements)
+          int restarts)
       : config_(std::move(config)),
         config_path_(std::move(config_path)),
         overrides_(std::move(overrides)),
         bin_dir_(std::move(bin_dir)),
         command_(std::move(command)),
         deadline_(deadline),
-        replacements_left_(config_.cluster().elastic() &&
-                                   config_.cluster().admit_every_steps() > 0 &&
-                                   command_.empty()
-                               ? replacements
-                               : 0) {}
+        replaces_workers_(config_.cluster().elastic() &&
+                          config_.cluster().admit_every_steps() > 0 && command_.empty()),
+        restarts_servers_(WorkersRollBackInPlace()),
+        restarts_left_(restarts) {}
 
   // After Run: whether it failed for a reason a restart may cure (a
   // process that died or could not start), not a signal or the deadline.
@@ -380,6 +386,16 @@ class Cluster {
                  worker_overrides_);
   }
 
+  // Whether the running workers follow a server restarted from a checkpoint
+  // (Trainer::RollBackIfAShardRestarted).
+  bool WorkersRollBackInPlace() const {
+    const absl::StatusOr<cserps::AlgorithmInfo> algorithm =
+        cserps::FindAlgorithm(config_.algorithm().name());
+    return command_.empty() && config_.cluster().local_size() == 1 &&
+           config_.checkpoint().every_steps() > 0 && !config_.checkpoint().dir().empty() &&
+           algorithm.ok() && algorithm->rolls_back_in_place();
+  }
+
   // Worker processes of the job: one per node, or one per local rank with
   // --backend=cuda or a command.
   uint32_t ExpectedWorkerProcesses() const {
@@ -460,14 +476,16 @@ class Cluster {
     int wait_status = 0;
     pid_t pid;
     std::vector<uint32_t> replace;  // ranks; started after the loop, which holds children_
+    std::vector<uint32_t> restart_servers;  // shards, likewise
     while ((pid = waitpid(-1, &wait_status, WNOHANG)) > 0) {
       for (ChildProcess& c : children_) {
         if (c.pid() != pid) continue;
         c.SetExited(wait_status);
         const bool is_worker = absl::StartsWith(c.name(), "worker ");
-        if (is_worker && *c.exit_code() != 0 && !stopping_ && replacements_left_ > 0) {
+        if (is_worker && *c.exit_code() != 0 && !stopping_ && replaces_workers_ &&
+            restarts_left_ > 0) {
           // Its replacement takes its place among the workers_.
-          --replacements_left_;
+          --restarts_left_;
           ++replaced_;
           replace.push_back(static_cast<uint32_t>(std::stoul(c.name().substr(7))));
           std::printf("[launch] %s exited with code %d; starting a replacement (%d so far), "
@@ -481,6 +499,16 @@ class Cluster {
           std::printf("[launch] %s exited with code %d; the elastic job goes on without it\n",
                       c.name().c_str(), *c.exit_code());
           std::fflush(stdout);
+        } else if (!is_worker && !stopping_ && restarts_servers_ && restarts_left_ > 0 &&
+                   NewestCheckpointStep(config_).has_value()) {
+          --restarts_left_;
+          restart_servers.push_back(static_cast<uint32_t>(std::stoul(c.name().substr(7))));
+          std::printf("[launch] %s exited with code %d; restarting it alone at %s from the "
+                      "checkpoint of step %llu: the workers roll back to it in place\n",
+                      c.name().c_str(), *c.exit_code(),
+                      server_addresses_[restart_servers.back()].c_str(),
+                      static_cast<unsigned long long>(*NewestCheckpointStep(config_)));
+          std::fflush(stdout);
         } else if (*c.exit_code() != 0 && !stopping_) {
           Fail(absl::StrCat(c.name(), " exited with code ", *c.exit_code()));
         } else if (!is_worker && !stopping_) {
@@ -492,6 +520,16 @@ class Cluster {
     }
     for (uint32_t rank : replace) {
       if (!SpawnWorker(rank)) return;
+    }
+    for (uint32_t shard : restart_servers) {
+      std::string resume = overrides_;
+      absl::StrAppend(&resume, resume.empty() ? "" : ";", "checkpoint.resume=true");
+      if (!Spawn(absl::StrCat("server ", shard), absl::StrCat(bin_dir_, "/cserps-server"),
+                 {absl::StrCat("--shard=", shard),
+                  absl::StrCat("--listen=", server_addresses_[shard])},
+                 resume)) {
+        return;
+      }
     }
     if (!stopping_ && workers_started_ && workers_done_ + workers_lost_ == workers_ &&
         workers_ == ExpectedWorkerProcesses()) {
@@ -556,7 +594,11 @@ class Cluster {
   uint32_t workers_ = 0;
   uint32_t workers_done_ = 0;
   uint32_t workers_lost_ = 0;  // elastic: workers that died while the others went on
-  int replacements_left_;
+  // In-place restarts: of dead workers (replaced) and of dead servers, while
+  // restarts_left_ lasts.
+  const bool replaces_workers_;
+  const bool restarts_servers_;
+  int restarts_left_;
   int replaced_ = 0;
   std::string worker_overrides_;  // the workers' --set: the job's and the servers'
   bool stopping_ = false;

@@ -29,8 +29,9 @@ absl::StatusOr<std::optional<RestartedShard>> FindRestartedShard(PsClient& clien
         silent = true;
         continue;
       }
-      RestartedShard found{s, 0, status->resumed_from_step()};
+      RestartedShard found{s, false, 0, status->resumed_from_step()};
       if (status->incarnation() != client.incarnation(s)) {
+        found.restarted = true;
         found.incarnation = status->incarnation();
       } else if (status->rolled_back_for() != 0 && status->rolled_back_for() != followed) {
         found.incarnation = status->rolled_back_for();

@@ -17,9 +17,10 @@
 namespace cserps {
 
 struct RestartedShard {
-  uint32_t shard = 0;
-  uint64_t incarnation = 0;  // of the restarted process
-  uint64_t step = 0;         // the checkpoint it resumed from
+  uint32_t shard = 0;          // the shard found
+  bool restarted = false;      // it restarted; else it rolled back for another
+  uint64_t incarnation = 0;    // of the restarted process
+  uint64_t step = 0;           // the checkpoint it resumed from
 };
 
 // Whether a shard of `client`'s restarted since it registered, or rolled

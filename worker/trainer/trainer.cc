@@ -418,10 +418,10 @@ absl::StatusOr<bool> Trainer::RollBackIfAShardRestarted(const absl::Status& fail
   ASSIGN_OR_RETURN(const std::optional<RestartedShard> restarted,
                    FindRestartedShard(*client_, followed_restart_, kRestartPatience));
   if (!restarted.has_value()) return false;
-  spdlog::warn("{}step {} failed ({}): shard {} restarted from the checkpoint of step {}; "
-               "rolling back to it in place",
+  spdlog::warn("{}step {} failed ({}): shard {} {} the checkpoint of step {}; rolling back to "
+               "it in place",
                plan_.log_prefix, step_, std::string(failure.message()), restarted->shard,
-               restarted->step);
+               restarted->restarted ? "restarted from" : "rolled back to", restarted->step);
   RETURN_IF_ERROR(RollBackShards(*client_, *restarted));
   followed_restart_ = restarted->incarnation;
   // This process still started where it did.
