@@ -133,10 +133,11 @@ class RoundLifecycle {
   void FailAll(const std::string& reason);
   // Starts the rounds over as if the table had been created with
   // first_step `first_step` (a roll back to a checkpoint): fails every open
-  // round with ABORTED "<round> aborted: <reason>", waits for the rounds
-  // completing to be answered, then runs `reload` (the shard's model goes
-  // back) while pushes are refused with ABORTED, and forgets every
-  // retained round. Returns `reload`'s status. Membership stays.
+  // round with ABORTED "<round> aborted: <reason>" (not counted as failed),
+  // waits for the rounds completing to be answered, then runs `reload` (the
+  // shard's model goes back) while pushes are refused with ABORTED, and
+  // forgets every retained round. Returns `reload`'s status. Membership
+  // stays.
   absl::Status Restart(uint64_t first_step, const std::string& reason,
                        const std::function<absl::Status()>& reload);
 

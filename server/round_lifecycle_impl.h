@@ -333,10 +333,10 @@ absl::Status RoundLifecycle<Aggregate>::Restart(uint64_t first_step, const std::
     absl::MutexLock lock(&mu_);
     restarting_ = true;
     for (auto& [key, round] : open_) {
+      // Not counted as failed: no process of the job died here.
       failed.emplace_back(absl::AbortedError(
                               absl::StrCat(Aggregate::RoundName(key), " aborted: ", reason)),
                           std::move(round.waiters));
-      CountFailureLocked(key);
     }
     open_.clear();
     // A completing round still applies its result to the model.
