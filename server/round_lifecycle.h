@@ -197,7 +197,6 @@ class RoundLifecycle {
     Aggregate aggregate;
     Shape shape;
     std::vector<bool> pushed;  // by rank, so that a retry is not counted twice
-    uint32_t ranks_pushed = 0;
     std::vector<Callback> waiters;
     absl::Time first_push;
   };

@@ -101,7 +101,6 @@ void RoundLifecycle<Aggregate>::Contribute(const Key& key, uint32_t rank,
         if (!round.pushed[rank]) {
           round.aggregate.Add(rank, std::move(contribution));
           round.pushed[rank] = true;
-          ++round.ranks_pushed;
         }
         round.waiters.push_back(std::move(done));
         if (!CompleteLocked(key, round)) return;

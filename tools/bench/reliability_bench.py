@@ -7,14 +7,19 @@ under cserps-launch, each run in a fresh folder:
   plain        without checkpoints;
   checkpoints  checkpoint.every_steps=100 (6 checkpoints of the whole job);
   restarted    the same with --max_restarts=1, shard 1 killed (SIGKILL) as
-               soon as the first checkpoint is complete;
+               soon as the first checkpoint is complete: the launcher
+               restarts it alone and the workers roll back in place;
   elastic      CSER (H=4, R_C1=2, R_C2=8) with cluster.elastic and
                round_timeout_s=2, uninterrupted and with worker 3 killed at
-               step 100.
+               step 100;
+  admitting    the same with cluster.admit_every_steps=50, uninterrupted and
+               with worker 3 killed at step 100 under --max_restarts=1: the
+               launcher starts a replacement, which rejoins at an admission
+               step.
 
 Prints each run's wall time, the final test accuracy of rank 0's global
 model, the checkpoint folder's size, and for the killed runs the time from
-the kill to the resumed (or shrunk) job's first progress line.
+the kill to the resumed (shrunk, rejoined) job's first sign of it.
 
   python3 tools/bench/reliability_bench.py --bin_dir=build-rel/bin
 """
@@ -88,6 +93,10 @@ def main():
             run(args.bin_dir, work, "elastic", cser),
             run(args.bin_dir, work, "elastic-killed", cser,
                 kill=("worker 3", "] step 100 ", "now wait for 3 of 4 members")),
+            run(args.bin_dir, work, "admitting", cser + ["cluster.admit_every_steps=50"]),
+            run(args.bin_dir, work, "admitting-killed", cser + ["cluster.admit_every_steps=50"],
+                ["--max_restarts=1"],
+                kill=("worker 3", "] step 100 ", "rejoined the job at step")),
         ]
         size = folder_bytes(f"{work}/checkpoints-ckpt")
         print(f"checkpoint folder (keep 2): {size / 1e6:.1f} MB")
