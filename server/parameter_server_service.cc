@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -18,6 +19,13 @@
 
 namespace cserps {
 namespace {
+
+// Whether the job's training rounds are PushPull rounds (not the sparse or
+// asynchronous exchange's).
+bool TrainsInPushPull(const v1::JobConfig& config) {
+  const absl::StatusOr<AlgorithmInfo> algorithm = FindAlgorithm(config.algorithm().name());
+  return algorithm.ok() && algorithm->exchange == Exchange::kAverages;
+}
 
 std::string StreamName(int stream) {
   return v1::Stream_IsValid(stream) ? v1::Stream_Name(stream)
@@ -52,9 +60,14 @@ ParameterServerService::ParameterServerService(ShardContext* shard, Options opti
               {
                   .world_size = config_.cluster().num_workers(),
                   // Periodic algorithms push only every H steps: the window
-                  // counts sync periods.
-                  .max_step_lag = uint64_t{config_.cluster().max_step_lag()} *
-                                  std::max<uint32_t>(1, config_.algorithm().period()),
+                  // counts sync periods. The sparse and asynchronous
+                  // exchanges train elsewhere: their PushPull rounds are only
+                  // the checkpoints' and the final averages, each at a step
+                  // the training rounds' own window has reached.
+                  .max_step_lag = TrainsInPushPull(config_)
+                                      ? uint64_t{config_.cluster().max_step_lag()} *
+                                            std::max<uint32_t>(1, config_.algorithm().period())
+                                      : std::numeric_limits<uint64_t>::max(),
                   .retained_rounds = config_.cluster().retained_rounds(),
                   .timeout = absl::Seconds(config_.cluster().round_timeout_s()),
                   .first_step = shard->resumed_from_step(),

@@ -274,11 +274,12 @@ TEST_F(LaunchTest, KilledServerIsRestartedAloneAndTheWorkersRollBack) {
   }
 }
 
-// CoCoD-SGD keeps an average in flight across steps: the launcher restarts
-// the whole job from the checkpoint, which ends as the uninterrupted one.
+// gTop-k S-SGD's servers keep momentum that a roll back in place does not
+// reload: the launcher restarts the whole job from the checkpoint, which
+// ends as the uninterrupted one.
 TEST_F(LaunchTest, KilledServerRestartsTheWholeJobFromTheNewestCheckpoint) {
   const CutAndWhole run =
-      KillAServerAtTheFirstCheckpoint(out_, ";algorithm.name=cocod-sgd;algorithm.period=3");
+      KillAServerAtTheFirstCheckpoint(out_, ";algorithm.name=gtopk-ssgd;algorithm.density=0.05");
   ASSERT_EQ(run.whole_exit_code, 0) << run.whole_output;
   const std::string& output = run.cut.output;
   ASSERT_TRUE(run.cut.killed) << output;

@@ -169,7 +169,13 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(
         Case{"ssgd", "momentum_kind: HEAVY_BALL momentum: 0.9", R"(name: "ssgd")"},
         Case{"cser", "momentum_kind: NESTEROV momentum: 0.9",
-             R"(name: "cser" period: 4 ratio_c1: 2 ratio_c2: 8)"}),
+             R"(name: "cser" period: 4 ratio_c1: 2 ratio_c2: 8)"},
+        Case{"ef_sgd", "momentum_kind: NESTEROV momentum: 0.9", R"(name: "ef-sgd" ratio: 4)"},
+        Case{"local_sgd", "momentum_kind: HEAVY_BALL momentum: 0.9",
+             R"(name: "local-sgd" period: 3)"},
+        Case{"cocod_sgd", "momentum_kind: HEAVY_BALL momentum: 0.9",
+             R"(name: "cocod-sgd" period: 3)"},
+        Case{"pipe_sgd", "", R"(name: "pipe-sgd")"}),
     [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
 
 }  // namespace

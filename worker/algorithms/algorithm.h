@@ -122,6 +122,10 @@ class Algorithm {
   std::vector<float*> StateBuffers();
   // Derives what the loaded state buffers do not hold from the step count.
   virtual absl::Status ResumeAfter(uint64_t steps);
+  // Drops the averages it keeps in flight, waiting for their replies (or
+  // their failure): before loading a checkpoint into this algorithm, which
+  // goes back to it in place (a restarted server, docs/reliability.md).
+  virtual void AbandonInFlight() {}
 
  protected:
   const v1::JobConfig& config() const { return *context_.config; }

@@ -36,6 +36,8 @@ class CocodSgd final : public Algorithm {
 
   // After t > 0 steps a period is open, its average landed: the one that
   // started at the last period boundary s <= t (0, then s + PeriodAt(s)).
+  void AbandonInFlight() override { pending_.reset(); }
+
   absl::Status ResumeAfter(uint64_t steps) override {
     if (steps == 0) return absl::OkStatus();
     next_sync_ = PeriodAt(0);

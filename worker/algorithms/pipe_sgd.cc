@@ -45,6 +45,8 @@ class PipeSgd final : public Algorithm {
     return absl::OkStatus();
   }
 
+  void AbandonInFlight() override { pending_.reset(); }
+
   absl::Status ResumeAfter(uint64_t steps) override {
     has_landed_ = steps > 0;
     return absl::OkStatus();

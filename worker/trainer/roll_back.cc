@@ -56,7 +56,7 @@ absl::Status RollBackShards(PsClient& client, const RestartedShard& restarted) {
   for (uint32_t s = 0; s < client.layout().num_shards(); ++s) {
     RETURN_IF_ERROR(client.RollBack(s, restarted.step, restarted.incarnation));
   }
-  return client.Reregister();
+  return absl::OkStatus();
 }
 
 }  // namespace cserps

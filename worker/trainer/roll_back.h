@@ -33,8 +33,9 @@ absl::StatusOr<std::optional<RestartedShard>> FindRestartedShard(PsClient& clien
                                                                  uint64_t followed,
                                                                  absl::Duration patience);
 
-// Every shard goes back to the checkpoint `restarted` resumed from, then the
-// client registers again (the restarted shard lost its registrations).
+// Every shard goes back to the checkpoint `restarted` resumed from (their
+// open rounds are aborted). The client then has to register again
+// (PsClient::Reregister: the restarted shard lost its registrations).
 absl::Status RollBackShards(PsClient& client, const RestartedShard& restarted);
 
 }  // namespace cserps

@@ -423,6 +423,10 @@ absl::StatusOr<bool> Trainer::RollBackIfAShardRestarted(const absl::Status& fail
                plan_.log_prefix, step_, std::string(failure.message()), restarted->shard,
                restarted->restarted ? "restarted from" : "rolled back to", restarted->step);
   RETURN_IF_ERROR(RollBackShards(*client_, *restarted));
+  // After the roll back, which answers the rounds they wait for, and before
+  // registering again, which replaces the bulk channels they use.
+  algorithm_->AbandonInFlight();
+  RETURN_IF_ERROR(client_->Reregister());
   followed_restart_ = restarted->incarnation;
   // This process still started where it did.
   const uint64_t first_step = first_step_, resumed_from = resumed_from_;
