@@ -18,16 +18,13 @@ absl::StatusOr<uint32_t> MemberRegistry::Register(int64_t requested,
         "requested rank ", requested, " is out of range: the job has ",
         world_size_, " workers (ranks 0..", world_size_ - 1, ")"));
   }
-  auto drops = [&](uint32_t r) -> uint32_t {
-    return times_dropped != nullptr && r < times_dropped->size() ? (*times_dropped)[r] : 0;
-  };
   absl::MutexLock lock(&mu_);
-  auto take = [&](uint32_t r) {
-    holder_[r] = std::string(worker_id);
-    drops_seen_[r] = drops(r);
-    return r;
+  auto take = [&](uint32_t r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return TakeLocked(r, worker_id, times_dropped);
   };
-  auto replaceable = [&](uint32_t r) { return drops(r) > drops_seen_[r]; };
+  auto replaceable = [&](uint32_t r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return TimesDropped(times_dropped, r) > drops_seen_[r];
+  };
   for (uint32_t r = 0; r < world_size_; ++r) {
     if (holder_[r] != worker_id) continue;
     if (requested < 0 || requested == r) return take(r);
@@ -56,6 +53,17 @@ absl::StatusOr<uint32_t> MemberRegistry::Register(int64_t requested,
   return absl::UnavailableError(absl::StrCat(
       all, " and members of the rounds: a replacement takes the rank of one the shard drops "
       "(at a round's timeout)"));
+}
+
+uint32_t MemberRegistry::TimesDropped(const std::vector<uint32_t>* times_dropped, uint32_t rank) {
+  return times_dropped != nullptr && rank < times_dropped->size() ? (*times_dropped)[rank] : 0;
+}
+
+uint32_t MemberRegistry::TakeLocked(uint32_t rank, absl::string_view worker_id,
+                                    const std::vector<uint32_t>* times_dropped) {
+  holder_[rank] = std::string(worker_id);
+  drops_seen_[rank] = TimesDropped(times_dropped, rank);
+  return rank;
 }
 
 bool MemberRegistry::IsRegistered(uint32_t rank) const {

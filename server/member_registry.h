@@ -37,6 +37,12 @@ class MemberRegistry {
   uint32_t world_size() const { return world_size_; }
 
  private:
+  static uint32_t TimesDropped(const std::vector<uint32_t>* times_dropped, uint32_t rank);
+  // Gives `rank` to `worker_id`; returns it.
+  uint32_t TakeLocked(uint32_t rank, absl::string_view worker_id,
+                      const std::vector<uint32_t>* times_dropped)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   const uint32_t world_size_;
   mutable absl::Mutex mu_;
   std::vector<std::string> holder_ ABSL_GUARDED_BY(mu_);  // "" = free

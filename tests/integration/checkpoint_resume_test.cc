@@ -21,6 +21,7 @@
 #include "common/status.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/integration/checkpointed_job.h"
 #include "tools/cluster/in_process_cluster.h"
 #include "tools/cluster/random_dataset.h"
 #include "worker/trainer/trainer.h"
@@ -43,29 +44,10 @@ constexpr uint64_t kResumeStep = 12;
 // MLP 20 -> 16 -> 4.
 constexpr uint64_t kD = 20 * 16 + 16 + 16 * 4 + 4;
 
-struct Case {
-  std::string name;
-  std::string optimizer;
-  std::string algorithm;
-};
+using Case = testing::AlgorithmCase;
 
 v1::JobConfig MakeConfig(const Case& c, const std::string& dir) {
-  return TestConfig(absl::StrCat(R"pb(
-    name: "checkpoint-resume-test"
-    seed: 5
-    cluster {
-      servers: "127.0.0.1:0"
-      servers: "127.0.0.1:0"
-      num_workers: 2
-      round_timeout_s: 30
-    }
-    model { kind: MLP hidden: 16 input_dim: 20 num_classes: 4 }
-    data { batch_size: 8 }
-    optimizer { lr: 0.1 )pb", c.optimizer, R"pb( }
-    algorithm { block_size: 8 )pb", c.algorithm, R"pb( }
-    epochs: 3
-    checkpoint { dir: ")pb", dir, R"pb(" every_steps: )pb", kEvery, R"pb( keep: 2 }
-  )pb"));
+  return testing::CheckpointedJob(c, "checkpoint-resume-test", dir, kEvery);
 }
 
 // What a run leaves: every step's loss by rank, and the end of training.

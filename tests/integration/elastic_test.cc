@@ -47,22 +47,32 @@ constexpr char kElasticCser[] = R"pb(
     epochs: 2
   )pb";
 
-TEST(ElasticTest, AStoppedWorkerIsDroppedAndTheOthersFinishTheJob) {
-  const v1::JobConfig config = testing::TestConfig(kElasticCser);
-  absl::StatusOr<std::unique_ptr<InProcessCluster>> cluster = InProcessCluster::Start(config, kD);
-  ASSERT_TRUE(cluster.ok()) << cluster.status();
+// The job's cluster, its data and one trainer per rank.
+struct ElasticJob {
+  absl::Status Start(const v1::JobConfig& config) {
+    ASSIGN_OR_RETURN(cluster, InProcessCluster::Start(config, kD));
+    for (int r = 0; r < kWorkers; ++r) {
+      ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
+                       Trainer::Create(cluster->config(), &cluster->client(r), &train, &test));
+      trainers.push_back(std::move(trainer));
+    }
+    return absl::OkStatus();
+  }
+
+  std::unique_ptr<InProcessCluster> cluster;
   const Dataset train = testing::RandomDataset(320, 20, 4, 5);
   const Dataset test = testing::RandomDataset(100, 20, 4, 6);
   std::vector<std::unique_ptr<Trainer>> trainers;
-  for (int r = 0; r < kWorkers; ++r) {
-    absl::StatusOr<std::unique_ptr<Trainer>> trainer =
-        Trainer::Create((*cluster)->config(), &(*cluster)->client(r), &train, &test);
-    ASSERT_TRUE(trainer.ok()) << trainer.status();
-    trainers.push_back(*std::move(trainer));
-  }
+};
+
+TEST(ElasticTest, AStoppedWorkerIsDroppedAndTheOthersFinishTheJob) {
+  ElasticJob job;
+  const absl::Status started = job.Start(testing::TestConfig(kElasticCser));
+  ASSERT_TRUE(started.ok()) << started;
+  auto& [cluster, train, test, trainers] = job;
   const uint64_t steps = 2 * trainers[0]->steps_per_epoch();
   ASSERT_GT(steps, kStopsAfter + 4);
-  const absl::Status run = (*cluster)->OnEveryRank([&](int r) -> absl::Status {
+  const absl::Status run = cluster->OnEveryRank([&](int r) -> absl::Status {
     Trainer& trainer = *trainers[r];
     RETURN_IF_ERROR(trainer.InitializeModel());
     const uint64_t stop = r == 3 ? kStopsAfter : steps;
@@ -73,7 +83,7 @@ TEST(ElasticTest, AStoppedWorkerIsDroppedAndTheOthersFinishTheJob) {
   ASSERT_TRUE(run.ok()) << run;
 
   std::vector<float> servers(kD);
-  ASSERT_TRUE((*cluster)->client(0).PullModel(absl::MakeSpan(servers), false).ok());
+  ASSERT_TRUE(cluster->client(0).PullModel(absl::MakeSpan(servers), false).ok());
   for (int r = 0; r < 3; ++r) {
     SCOPED_TRACE(absl::StrCat("rank ", r));
     EXPECT_EQ(trainers[r]->step(), steps);
@@ -86,7 +96,7 @@ TEST(ElasticTest, AStoppedWorkerIsDroppedAndTheOthersFinishTheJob) {
         << "after the final average every remaining worker holds the servers' model";
   }
   for (int s = 0; s < 2; ++s) {
-    absl::StatusOr<v1::GetStatusResponse> status = (*cluster)->client(0).GetStatus(s);
+    absl::StatusOr<v1::GetStatusResponse> status = cluster->client(0).GetStatus(s);
     ASSERT_TRUE(status.ok());
     EXPECT_THAT(status->dropped_ranks(), ElementsAre(3u)) << "shard " << s;
     EXPECT_EQ(status->rounds_failed(), 0u);
@@ -109,17 +119,10 @@ absl::StatusOr<bool> Admitted(PsClient& client, int shards) {
 TEST(ElasticTest, AReplacementTakesTheDroppedRankAtTheNextAdmissionStep) {
   v1::JobConfig config = testing::TestConfig(kElasticCser);
   config.mutable_cluster()->set_admit_every_steps(4);
-  absl::StatusOr<std::unique_ptr<InProcessCluster>> cluster = InProcessCluster::Start(config, kD);
-  ASSERT_TRUE(cluster.ok()) << cluster.status();
-  const Dataset train = testing::RandomDataset(320, 20, 4, 5);
-  const Dataset test = testing::RandomDataset(100, 20, 4, 6);
-  std::vector<std::unique_ptr<Trainer>> trainers;
-  for (int r = 0; r < kWorkers; ++r) {
-    absl::StatusOr<std::unique_ptr<Trainer>> trainer =
-        Trainer::Create((*cluster)->config(), &(*cluster)->client(r), &train, &test);
-    ASSERT_TRUE(trainer.ok()) << trainer.status();
-    trainers.push_back(*std::move(trainer));
-  }
+  ElasticJob job;
+  const absl::Status started = job.Start(config);
+  ASSERT_TRUE(started.ok()) << started;
+  auto& [cluster, train, test, trainers] = job;
   const uint64_t steps = 2 * trainers[0]->steps_per_epoch();
   // The others wait after this step until the replacement is admitted, so
   // that they do not finish the job first.
@@ -127,7 +130,7 @@ TEST(ElasticTest, AReplacementTakesTheDroppedRankAtTheNextAdmissionStep) {
   ASSERT_GT(steps, 12u);
   std::unique_ptr<PsClient> replacement_client;
   std::unique_ptr<Trainer> replacement;
-  const absl::Status run = (*cluster)->OnEveryRank([&](int r) -> absl::Status {
+  const absl::Status run = cluster->OnEveryRank([&](int r) -> absl::Status {
     Trainer& trainer = *trainers[r];
     RETURN_IF_ERROR(trainer.InitializeModel());
     if (r == 3) {
@@ -137,10 +140,10 @@ TEST(ElasticTest, AReplacementTakesTheDroppedRankAtTheNextAdmissionStep) {
       }
       // A new process: a new client and worker id, given the dropped rank
       // once the shards drop it.
-      ASSIGN_OR_RETURN(replacement_client, PsClient::Connect((*cluster)->config(), kD));
+      ASSIGN_OR_RETURN(replacement_client, PsClient::Connect(cluster->config(), kD));
       ASSIGN_OR_RETURN(const uint32_t rank, replacement_client->Register(-1, "replacement"));
       if (rank != 3) return absl::InternalError(absl::StrCat("replacement got rank ", rank));
-      ASSIGN_OR_RETURN(replacement, Trainer::Create((*cluster)->config(),
+      ASSIGN_OR_RETURN(replacement, Trainer::Create(cluster->config(),
                                                     replacement_client.get(), &train, &test));
       RETURN_IF_ERROR(replacement->InitializeModel());
       while (replacement->step() < steps) {
@@ -155,7 +158,7 @@ TEST(ElasticTest, AReplacementTakesTheDroppedRankAtTheNextAdmissionStep) {
         const absl::Time deadline = absl::Now() + absl::Seconds(60);
         bool admitted = false;
         while (!admitted && absl::Now() < deadline) {
-          ASSIGN_OR_RETURN(admitted, Admitted((*cluster)->client(r), (*cluster)->num_shards()));
+          ASSIGN_OR_RETURN(admitted, Admitted(cluster->client(r), cluster->num_shards()));
           if (!admitted) absl::SleepFor(absl::Milliseconds(10));
         }
         if (!admitted) return absl::DeadlineExceededError("the replacement was never admitted");
@@ -172,7 +175,7 @@ TEST(ElasticTest, AReplacementTakesTheDroppedRankAtTheNextAdmissionStep) {
       << "the first admission step two steps past the newest completed";
   EXPECT_EQ(replacement->step(), steps);
   std::vector<float> servers(kD);
-  ASSERT_TRUE((*cluster)->client(0).PullModel(absl::MakeSpan(servers), false).ok());
+  ASSERT_TRUE(cluster->client(0).PullModel(absl::MakeSpan(servers), false).ok());
   std::vector<Trainer*> finished = {trainers[0].get(), trainers[1].get(), trainers[2].get(),
                                     replacement.get()};
   for (Trainer* trainer : finished) {
@@ -191,7 +194,7 @@ TEST(ElasticTest, AReplacementTakesTheDroppedRankAtTheNextAdmissionStep) {
     EXPECT_LE(changes[1].step, 8u);
   }
   for (int s = 0; s < 2; ++s) {
-    absl::StatusOr<v1::GetStatusResponse> status = (*cluster)->client(0).GetStatus(s);
+    absl::StatusOr<v1::GetStatusResponse> status = cluster->client(0).GetStatus(s);
     ASSERT_TRUE(status.ok());
     EXPECT_THAT(status->dropped_ranks(), ElementsAre(3u)) << "shard " << s;
     EXPECT_THAT(status->admitted_ranks(), ElementsAre(3u)) << "shard " << s;

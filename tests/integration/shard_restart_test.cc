@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "gtest/gtest.h"
+#include "tests/integration/checkpointed_job.h"
 #include "tools/cluster/in_process_cluster.h"
 #include "tools/cluster/random_dataset.h"
 #include "worker/trainer/trainer.h"
@@ -35,29 +36,10 @@ constexpr uint64_t kSteps = 30;
 constexpr uint64_t kRestartAfter = 11;
 constexpr uint64_t kCheckpoint = 8;
 
-struct Case {
-  std::string name;
-  std::string optimizer;
-  std::string algorithm;
-};
+using Case = testing::AlgorithmCase;
 
 v1::JobConfig MakeConfig(const Case& c, const fs::path& root) {
-  return testing::TestConfig(absl::StrCat(R"pb(
-    name: "shard-restart-test"
-    seed: 5
-    cluster {
-      servers: "127.0.0.1:0"
-      servers: "127.0.0.1:0"
-      num_workers: 2
-      round_timeout_s: 30
-    }
-    model { kind: MLP hidden: 16 input_dim: 20 num_classes: 4 }
-    data { batch_size: 8 }
-    optimizer { lr: 0.1 )pb", c.optimizer, R"pb( }
-    algorithm { block_size: 8 )pb", c.algorithm, R"pb( }
-    epochs: 3
-    checkpoint { dir: ")pb", (root / "ckpt").string(), R"pb(" every_steps: 8 }
-  )pb"));
+  return testing::CheckpointedJob(c, "shard-restart-test", (root / "ckpt").string(), kCheckpoint);
 }
 
 // Every step's loss by rank (those trained again replacing the first

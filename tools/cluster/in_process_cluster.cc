@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/config.h"
 #include "common/status.h"
 
@@ -52,7 +53,15 @@ absl::Status InProcessCluster::RestartShard(int shard, v1::JobConfig config) {
   const std::string address = servers_[shard]->address();
   servers_[shard]->Shutdown();
   servers_[shard].reset();
-  ASSIGN_OR_RETURN(servers_[shard], PsServer::Start(config, shard, address));
+  // The port can be held for a moment by a connection of the old server's,
+  // or by another process's outgoing one: try again, for at most 5 s.
+  absl::StatusOr<std::unique_ptr<PsServer>> server = PsServer::Start(config, shard, address);
+  for (int attempt = 0; !server.ok() && attempt < 50; ++attempt) {
+    absl::SleepFor(absl::Milliseconds(100));
+    server = PsServer::Start(config, shard, address);
+  }
+  if (!server.ok()) return server.status();
+  servers_[shard] = *std::move(server);
   return absl::OkStatus();
 }
 

@@ -148,6 +148,11 @@ struct PsClient::Impl {
   // The bulk channel of `shard`, (re)connected when it is offered and
   // wanted; null: the shard's rounds go over gRPC.
   BulkChannel* BulkFor(uint32_t shard);
+  template <typename Request, typename Response>
+  absl::Status MemberCall(const char* name, uint32_t shard, uint64_t step, Request request,
+                          grpc::Status (v1::ParameterServer::Stub::*call)(grpc::ClientContext*,
+                                                                          const Request&,
+                                                                          Response*));
 
   const v1::JobConfig config_;
   const PsClientOptions options_;
@@ -588,37 +593,37 @@ uint64_t PsClient::incarnation(uint32_t shard) const {
   return shard < impl_->incarnations_.size() ? impl_->incarnations_[shard] : 0;
 }
 
-absl::Status PsClient::RollBack(uint32_t shard, uint64_t step, uint64_t restarted) {
-  if (shard >= impl_->stubs_.size() || !impl_->TalksTo(shard)) {
+// One of this member's membership calls to `shard` (Rejoin, RollBack):
+// `request` gets the fingerprint, rank and step; `call` is the stub's method.
+template <typename Request, typename Response>
+absl::Status PsClient::Impl::MemberCall(
+    const char* name, uint32_t shard, uint64_t step, Request request,
+    grpc::Status (v1::ParameterServer::Stub::*call)(grpc::ClientContext*, const Request&,
+                                                    Response*)) {
+  if (shard >= stubs_.size() || !TalksTo(shard)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("RollBack: shard ", shard, " is not one this client talks to"));
+        absl::StrCat(name, ": shard ", shard, " is not one this client talks to"));
   }
-  v1::RollBackRequest request;
-  request.set_fingerprint(impl_->fingerprint_);
-  request.set_rank(impl_->rank_);
+  request.set_fingerprint(fingerprint_);
+  request.set_rank(rank_);
   request.set_step(step);
-  request.set_restarted(restarted);
   grpc::ClientContext context;
-  SetDeadline(&context, impl_->options_.setup_timeout);
-  v1::RollBackResponse response;
-  return FromGrpcStatus(impl_->stubs_[shard]->RollBack(&context, request, &response),
-                        absl::StrCat("RollBack of shard ", shard, " at ", impl_->addresses_[shard]));
+  SetDeadline(&context, options_.setup_timeout);
+  Response response;
+  return FromGrpcStatus((stubs_[shard].get()->*call)(&context, request, &response),
+                        absl::StrCat(name, " of shard ", shard, " at ", addresses_[shard]));
+}
+
+absl::Status PsClient::RollBack(uint32_t shard, uint64_t step, uint64_t restarted) {
+  v1::RollBackRequest request;
+  request.set_restarted(restarted);
+  return impl_->MemberCall("RollBack", shard, step, std::move(request),
+                           &v1::ParameterServer::Stub::RollBack);
 }
 
 absl::Status PsClient::Rejoin(uint32_t shard, uint64_t step) {
-  if (shard >= impl_->stubs_.size() || !impl_->TalksTo(shard)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("Rejoin: shard ", shard, " is not one this client talks to"));
-  }
-  v1::RejoinRequest request;
-  request.set_fingerprint(impl_->fingerprint_);
-  request.set_rank(impl_->rank_);
-  request.set_step(step);
-  grpc::ClientContext context;
-  SetDeadline(&context, impl_->options_.setup_timeout);
-  v1::RejoinResponse response;
-  return FromGrpcStatus(impl_->stubs_[shard]->Rejoin(&context, request, &response),
-                        absl::StrCat("Rejoin of shard ", shard, " at ", impl_->addresses_[shard]));
+  return impl_->MemberCall("Rejoin", shard, step, v1::RejoinRequest(),
+                           &v1::ParameterServer::Stub::Rejoin);
 }
 
 }  // namespace cserps
