@@ -54,10 +54,9 @@ struct AlgorithmInfo {
   // only averages have an intra-node form.
   bool runs_on_node() const { return exchange == Exchange::kAverages; }
   // Whether a running job can roll back to a checkpoint in place when a
-  // server restarts (docs/reliability.md): the averaging algorithms (the
-  // sparse exchange keeps server state the roll back does not reload, and
-  // async-sgd takes no checkpoints).
-  bool rolls_back_in_place() const { return exchange == Exchange::kAverages; }
+  // server restarts (docs/reliability.md): all but async-sgd, which takes
+  // no checkpoints.
+  bool rolls_back_in_place() const { return exchange != Exchange::kAsync; }
 };
 
 // Every known algorithm, sorted by name. The reference lives for the whole

@@ -448,7 +448,8 @@ grpc::ServerUnaryReactor* ParameterServerService::RollBack(grpc::CallbackServerC
   absl::Status reloaded = rounds_.Restart(request->step(), reason, [&]() -> absl::Status {
     ASSIGN_OR_RETURN(const ResumedShard resumed, ResumeShard(config_, shard_.shard(), &store_));
     loaded = resumed.step;
-    return absl::OkStatus();
+    if (loaded != request->step() || !on_roll_back_) return absl::OkStatus();
+    return on_roll_back_(loaded, resumed.sections, reason);
   });
   if (reloaded.ok() && loaded != request->step()) {
     reloaded = absl::FailedPreconditionError(absl::StrCat(

@@ -113,6 +113,15 @@ class ParameterServerService final : public v1::ParameterServer::CallbackService
   // drops one), which every reply carries.
   uint32_t members() const { return rounds_.members(); }
 
+  // Called by RollBack with the checkpoint's step, the shard file's other
+  // sections and the reason, once the model is the checkpoint's: the other
+  // services go back too. Set before the service receives calls.
+  void set_on_roll_back(std::function<absl::Status(uint64_t, const std::vector<CheckpointSection>&,
+                                                   const std::string&)>
+                            f) {
+    on_roll_back_ = std::move(f);
+  }
+
   // The port Register advertises for the bulk transport (0: none). Set
   // before the service receives calls.
   void set_bulk_port(uint32_t port) { bulk_port_ = port; }
@@ -154,6 +163,8 @@ class ParameterServerService final : public v1::ParameterServer::CallbackService
   ShardStore& store_;
   std::function<void(const RoundKey&, absl::Duration)> on_round_latency_;
   uint32_t bulk_port_ = 0;
+  std::function<absl::Status(uint64_t, const std::vector<CheckpointSection>&, const std::string&)>
+      on_roll_back_;
   const std::unique_ptr<ShardCheckpoint> checkpoint_;  // null: no full averages
   RoundTable rounds_;
   // Held through a roll back, so that the callers of one do not each start

@@ -30,6 +30,12 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(
                    SparseExchangeService::Create(server->shard_.get(), {.now = now}));
   ASSIGN_OR_RETURN(server->async_service_,
                    AsyncService::Create(server->shard_.get(), {.now = now}));
+  {
+    SparseExchangeService* sparse = server->sparse_service_.get();
+    server->service_->set_on_roll_back(
+        [sparse](uint64_t step, const std::vector<CheckpointSection>& sections,
+                 const std::string& reason) { return sparse->RollBack(step, sections, reason); });
+  }
   if (ShardCheckpoint* checkpoint = server->service_->checkpoint();
       checkpoint != nullptr && server->sparse_service_->checkpoints_momentum()) {
     SparseExchangeService* sparse = server->sparse_service_.get();

@@ -74,6 +74,24 @@ absl::StatusOr<std::unique_ptr<SparseExchangeService>> SparseExchangeService::Cr
       new SparseExchangeService(shard, std::move(options), sparse_job, k_s));
 }
 
+absl::Status SparseExchangeService::RollBack(uint64_t step,
+                                             const std::vector<CheckpointSection>& sections,
+                                             const std::string& reason) {
+  return rounds_.Restart(step, reason, [&]() -> absl::Status {
+    if (!checkpoints_momentum()) return absl::OkStatus();
+    for (const CheckpointSection& section : sections) {
+      if (section.name != kMomentumSection) continue;
+      absl::MutexLock lock(&apply_mu_);
+      if (section.values.size() != momentum_.size()) break;
+      momentum_ = section.values;
+      return absl::OkStatus();
+    }
+    return absl::DataLossError(absl::StrCat("the checkpoint of step ", step, " of shard ",
+                                            shard_.shard(), " holds no servers' momentum of ",
+                                            momentum_.size(), " floats"));
+  });
+}
+
 std::vector<float> SparseExchangeService::MomentumForCheckpoint() {
   absl::MutexLock lock(&apply_mu_);
   return momentum_;

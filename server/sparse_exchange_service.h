@@ -59,6 +59,13 @@ class SparseExchangeService final : public v1::SparseExchange::CallbackService {
   // resumed from one starts with it.
   static constexpr char kMomentumSection[] = "sparse_momentum";
   bool checkpoints_momentum() const { return sparse_job_ && uses_momentum_; }
+  // The shard goes back to the checkpoint of `step` in place
+  // (ParameterServerService::RollBack): open sparse rounds are aborted with
+  // `reason`, the servers' momentum is the checkpoint's (its `sections`),
+  // and the rounds start over from `step`. DATA_LOSS when the momentum
+  // section is missing or of another size.
+  absl::Status RollBack(uint64_t step, const std::vector<CheckpointSection>& sections,
+                        const std::string& reason);
   std::vector<float> MomentumForCheckpoint();
 
   // What the service counts, for metrics (docs/metrics.md, stream "sparse").

@@ -1,6 +1,6 @@
 // The small job the checkpoint tests train (2 shards, 2 workers, an MLP of
-// 404 floats on 160 examples: 10 steps per epoch, 3 epochs), with one
-// algorithm and its optimizer settings.
+// 404 floats on 160 examples: 10 steps per epoch, 3 epochs; a step window
+// of 4), with one algorithm and its optimizer settings.
 #ifndef CSERPS_TESTS_INTEGRATION_CHECKPOINTED_JOB_H_
 #define CSERPS_TESTS_INTEGRATION_CHECKPOINTED_JOB_H_
 
@@ -30,6 +30,9 @@ inline v1::JobConfig CheckpointedJob(const AlgorithmCase& c, const std::string& 
       servers: "127.0.0.1:0"
       num_workers: 2
       round_timeout_s: 30
+      # Below checkpoint.every_steps of the shard restart test: the sparse
+      # exchange's PushPull rounds (checkpoints) are not its training rounds.
+      max_step_lag: 4
     }
     model { kind: MLP hidden: 16 input_dim: 20 num_classes: 4 }
     data { batch_size: 8 }

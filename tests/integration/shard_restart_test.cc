@@ -157,7 +157,10 @@ INSTANTIATE_TEST_SUITE_P(
              R"(name: "local-sgd" period: 3)"},
         Case{"cocod_sgd", "momentum_kind: HEAVY_BALL momentum: 0.9",
              R"(name: "cocod-sgd" period: 3)"},
-        Case{"pipe_sgd", "", R"(name: "pipe-sgd")"}),
+        Case{"pipe_sgd", "", R"(name: "pipe-sgd")"},
+        Case{"gtopk_ssgd", "momentum_kind: HEAVY_BALL momentum: 0.9",
+             R"(name: "gtopk-ssgd" density: 0.05)"},
+        Case{"topk_ssgd", "", R"(name: "topk-ssgd" density: 0.05)"}),
     [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
 
 }  // namespace
