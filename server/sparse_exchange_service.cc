@@ -79,10 +79,9 @@ absl::Status SparseExchangeService::RollBack(uint64_t step,
                                              const std::string& reason) {
   return rounds_.Restart(step, reason, [&]() -> absl::Status {
     if (!checkpoints_momentum()) return absl::OkStatus();
+    absl::MutexLock lock(&apply_mu_);
     for (const CheckpointSection& section : sections) {
-      if (section.name != kMomentumSection) continue;
-      absl::MutexLock lock(&apply_mu_);
-      if (section.values.size() != momentum_.size()) break;
+      if (section.name != kMomentumSection || section.values.size() != momentum_.size()) continue;
       momentum_ = section.values;
       return absl::OkStatus();
     }
