@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/algorithm_catalog.h"
 #include "common/direction.h"
 #include "common/float_bytes.h"
 #include "common/grpc_status.h"
@@ -20,6 +21,11 @@ std::string Describe(const v1::AsyncPushPullRequest& request) {
                       request.offset(), ") from rank ", request.rank());
 }
 
+bool IsAsyncJob(const v1::JobConfig& config) {
+  absl::StatusOr<AlgorithmInfo> info = FindAlgorithm(config.algorithm().name());
+  return info.ok() && info->exchange == Exchange::kAsync;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<AsyncService>> AsyncService::Create(ShardContext* shard,
@@ -31,6 +37,7 @@ absl::StatusOr<std::unique_ptr<AsyncService>> AsyncService::Create(ShardContext*
 AsyncService::AsyncService(ShardContext* shard, Options options)
     : shard_(*shard),
       options_(std::move(options)),
+      async_job_(IsAsyncJob(shard->config())),
       all_blocks_(ShardPayload::AllBlocks(shard->layout(), shard->shard())),
       gate_(StalenessGate::Options{
           .world_size = shard->config().cluster().num_workers(),
@@ -62,6 +69,11 @@ void AsyncService::Shutdown() {
 }
 
 absl::Status AsyncService::Validate(const v1::AsyncPushPullRequest& request) const {
+  if (!async_job_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "algorithm ", shard_.config().algorithm().name(),
+        " does not push asynchronously (only async-sgd does)"));
+  }
   if (!std::isfinite(request.lr()) || request.lr() < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("lr ", request.lr(), " must be finite and >= 0"));

@@ -94,6 +94,8 @@ class AsyncService final : public v1::AsyncParameterServer::CallbackService {
 
   ShardContext& shard_;
   const Options options_;
+  // Whether the job's algorithm is async-sgd: only its workers may push.
+  const bool async_job_;
   const ShardPayload all_blocks_;
   StalenessGate gate_;
 

@@ -27,11 +27,6 @@ bool TrainsInPushPull(const v1::JobConfig& config) {
   return algorithm.ok() && algorithm->exchange == Exchange::kAverages;
 }
 
-std::string StreamName(int stream) {
-  return v1::Stream_IsValid(stream) ? v1::Stream_Name(stream)
-                                    : absl::StrCat(stream);
-}
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ParameterServerService>>

@@ -65,8 +65,12 @@ RoundMean WeightedSum::Mean() const {
   return mean;
 }
 
+std::string StreamName(int stream) {
+  return v1::Stream_IsValid(stream) ? v1::Stream_Name(stream) : absl::StrCat(stream);
+}
+
 std::string WeightedSum::RoundName(const RoundKey& key) {
-  return absl::StrCat("round (step ", key.step, ", stream ", key.stream,
+  return absl::StrCat("round (step ", key.step, ", stream ", StreamName(key.stream),
                       ", chunk ", key.chunk,
                       key.ratio == 1 ? "" : absl::StrCat(", ratio ", key.ratio), ")");
 }
@@ -76,7 +80,7 @@ std::string WeightedSum::PushName(const RoundKey& key, uint32_t rank) {
 }
 
 std::string WeightedSum::StepName(const RoundKey& key) {
-  return absl::StrCat("step ", key.step, " of stream ", key.stream);
+  return absl::StrCat("step ", key.step, " of stream ", StreamName(key.stream));
 }
 
 absl::Status WeightedSum::Check(const RoundKey& key, uint32_t rank,

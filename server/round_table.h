@@ -32,6 +32,9 @@
 
 namespace cserps {
 
+// "GRAD" for a cserps.v1.Stream value, its number for any other.
+std::string StreamName(int stream);
+
 struct RoundKey {
   uint64_t step = 0;
   int stream = 0;  // a cserps.v1.Stream value
@@ -81,7 +84,7 @@ class WeightedSum {
 
   static uint64_t Step(const RoundKey& key) { return key.step; }
   static int Stream(const RoundKey& key) { return key.stream; }
-  // "round (step 12, stream 1, chunk 0)", with ", ratio r" when r > 1.
+  // "round (step 12, stream GRAD, chunk 0)", with ", ratio r" when r > 1.
   static std::string RoundName(const RoundKey& key);
   static std::string PushName(const RoundKey& key, uint32_t rank);
   static std::string StepName(const RoundKey& key);
@@ -133,7 +136,7 @@ class RoundTable : public RoundLifecycle<WeightedSum> {
   //  OUT_OF_RANGE      step too far ahead / behind (message says which and
   //                    gives the allowed window);
   //  DEADLINE_EXCEEDED the round timed out (message names the missing ranks,
-  //                    e.g. "round (step 12, stream 1, chunk 0) timed out
+  //                    e.g. "round (step 12, stream GRAD, chunk 0) timed out
   //                    after 60s: missing ranks 2, 5 of world_size 6");
   //  UNAVAILABLE       FailAll was called (shutdown).
   // A retried push (same rank, same key) is never counted twice: while the

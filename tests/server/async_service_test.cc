@@ -58,8 +58,8 @@ std::vector<Chunk> ShardChunks() {
   return chunks;
 }
 
-v1::JobConfig MakeConfig(uint32_t world, uint32_t staleness,
-                         const std::string& optimizer) {
+v1::JobConfig MakeConfig(uint32_t world, uint32_t staleness, const std::string& optimizer,
+                         const std::string& algorithm) {
   return [&] {
     absl::StatusOr<v1::JobConfig> config = ParseJobConfig(
         absl::StrCat(R"pb(
@@ -75,8 +75,8 @@ v1::JobConfig MakeConfig(uint32_t world, uint32_t staleness,
           model { kind: SOFTMAX input_dim: 3300 num_classes: 10 }
           data { batch_size: 8 }
           optimizer { )pb", optimizer, R"pb( }
-          algorithm { name: "async-sgd" block_size: 1024 staleness: )pb",
-                     staleness, R"pb( }
+          algorithm { block_size: 1024 )pb", algorithm, " ",
+                     staleness > 0 ? absl::StrCat("staleness: ", staleness) : "", R"pb( }
           epochs: 1
         )pb"),
         "async_service_test");
@@ -137,8 +137,9 @@ class AsyncServiceTest : public ::testing::Test {
   // those in `unregistered` and writes the model x0_.
   void Start(uint32_t world, uint32_t staleness,
              const std::string& optimizer = "lr: 0.25",
-             std::vector<uint32_t> unregistered = {}, bool init_model = true) {
-    config_ = MakeConfig(world, staleness, optimizer);
+             std::vector<uint32_t> unregistered = {}, bool init_model = true,
+             const std::string& algorithm = R"(name: "async-sgd")") {
+    config_ = MakeConfig(world, staleness, optimizer, algorithm);
     fingerprint_ = JobFingerprint(config_);
     absl::StatusOr<std::unique_ptr<ShardContext>> shard = ShardContext::Create(config_, 0);
     ASSERT_TRUE(shard.ok()) << shard.status();
@@ -517,6 +518,38 @@ TEST_F(AsyncServiceTest, PushBeforeTheModelIsInitialisedIsRefused) {
   EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_THAT(s.error_message(), HasSubstr("no model yet"));
 }
+
+// The servers of a job whose rounds are averages must not apply gradients
+// pushed around those rounds.
+struct OtherAlgorithm {
+  std::string name;
+  std::string params;
+};
+
+class AsyncPushToAnotherAlgorithmTest : public AsyncServiceTest,
+                                        public ::testing::WithParamInterface<OtherAlgorithm> {};
+
+TEST_P(AsyncPushToAnotherAlgorithmTest, IsRefused) {
+  Start(1, /*staleness=*/0, "lr: 0.25", {}, /*init_model=*/true,
+        absl::StrCat("name: \"", GetParam().name, "\" ", GetParam().params));
+  v1::AsyncPushPullResponse response;
+  grpc::Status s = Push(MakePush(0, 0, 0, std::vector<float>(8, 1.0f)), &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(s.error_message(),
+              AllOf(HasSubstr(absl::StrCat("algorithm ", GetParam().name)), HasSubstr("async-sgd"),
+                    HasSubstr("AsyncPushPull")));
+  EXPECT_TRUE(PullShard() == x0_);
+}
+
+INSTANTIATE_TEST_SUITE_P(Algorithms, AsyncPushToAnotherAlgorithmTest,
+                         ::testing::Values(OtherAlgorithm{"ssgd", ""},
+                                           OtherAlgorithm{"ef-sgd", "ratio: 4"},
+                                           OtherAlgorithm{"gtopk-ssgd", "density: 0.05"}),
+                         [](const auto& info) {
+                           std::string name = info.param.name;
+                           std::replace(name.begin(), name.end(), '-', '_');
+                           return name;
+                         });
 
 }  // namespace
 }  // namespace cserps

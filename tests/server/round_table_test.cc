@@ -268,7 +268,7 @@ TEST(RoundTableTest, RejectsRankOutOfRange) {
   EXPECT_THAT(a.status().message(), HasSubstr("rank 3"));
   EXPECT_THAT(a.status().message(), HasSubstr("world_size 3"));
   EXPECT_THAT(a.status().message(),
-              HasSubstr("(step 1, stream 0, chunk 0)"));
+              HasSubstr("(step 1, stream STREAM_UNSPECIFIED, chunk 0)"));
   EXPECT_EQ(table.open_rounds(), 0u);
 }
 
@@ -390,7 +390,7 @@ TEST(RoundTableTest, RetirementKeepsOnlyRetainedStepsPerStream) {
     EXPECT_EQ(retry.status().code(), absl::StatusCode::kOutOfRange);
     EXPECT_THAT(retry.status().message(),
                 HasSubstr("step " + std::to_string(s) +
-                          " of stream 0 is too far behind"));
+                          " of stream STREAM_UNSPECIFIED is too far behind"));
     EXPECT_THAT(retry.status().message(),
                 HasSubstr("rounds up to step " + std::to_string(kSteps - 3) +
                           " are retired"));
@@ -434,7 +434,7 @@ TEST(RoundTableTest, ExpireOverdueNamesMissingRanks) {
     ASSERT_EQ(a->calls, 1);
     EXPECT_EQ(a->status().code(), absl::StatusCode::kDeadlineExceeded);
     EXPECT_THAT(a->status().message(),
-                HasSubstr("round (step 12, stream 1, chunk 0) timed out"));
+                HasSubstr("round (step 12, stream GRAD, chunk 0) timed out"));
     EXPECT_THAT(a->status().message(), HasSubstr("10s"));
     EXPECT_THAT(a->status().message(), HasSubstr("missing ranks 1, 2"));
   }
@@ -655,7 +655,7 @@ TEST(RoundTableTest, FailAllAnswersWaitersAndLaterPushes) {
   EXPECT_EQ(waiting.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(waiting.status().message(), HasSubstr("server shutting down"));
   EXPECT_THAT(waiting.status().message(),
-              HasSubstr("(step 2, stream 0, chunk 0)"));
+              HasSubstr("(step 2, stream STREAM_UNSPECIFIED, chunk 0)"));
   EXPECT_EQ(table.open_rounds(), 0u);
   EXPECT_EQ(table.rounds_failed(), 1u);
 
