@@ -8,6 +8,9 @@
 #include <fstream>
 #include <functional>
 #include <limits>
+#include <map>
+#include <regex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -959,14 +962,52 @@ v1::JobConfig LoadShipped(const std::string& name) {
   return config.ok() ? *config : v1::JobConfig();
 }
 
+// The fingerprints docs/protocol.md 4.2 lists, by the config file they name
+// ("`configs/tiny.textproto` ... `0x9a98a65a87cb504b`").
+std::map<std::string, uint64_t> DocumentedFingerprints() {
+  std::ifstream in(std::string(CSERPS_SOURCE_DIR) + "/docs/protocol.md");
+  const std::string doc((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_FALSE(doc.empty());
+  std::map<std::string, uint64_t> out;
+  const std::regex entry("`configs/([a-z_]+\\.textproto)`[^`]*`0x([0-9a-f]{16})`");
+  for (auto it = std::sregex_iterator(doc.begin(), doc.end(), entry);
+       it != std::sregex_iterator(); ++it) {
+    EXPECT_TRUE(out.emplace((*it)[1], std::stoull((*it)[2], nullptr, 16)).second)
+        << (*it)[1] << " is listed twice";
+  }
+  return out;
+}
+
 // The test vectors of docs/protocol.md 4.2, which an independent client
-// checks its fingerprint against: they must stay what the C++ computes.
+// checks its fingerprint against: every committed config is listed with the
+// fingerprint the C++ computes.
 TEST(ShippedConfigsTest, FingerprintsAreTheDocumentedVectors) {
   v1::JobConfig seed_only;
   seed_only.set_seed(7);
   EXPECT_EQ(JobFingerprint(seed_only), 0x87f0b124b6d7c9c1ull);
-  EXPECT_EQ(JobFingerprint(LoadShipped("tiny.textproto")), 0x9a98a65a87cb504bull);
-  EXPECT_EQ(JobFingerprint(LoadShipped("quickstart.textproto")), 0x43e37ee658167651ull);
+  const std::map<std::string, uint64_t> documented = DocumentedFingerprints();
+  std::set<std::string> committed;
+  for (const auto& entry : std::filesystem::directory_iterator(
+           std::string(CSERPS_SOURCE_DIR) + "/configs")) {
+    if (entry.path().extension() != ".textproto") continue;
+    const std::string name = entry.path().filename().string();
+    committed.insert(name);
+    const auto doc = documented.find(name);
+    if (doc == documented.end()) {
+      ADD_FAILURE() << "docs/protocol.md 4.2 does not list configs/" << name << ": "
+                    << absl::StrCat("0x", absl::Hex(JobFingerprint(LoadShipped(name)),
+                                                    absl::kZeroPad16));
+      continue;
+    }
+    EXPECT_EQ(absl::StrCat("0x", absl::Hex(JobFingerprint(LoadShipped(name)), absl::kZeroPad16)),
+              absl::StrCat("0x", absl::Hex(doc->second, absl::kZeroPad16)))
+        << "configs/" << name;
+  }
+  for (const auto& [name, unused] : documented) {
+    EXPECT_TRUE(committed.count(name)) << "docs/protocol.md lists configs/" << name
+                                       << ", which is not committed";
+  }
+  EXPECT_GE(committed.size(), 2u);
 }
 
 TEST(ShippedConfigsTest, EveryConfigParsesAndValidates) {

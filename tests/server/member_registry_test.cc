@@ -52,6 +52,20 @@ TEST(MemberRegistryTest, SameWorkerGetsItsRankBack) {
   EXPECT_FALSE(registry.IsRegistered(1));
 }
 
+// A worker id holds one rank: asking for another, even a free one, is an
+// error (docs/protocol.md 9), and its rank stays its own.
+TEST(MemberRegistryTest, AWorkerCannotTakeASecondRank) {
+  MemberRegistry registry(3);
+  ASSERT_EQ(registry.Register(0, "first").value(), 0u);
+  absl::StatusOr<uint32_t> rank = registry.Register(2, "first");
+  EXPECT_EQ(rank.status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_THAT(rank.status().message(),
+              AllOf(HasSubstr("\"first\" already holds rank 0"), HasSubstr("rank 2")));
+  EXPECT_FALSE(registry.IsRegistered(2));
+  EXPECT_EQ(registry.registered(), 1u);
+  EXPECT_EQ(registry.Register(-1, "first").value(), 0u);
+}
+
 TEST(MemberRegistryTest, TakenRankNamesTheHolder) {
   MemberRegistry registry(2);
   ASSERT_TRUE(registry.Register(1, "node-a:17").ok());

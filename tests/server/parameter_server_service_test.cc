@@ -4,6 +4,8 @@
 
 #include <grpcpp/client_context.h>
 #include <grpcpp/create_channel.h>
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/support/byte_buffer.h>
 #include <grpcpp/security/credentials.h>
 
 #include <atomic>
@@ -979,6 +981,38 @@ TEST_F(ServiceTest, GetStatusCountsRoundsAndMembers) {
   EXPECT_TRUE(status.model_initialised());
   EXPECT_GT(status.bytes_in(), 3 * 2 * ChunkLen(0, 1) * sizeof(float));
   EXPECT_GT(status.bytes_out(), 0u);
+}
+
+// gRPC answers a body that does not parse as the method's request before
+// any handler runs (docs/protocol.md 8): the code is pinned here so that the
+// document follows if a gRPC version changes it. Nothing is counted.
+TEST_F(ServiceTest, UnparsableRequestBodyIsRefusedByGrpc) {
+  Start(2);
+  RegisterAll();
+  grpc::GenericStub generic(
+      grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials()));
+  const char garbage[] = "\xff\xff\xff\xff\xff";  // a field tag whose varint never ends
+  grpc::Slice slice(garbage, sizeof(garbage) - 1);
+  grpc::ByteBuffer request(&slice, 1);
+  for (const char* method : {"/cserps.v1.ParameterServer/PushPull",
+                             "/cserps.v1.ParameterServer/Register"}) {
+    SCOPED_TRACE(method);
+    grpc::ByteBuffer reply;
+    grpc::ClientContext context;
+    SetDeadline(&context);
+    absl::Notification done;
+    grpc::Status status;
+    generic.UnaryCall(&context, method, grpc::StubOptions(), &request, &reply,
+                      [&](grpc::Status s) {
+                        status = std::move(s);
+                        done.Notify();
+                      });
+    ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(30)));
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::UNIMPLEMENTED) << status.error_message();
+    EXPECT_EQ(status.error_message(), "");
+  }
+  EXPECT_EQ(GetStatus().open_rounds(), 0u);
+  EXPECT_EQ(GetStatus().members(), 2u);
 }
 
 TEST_F(ServiceTest, ShutdownAnswersParkedCallsUnavailable) {

@@ -40,9 +40,12 @@ LrSchedule::LrSchedule(const v1::OptimizerConfig& config,
 float LrSchedule::At(uint64_t step) const {
   switch (kind_) {
     case v1::OptimizerConfig::STEP_DECAY: {
-      const uint64_t epoch = step / steps_per_epoch_;
-      const double decays = static_cast<double>(epoch / step_epochs_);
-      return static_cast<float>(lr_ * std::pow(gamma_, decays));
+      // gamma^k as k products rather than pow, whose last bit differs between
+      // C libraries: a client in any language computes these bits.
+      const uint64_t decays = step / steps_per_epoch_ / step_epochs_;
+      double factor = 1.0;
+      for (uint64_t i = 0; i < decays; ++i) factor *= gamma_;
+      return static_cast<float>(lr_ * factor);
     }
     case v1::OptimizerConfig::WARMUP_COSINE: {
       if (step < warmup_steps_) {

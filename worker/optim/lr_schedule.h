@@ -6,7 +6,8 @@
 //   WARMUP_COSINE: lr * (step + 1) / W                     for step < W,
 //                  lr * 0.5 * (1 + cos(pi * (step - W) / (T - W)))  for
 //                  W <= step < T, and 0 from step T on (training is over).
-// Computed in double, returned as float. Immutable, so any thread may call.
+// Computed in double, step by step as docs/protocol.md 18 specifies,
+// returned as float. Immutable, so any thread may call.
 #ifndef CSERPS_WORKER_OPTIM_LR_SCHEDULE_H_
 #define CSERPS_WORKER_OPTIM_LR_SCHEDULE_H_
 

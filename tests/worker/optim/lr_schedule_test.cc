@@ -1,7 +1,14 @@
 #include "worker/optim/lr_schedule.h"
 
 #include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <regex>
+#include <string>
 
+#include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
 
 namespace cserps {
@@ -79,6 +86,32 @@ TEST(LrScheduleTest, WarmupRoundingAndNoWarmup) {
   EXPECT_EQ(no_warmup.warmup_steps(), 0u);
   EXPECT_FLOAT_EQ(no_warmup.At(0), 2.0f);
   EXPECT_FLOAT_EQ(no_warmup.At(10), 1.0f);  // half of T = 20
+}
+
+// The test vectors of docs/protocol.md 18, which a client in another
+// language checks its schedule against, bit for bit.
+TEST(LrScheduleTest, DocumentedVectors) {
+  std::ifstream in(std::string(CSERPS_SOURCE_DIR) + "/docs/protocol.md");
+  const std::string doc((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ASSERT_FALSE(doc.empty());
+  const std::regex row(
+      "\\| `([^`]*schedule: [A-Z_]+[^`]*)` \\| ([0-9]+) \\| ([0-9]+) \\| ([0-9]+) \\| [^|]+ "
+      "\\| `0x([0-9a-f]{8})` \\|");
+  int rows = 0;
+  for (auto it = std::sregex_iterator(doc.begin(), doc.end(), row);
+       it != std::sregex_iterator(); ++it) {
+    const std::smatch& m = *it;
+    SCOPED_TRACE(m[0].str());
+    ++rows;
+    Opt config;
+    ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(m[1].str(), &config));
+    LrSchedule schedule(config, std::stoull(m[2].str()), std::stoull(m[3].str()));
+    const float lr = schedule.At(std::stoull(m[4].str()));
+    uint32_t bits = 0;
+    std::memcpy(&bits, &lr, sizeof(bits));
+    EXPECT_EQ(bits, static_cast<uint32_t>(std::stoul(m[5].str(), nullptr, 16))) << lr;
+  }
+  EXPECT_GE(rows, 20);
 }
 
 }  // namespace
