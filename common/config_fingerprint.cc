@@ -33,6 +33,7 @@ v1::JobConfig Normalised(const v1::JobConfig& config) {
   copy.clear_evals_per_epoch();
   copy.mutable_cluster()->clear_transport();
   copy.clear_output_dir();
+  copy.clear_security();
   v1::CheckpointConfig* checkpoint = copy.mutable_checkpoint();
   checkpoint->clear_dir();
   checkpoint->clear_keep();

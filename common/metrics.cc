@@ -201,14 +201,18 @@ void ServerMetrics::Attach(std::function<Snapshot()> snapshot) {
     single("cserps_server_model_step",
            "Newest step of any completed round or applied asynchronous push.",
            MetricType::Gauge, s.newest_step);
-    auto by_stream = [&](const char* name, const char* help,
-                         const std::map<std::string, uint64_t>& values) {
+    auto by_label = [&](const char* name, const char* help, const char* label,
+                        const std::map<std::string, uint64_t>& values) {
       out.push_back(Family(name, help, MetricType::Counter));
-      for (const auto& [stream, value] : values) {
-        out.back().metric.push_back(Sample({{"shard", shard}, {"stream", stream}},
+      for (const auto& [key, value] : values) {
+        out.back().metric.push_back(Sample({{"shard", shard}, {label, key}},
                                            static_cast<double>(value),
                                            MetricType::Counter));
       }
+    };
+    auto by_stream = [&](const char* name, const char* help,
+                         const std::map<std::string, uint64_t>& values) {
+      by_label(name, help, "stream", values);
     };
     by_stream("cserps_server_rounds_completed_total",
               "Rounds completed: PushPull averaging rounds (one chunk of one step), "
@@ -222,6 +226,11 @@ void ServerMetrics::Attach(std::function<Snapshot()> snapshot) {
     by_stream("cserps_server_bytes_out_total",
               "Serialized reply bytes sent by the shard's services.",
               s.bytes_out);
+    by_label("cserps_server_refused_total",
+             "Calls refused: unauthenticated (no or a wrong job token), bad_certificate "
+             "(a client certificate the job's CA did not sign), bad_input (a request the "
+             "shard's checks refused).",
+             "reason", s.refused);
     return out;
   });
 }

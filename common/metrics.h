@@ -125,6 +125,10 @@ class ServerMetrics {
     // PullModel, refused requests).
     std::map<std::string, uint64_t> bytes_in;
     std::map<std::string, uint64_t> bytes_out;
+    // Calls refused by reason: "unauthenticated" (no or a wrong job token),
+    // "bad_certificate" (a client certificate the job's CA did not sign),
+    // "bad_input" (a request the shard's checks refused).
+    std::map<std::string, uint64_t> refused;
   };
 
   // `registry` outlives the result.

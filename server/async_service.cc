@@ -139,11 +139,16 @@ grpc::ServerUnaryReactor* AsyncService::AsyncPushPull(
     v1::AsyncPushPullResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   const absl::Time arrived = options_.now();
-  absl::Status valid = shard_.Admit(request->fingerprint(), request->rank(), arrived);
+  absl::Status valid = shard_.Authenticate(*context);
+  if (!valid.ok()) {
+    reactor->Finish(ToGrpcStatus(Prefixed("AsyncPushPull", valid)));
+    return reactor;
+  }
+  valid = shard_.Admit(request->fingerprint(), request->rank(), arrived);
   if (valid.ok()) valid = Validate(*request);
   if (!valid.ok()) {
     traffic_.refused.AddRequest(request->ByteSizeLong());
-    reactor->Finish(ToGrpcStatus(Prefixed(Describe(*request), valid)));
+    reactor->Finish(ToGrpcStatus(shard_.Refusal(Prefixed(Describe(*request), valid))));
     return reactor;
   }
   traffic_.handled.AddRequest(request->ByteSizeLong());

@@ -107,15 +107,18 @@ void ParameterServerService::FillShardInfo(v1::ShardInfo* info) const {
 grpc::ServerUnaryReactor* ParameterServerService::Register(
     grpc::CallbackServerContext* context, const v1::RegisterRequest* request,
     v1::RegisterResponse* response) {
+  if (absl::Status caller = shard_.Authenticate(*context); !caller.ok()) {
+    return FinishWith(context, Prefixed("Register", caller));
+  }
   v1::JobConfig theirs = request->config();
   ApplyDefaults(&theirs);
   absl::Status same = CompareJobConfigs(config_, theirs, "server", "worker");
-  if (!same.ok()) return FinishWith(context, same);
+  if (!same.ok()) return FinishWith(context, shard_.Refusal(same));
   const std::vector<uint32_t> times_dropped = rounds_.times_dropped();
   absl::StatusOr<uint32_t> rank =
       members_.Register(request->requested_rank(), request->worker_id(),
                         config_.cluster().elastic() ? &times_dropped : nullptr);
-  if (!rank.ok()) return FinishWith(context, rank.status());
+  if (!rank.ok()) return FinishWith(context, shard_.Refusal(rank.status()));
   shard_.activity().Heard(*rank, options_.now());
   response->set_rank(*rank);
   response->set_world_size(members_.world_size());
@@ -212,6 +215,9 @@ void ParameterServerService::CountReply(int stream, uint64_t bytes) {
 grpc::ServerUnaryReactor* ParameterServerService::PushPull(
     grpc::CallbackServerContext* context, const v1::PushPullRequest* request,
     v1::PushPullResponse* response) {
+  if (absl::Status caller = shard_.Authenticate(*context); !caller.ok()) {
+    return FinishWith(context, Prefixed("PushPull", caller));
+  }
   const uint64_t request_bytes = request->ByteSizeLong();
   CountRequest(request_bytes);
   const PushPullHead head{request->fingerprint(), request->rank(),  request->step(),
@@ -219,7 +225,7 @@ grpc::ServerUnaryReactor* ParameterServerService::PushPull(
                           request->weight(),      request->lr()};
   auto refuse = [&](const absl::Status& status) {
     CountRefused(request_bytes);
-    return FinishWith(context, status);
+    return FinishWith(context, shard_.Refusal(status));
   };
   const absl::Time arrived = options_.now();
   absl::StatusOr<size_t> count = AdmitPushPull(head, arrived);
@@ -259,13 +265,16 @@ grpc::ServerUnaryReactor* ParameterServerService::PushPull(
 grpc::ServerUnaryReactor* ParameterServerService::PullModel(
     grpc::CallbackServerContext* context, const v1::PullModelRequest* request,
     v1::PullModelResponse* response) {
+  if (absl::Status caller = shard_.Authenticate(*context); !caller.ok()) {
+    return FinishWith(context, Prefixed("PullModel", caller));
+  }
   absl::Status ok = shard_.CheckFingerprint(request->fingerprint());
   if (ok.ok() && request->count() > chunk_floats_) {
     ok = absl::InvalidArgumentError(absl::StrCat(
         "PullModel of ", request->count(), " floats exceeds the chunk limit of ",
         chunk_floats_, " (cluster.max_message_bytes)"));
   }
-  if (!ok.ok()) return FinishWith(context, ok);
+  if (!ok.ok()) return FinishWith(context, shard_.Refusal(ok));
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   const uint64_t offset = request->offset();
   const uint64_t count = request->count();
@@ -294,19 +303,22 @@ grpc::ServerUnaryReactor* ParameterServerService::PullModel(
 grpc::ServerUnaryReactor* ParameterServerService::PushModel(
     grpc::CallbackServerContext* context, const v1::PushModelRequest* request,
     v1::PushModelResponse* response) {
+  if (absl::Status caller = shard_.Authenticate(*context); !caller.ok()) {
+    return FinishWith(context, Prefixed("PushModel", caller));
+  }
   traffic_.AddRequest(request->ByteSizeLong());
   other_traffic_.AddRequest(request->ByteSizeLong());
   absl::Status ok = shard_.Admit(request->fingerprint(), request->rank(), options_.now());
   if (ok.ok()) ok = CheckFloatBytes(request->values(), "PushModel values");
-  if (!ok.ok()) return FinishWith(context, ok);
+  if (!ok.ok()) return FinishWith(context, shard_.Refusal(ok));
   std::vector<float> values(request->values().size() / sizeof(float));
   ok = BytesToFloats(request->values(), absl::MakeSpan(values), "values");
-  if (!ok.ok()) return FinishWith(context, ok);
+  if (!ok.ok()) return FinishWith(context, shard_.Refusal(ok));
   absl::StatusOr<bool> initialised = store_.Write(request->offset(), values);
   if (!initialised.ok()) {
-    return FinishWith(context, absl::Status(initialised.status().code(),
-                                            absl::StrCat("PushModel: ",
-                                                         initialised.status().message())));
+    return FinishWith(context, shard_.Refusal(absl::Status(
+                                   initialised.status().code(),
+                                   absl::StrCat("PushModel: ", initialised.status().message()))));
   }
   response->set_shard_initialised(*initialised);
   return FinishWith(context, absl::OkStatus());
@@ -341,6 +353,9 @@ ParameterServerService::Counters ParameterServerService::counters() const {
 grpc::ServerUnaryReactor* ParameterServerService::GetStatus(
     grpc::CallbackServerContext* context, const v1::GetStatusRequest* /*request*/,
     v1::GetStatusResponse* response) {
+  if (absl::Status caller = shard_.Authenticate(*context); !caller.ok()) {
+    return FinishWith(context, Prefixed("GetStatus", caller));
+  }
   FillShardInfo(response->mutable_shard());
   response->set_fingerprint(shard_.fingerprint());
   response->set_world_size(members_.world_size());
@@ -376,10 +391,14 @@ grpc::ServerUnaryReactor* ParameterServerService::GetStatus(
 grpc::ServerUnaryReactor* ParameterServerService::Rejoin(grpc::CallbackServerContext* context,
                                                          const v1::RejoinRequest* request,
                                                          v1::RejoinResponse* response) {
+  if (absl::Status caller = shard_.Authenticate(*context); !caller.ok()) {
+    return FinishWith(context, Prefixed("Rejoin", caller));
+  }
   auto refuse = [&](const absl::Status& status) {
-    return FinishWith(context, Prefixed(absl::StrCat("Rejoin (rank ", request->rank(),
-                                                     ", step ", request->step(), ")"),
-                                        status));
+    return FinishWith(context, shard_.Refusal(Prefixed(
+                                   absl::StrCat("Rejoin (rank ", request->rank(), ", step ",
+                                                request->step(), ")"),
+                                   status)));
   };
   absl::Status ok = shard_.Admit(request->fingerprint(), request->rank(), options_.now());
   if (!ok.ok()) return refuse(ok);
@@ -404,10 +423,14 @@ grpc::ServerUnaryReactor* ParameterServerService::Rejoin(grpc::CallbackServerCon
 grpc::ServerUnaryReactor* ParameterServerService::RollBack(grpc::CallbackServerContext* context,
                                                            const v1::RollBackRequest* request,
                                                            v1::RollBackResponse* /*response*/) {
+  if (absl::Status caller = shard_.Authenticate(*context); !caller.ok()) {
+    return FinishWith(context, Prefixed("RollBack", caller));
+  }
   auto refuse = [&](const absl::Status& status) {
-    return FinishWith(context, Prefixed(absl::StrCat("RollBack (rank ", request->rank(),
-                                                     ", step ", request->step(), ")"),
-                                        status));
+    return FinishWith(context, shard_.Refusal(Prefixed(
+                                   absl::StrCat("RollBack (rank ", request->rank(), ", step ",
+                                                request->step(), ")"),
+                                   status)));
   };
   absl::Status ok = shard_.CheckFingerprint(request->fingerprint());
   if (!ok.ok()) return refuse(ok);

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/grpc_security.h"
 #include "common/status.h"
 #include "server/service_options.h"
 
@@ -42,6 +43,9 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(
     checkpoint->AddSection(SparseExchangeService::kMomentumSection,
                            [sparse] { return sparse->MomentumForCheckpoint(); });
   }
+  // The bulk transport is plaintext and carries no token: a secured shard
+  // offers none, so its workers' rounds go over gRPC.
+  if (server->shard_->security().enabled()) bulk_port = -1;
   if (bulk_port >= 0) {
     std::string host;
     int unused = 0;
@@ -58,7 +62,9 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(
   }
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(listen_address, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(listen_address, MakeServerCredentials(server->shard_->security(),
+                                                         server->shard_->bad_certificate_counter()),
+                           &port);
   builder.SetMaxReceiveMessageSize(static_cast<int>(config.cluster().max_message_bytes()));
   builder.SetMaxSendMessageSize(static_cast<int>(config.cluster().max_message_bytes()));
   if (server->metrics_ != nullptr) {
@@ -102,6 +108,9 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(
                     {"async", ac.traffic.request_bytes},
                     {"other", c.other.request_bytes + sc.refused.request_bytes +
                                   ac.refused.request_bytes}};
+      s.refused = {{"unauthenticated", context->unauthenticated()},
+                   {"bad_certificate", context->bad_certificates()},
+                   {"bad_input", context->bad_input()}};
       s.bytes_out = {{"GRAD", c.grad.reply_bytes},
                      {"MODEL", c.model.reply_bytes},
                      {"CHECKPOINT", c.checkpoint.reply_bytes},

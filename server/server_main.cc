@@ -14,6 +14,7 @@
 #include "common/metrics.h"
 #include "common/signals.h"
 #include "common/start_flags.h"
+#include "common/transport_security.h"
 #include "server/ps_server.h"
 #include "spdlog/spdlog.h"
 
@@ -30,6 +31,9 @@ ABSL_FLAG(int, bulk_port, 0,
           "the --listen host; 0 picks a free port, -1 turns it off (workers then "
           "use gRPC). Register tells workers the port, so a published port must "
           "be the same number as the container's.");
+ABSL_FLAG(bool, insecure, false,
+          "Listen on a non-loopback address without TLS or a token (security { ... }): only "
+          "on a network where everyone who can reach the port may train the job.");
 ABSL_FLAG(std::string, metrics_address, "",
           "Serve Prometheus metrics on http://ADDRESS/metrics (host:port; port 0 "
           "picks a free port); empty: no metrics.");
@@ -68,6 +72,15 @@ int main(int argc, char** argv) {
   }
   std::string listen = absl::GetFlag(FLAGS_listen);
   if (listen.empty()) listen = config->cluster().servers(shard);
+  if (absl::Status exposed =
+          cserps::CheckExposure(listen, config->security(), absl::GetFlag(FLAGS_insecure));
+      !exposed.ok()) {
+    spdlog::error("{}", exposed.ToString());
+    return 2;
+  }
+  if (absl::GetFlag(FLAGS_insecure) && !cserps::IsLoopbackAddress(listen)) {
+    spdlog::warn("--insecure: listening on {} whatever config.security holds", listen);
+  }
 
   // Declared before the server, which exports to it until destroyed.
   std::unique_ptr<cserps::MetricsRegistry> metrics;

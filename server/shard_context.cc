@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/checkpoint_dir.h"
 #include "common/config.h"
+#include "common/grpc_security.h"
 #include "common/model_spec.h"
 #include "common/status.h"
 #include "server/shard_checkpoint.h"
@@ -34,6 +35,7 @@ absl::StatusOr<std::unique_ptr<ShardContext>> ShardContext::Create(
   }
   ASSIGN_OR_RETURN(ModelSpec spec, MakeModelSpec(config.model()));
   std::unique_ptr<ShardContext> context(new ShardContext(config, shard, spec.num_params));
+  ASSIGN_OR_RETURN(context->security_, LoadTransportSecurity(config.security()));
   const v1::CheckpointConfig& checkpoint = config.checkpoint();
   if (checkpoint.resume() || checkpoint.restart_on_failure()) {
     absl::StatusOr<ResumedShard> resumed = ResumeShard(config, shard, &context->store_);
@@ -50,6 +52,26 @@ absl::StatusOr<std::unique_ptr<ShardContext>> ShardContext::Create(
     }
   }
   return context;
+}
+
+absl::Status ShardContext::Authenticate(const grpc::ServerContextBase& context) {
+  absl::Status status = CheckCallToken(context, security_.token);
+  if (!status.ok()) unauthenticated_.fetch_add(1, std::memory_order_relaxed);
+  return status;
+}
+
+const absl::Status& ShardContext::Refusal(const absl::Status& refusal) {
+  switch (refusal.code()) {
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kOutOfRange:
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kAlreadyExists:
+      bad_input_.fetch_add(1, std::memory_order_relaxed);
+      break;
+    default:
+      break;
+  }
+  return refusal;
 }
 
 const CheckpointSection* ShardContext::ResumedSection(absl::string_view name) const {

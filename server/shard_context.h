@@ -5,6 +5,9 @@
 #ifndef CSERPS_SERVER_SHARD_CONTEXT_H_
 #define CSERPS_SERVER_SHARD_CONTEXT_H_
 
+#include <grpcpp/server_context.h>
+
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -15,6 +18,7 @@
 #include "absl/time/time.h"
 #include "common/block_layout.h"
 #include "common/checkpoint_file.h"
+#include "common/transport_security.h"
 #include "cserps/v1/config.pb.h"
 #include "server/member_activity.h"
 #include "server/member_registry.h"
@@ -24,8 +28,9 @@ namespace cserps {
 
 class ShardContext {
  public:
-  // Validates `config` (defaults applied; port 0 allowed) and `shard`; with
-  // checkpoint.resume, loads the shard's model from the newest complete
+  // Validates `config` (defaults applied; port 0 allowed) and `shard`, and
+  // loads the files of config.security (LoadTransportSecurity's errors);
+  // with checkpoint.resume, loads the shard's model from the newest complete
   // checkpoint (ResumeShard's errors).
   static absl::StatusOr<std::unique_ptr<ShardContext>> Create(
       const v1::JobConfig& config, uint32_t shard);
@@ -62,6 +67,23 @@ class ShardContext {
   // service's state); null when there is none of that name.
   const CheckpointSection* ResumedSection(absl::string_view name) const;
 
+  // TLS files and token of config.security, loaded by Create.
+  const TransportSecurity& security() const { return security_; }
+  // UNAUTHENTICATED, counted, when the job has a token and the call does not
+  // carry it (CheckCallToken). Every handler asks before anything else.
+  absl::Status Authenticate(const grpc::ServerContextBase& context);
+  // Calls Authenticate refused.
+  uint64_t unauthenticated() const { return unauthenticated_.load(std::memory_order_relaxed); }
+  // `refusal`, counted as bad input when its code says the request itself
+  // was wrong (INVALID_ARGUMENT, OUT_OF_RANGE, FAILED_PRECONDITION,
+  // ALREADY_EXISTS); a handler passes every refusal through it.
+  const absl::Status& Refusal(const absl::Status& refusal);
+  uint64_t bad_input() const { return bad_input_.load(std::memory_order_relaxed); }
+  // Client certificates the TLS handshake refused (MakeServerCredentials
+  // counts them here).
+  std::atomic<uint64_t>* bad_certificate_counter() { return &bad_certificates_; }
+  uint64_t bad_certificates() const { return bad_certificates_.load(std::memory_order_relaxed); }
+
   // FAILED_PRECONDITION when a request's fingerprint is not the job's.
   absl::Status CheckFingerprint(uint64_t fingerprint) const;
   // INVALID_ARGUMENT for a rank out of range, FAILED_PRECONDITION for one
@@ -85,6 +107,10 @@ class ShardContext {
   ShardStore store_;
   const uint64_t incarnation_;
   std::vector<CheckpointSection> resumed_sections_;  // set by Create
+  TransportSecurity security_;                       // set by Create
+  std::atomic<uint64_t> unauthenticated_{0};
+  std::atomic<uint64_t> bad_input_{0};
+  std::atomic<uint64_t> bad_certificates_{0};
   mutable absl::Mutex mu_;
   uint64_t resumed_from_step_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t roll_backs_ ABSL_GUARDED_BY(mu_) = 0;

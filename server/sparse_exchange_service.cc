@@ -179,12 +179,15 @@ SparseReply SparseExchangeService::CompleteRound(std::vector<SparseVector> pushe
 grpc::ServerUnaryReactor* SparseExchangeService::SparsePushPull(
     grpc::CallbackServerContext* context, const v1::SparsePushPullRequest* request,
     v1::SparsePushPullResponse* response) {
+  if (absl::Status caller = shard_.Authenticate(*context); !caller.ok()) {
+    return FinishWith(context, Prefixed("SparsePushPull", caller));
+  }
   const std::string name =
       absl::StrCat("SparsePushPull (step ", request->step(), ") from rank ",
                    request->rank(), " to shard ", shard_.shard());
   auto refuse = [&](const absl::Status& status) {
     traffic_.refused.AddRequest(request->ByteSizeLong());
-    return FinishWith(context, Prefixed(name, status));
+    return FinishWith(context, shard_.Refusal(Prefixed(name, status)));
   };
   const absl::Time arrived = options_.now();
   absl::Status ok = shard_.Admit(request->fingerprint(), request->rank(), arrived);

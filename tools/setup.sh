@@ -16,9 +16,10 @@ build=(
   libgtest-dev libgmock-dev
   libopenblas-dev
   zlib1g-dev
+  libssl-dev
   libspdlog-dev
 )
-tests=(clang python3 prometheus docker-compose dataset-fashion-mnist
+tests=(clang openssl python3 prometheus docker-compose dataset-fashion-mnist
   python3-dev pybind11-dev python3-torch python3-torchvision python3-pytest)
 docker=(docker.io docker-compose debootstrap)
 

@@ -18,9 +18,11 @@
 #include "common/config.h"
 #include "common/float_bytes.h"
 #include "common/grbs.h"
+#include "common/grpc_security.h"
 #include "common/grpc_status.h"
 #include "common/status.h"
 #include "common/traffic_counter.h"
+#include "common/transport_security.h"
 #include "cserps/v1/parameter_server.grpc.pb.h"
 #include "spdlog/spdlog.h"
 #include "worker/ps/bulk_channel.h"
@@ -148,6 +150,10 @@ struct PsClient::Impl {
   // The bulk channel of `shard`, (re)connected when it is offered and
   // wanted; null: the shard's rounds go over gRPC.
   BulkChannel* BulkFor(uint32_t shard);
+  // `waited` (a call that waited for `shard`'s channel until its deadline)
+  // with why the channel is not ready, from one call that does not wait: a
+  // refused TLS handshake or connection says so only there.
+  absl::Status WhyUnreachable(uint32_t shard, const absl::Status& waited);
   template <typename Request, typename Response>
   absl::Status MemberCall(const char* name, uint32_t shard, uint64_t step, Request request,
                           grpc::Status (v1::ParameterServer::Stub::*call)(grpc::ClientContext*,
@@ -168,6 +174,7 @@ struct PsClient::Impl {
   std::vector<std::unique_ptr<v1::SparseExchange::Stub>> sparse_stubs_;
   // By shard: the bulk port Register reported (0: none) and the channel.
   std::vector<uint32_t> bulk_ports_;
+  bool secured_ = false;  // TLS or a token: no bulk transport
   uint64_t resumed_from_step_ = 0;  // the shards' (Register)
   std::vector<std::unique_ptr<BulkChannel>> bulk_;
   uint32_t rank_ = 0;
@@ -197,7 +204,10 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(
         "PsClientOptions: shard_offset ", options.shard_offset,
         " must be below shard_stride ", options.shard_stride));
   }
+  ASSIGN_OR_RETURN(const TransportSecurity security,
+                   LoadTransportSecurity(config.security()));
   auto impl = std::make_unique<Impl>(config, num_params, options);
+  impl->secured_ = security.enabled();
   impl->bulk_ports_.assign(config.cluster().servers_size(), 0);
   impl->incarnations_.assign(config.cluster().servers_size(), 0);
   impl->members_.reset(new std::atomic<uint32_t>[config.cluster().servers_size()]);
@@ -226,8 +236,7 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(
     // own retries left a call waiting for its deadline, now and then, after
     // connection resets (tests/integration/fault_injection_test.cc).
     args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
-    std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(
-        address, grpc::InsecureChannelCredentials(), args);
+    std::shared_ptr<grpc::Channel> channel = MakeChannel(address, security, args);
     impl->stubs_.push_back(v1::ParameterServer::NewStub(channel));
     impl->async_stubs_.push_back(v1::AsyncParameterServer::NewStub(channel));
     impl->sparse_stubs_.push_back(v1::SparseExchange::NewStub(channel));
@@ -247,6 +256,7 @@ absl::StatusOr<uint32_t> PsClient::Register(int requested_rank,
   for (uint32_t s : impl_->shards_) {
     v1::RegisterRequest request;
     *request.mutable_config() = impl_->config_;
+    request.mutable_config()->clear_security();  // local paths, none of the server's business
     request.set_requested_rank(rank);
     request.set_worker_id(worker_id);
     v1::RegisterResponse response;
@@ -261,6 +271,7 @@ absl::StatusOr<uint32_t> PsClient::Register(int requested_rank,
           impl_->stubs_[s]->Register(&context, request, &response),
           absl::StrCat("Register with shard ", s, " at ", impl_->addresses_[s]));
       if (registered.ok()) break;
+      if (absl::IsDeadlineExceeded(registered)) return impl_->WhyUnreachable(s, registered);
       // The same worker id gets the same rank again.
       if (!Retryable(registered)) return registered;
       if (!backoff.Wait()) return backoff.Exhausted(registered);
@@ -294,8 +305,25 @@ absl::StatusOr<uint32_t> PsClient::Register(int requested_rank,
   return impl_->rank_;
 }
 
+absl::Status PsClient::Impl::WhyUnreachable(uint32_t shard, const absl::Status& waited) {
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+  v1::GetStatusResponse response;
+  const grpc::Status probe = stubs_[shard]->GetStatus(&context, v1::GetStatusRequest(), &response);
+  if (probe.error_code() != grpc::StatusCode::UNAVAILABLE) return waited;
+  return absl::Status(waited.code(),
+                      absl::StrCat(waited.message(), "; the connection fails: ",
+                                   probe.error_message(),
+                                   secured_ ? " (with TLS: is this worker's security.cert signed "
+                                              "by the job's CA, and the server's valid for "
+                                              "this address?)"
+                                            : ""));
+}
+
 BulkChannel* PsClient::Impl::BulkFor(uint32_t shard) {
-  if (config_.cluster().transport() == v1::ClusterConfig::GRPC || bulk_ports_[shard] == 0) {
+  // The bulk transport is plaintext and carries no token.
+  if (config_.cluster().transport() == v1::ClusterConfig::GRPC || bulk_ports_[shard] == 0 ||
+      secured_) {
     return nullptr;
   }
   if (bulk_[shard] != nullptr && !bulk_[shard]->broken()) return bulk_[shard].get();

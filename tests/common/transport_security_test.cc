@@ -1,0 +1,182 @@
+// LoadTransportSecurity against the files tools/make_certs.sh makes and
+// broken variants of them, the token comparison, and the exposure rule.
+#include "common/transport_security.h"
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace cserps {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+class TransportSecurityTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    root_ = fs::path(::testing::TempDir()) / absl::StrCat("transport_security_test.", getpid());
+    for (const char* job : {"job", "other"}) {
+      const std::string command = absl::StrCat("bash ", CSERPS_SOURCE_DIR,
+                                               "/tools/make_certs.sh --force ",
+                                               (root_ / job).string(), " > /dev/null");
+      ASSERT_EQ(std::system(command.c_str()), 0) << command;
+    }
+  }
+  static void TearDownTestSuite() { fs::remove_all(root_); }
+
+  static std::string File(const char* job, const char* name) {
+    return (root_ / job / name).string();
+  }
+  static std::string Write(const char* name, const std::string& contents) {
+    const std::string path = (root_ / name).string();
+    std::ofstream(path) << contents;
+    return path;
+  }
+  static v1::SecurityConfig Tls(const std::string& ca, const std::string& cert,
+                                const std::string& key) {
+    v1::SecurityConfig config;
+    config.set_ca_cert(ca);
+    config.set_cert(cert);
+    config.set_key(key);
+    return config;
+  }
+
+  static fs::path root_;
+};
+
+fs::path TransportSecurityTest::root_;
+
+TEST_F(TransportSecurityTest, TheFilesOfMakeCertsLoad) {
+  v1::SecurityConfig config =
+      Tls(File("job", "ca.pem"), File("job", "server.pem"), File("job", "server.key"));
+  config.set_token_file(File("job", "token"));
+  absl::StatusOr<TransportSecurity> security = LoadTransportSecurity(config);
+  ASSERT_TRUE(security.ok()) << security.status();
+  ASSERT_TRUE(security->tls.has_value());
+  EXPECT_THAT(security->tls->cert_pem, HasSubstr("BEGIN CERTIFICATE"));
+  EXPECT_EQ(security->token.size(), 64u) << "the newline is not part of the token";
+  EXPECT_TRUE(security->enabled());
+
+  absl::StatusOr<TransportSecurity> none = LoadTransportSecurity(v1::SecurityConfig());
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none->enabled());
+}
+
+TEST_F(TransportSecurityTest, EachBadFileIsNamed) {
+  const std::string ca = File("job", "ca.pem");
+  const std::string cert = File("job", "client.pem");
+  const std::string key = File("job", "client.key");
+  const std::string junk = Write("junk.pem", "not a certificate\n");
+  struct Case {
+    const char* name;
+    v1::SecurityConfig config;
+    absl::StatusCode code;
+    std::vector<std::string> fragments;
+  };
+  v1::SecurityConfig only_cert;
+  only_cert.set_cert(cert);
+  const Case cases[] = {
+      {"missing", Tls(ca, cert, (root_ / "nowhere.key").string()),
+       absl::StatusCode::kNotFound, {"security.key", "nowhere.key", "cannot be read"}},
+      {"partial", only_cert, absl::StatusCode::kInvalidArgument,
+       {"together", "ca_cert", "key"}},
+      {"junk CA", Tls(junk, cert, key), absl::StatusCode::kInvalidArgument,
+       {"security.ca_cert", "junk.pem", "no PEM certificate"}},
+      {"junk cert", Tls(ca, junk, key), absl::StatusCode::kInvalidArgument,
+       {"security.cert", "no PEM certificate"}},
+      {"junk key", Tls(ca, cert, junk), absl::StatusCode::kInvalidArgument,
+       {"security.key", "private key"}},
+      {"another pair's key", Tls(ca, cert, File("job", "server.key")),
+       absl::StatusCode::kInvalidArgument, {"security.key", "does not match", "client.pem"}},
+      {"another CA's cert",
+       Tls(ca, File("other", "client.pem"), File("other", "client.key")),
+       absl::StatusCode::kInvalidArgument,
+       {"security.cert", "not accepted by security.ca_cert", "local issuer"}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    absl::StatusOr<TransportSecurity> security = LoadTransportSecurity(c.config);
+    EXPECT_EQ(security.status().code(), c.code) << security.status();
+    for (const std::string& f : c.fragments) {
+      EXPECT_THAT(security.status().message(), HasSubstr(f));
+    }
+  }
+}
+
+TEST_F(TransportSecurityTest, ATokenMustBeLongAndPrintable) {
+  struct Case {
+    const char* name;
+    std::string contents;
+    const char* fragment;
+  };
+  const Case cases[] = {
+      {"short", "abc\n", "has 3 characters; at least 16"},
+      {"empty", "", "is empty"},
+      {"inner space", "0123456789 abcdefghij\n", "printable ASCII without spaces"},
+      {"control byte", std::string("0123456789abcdef\x01", 17), "printable ASCII"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    v1::SecurityConfig config;
+    config.set_token_file(Write("token", c.contents));
+    absl::StatusOr<TransportSecurity> security = LoadTransportSecurity(config);
+    EXPECT_FALSE(security.ok());
+    EXPECT_THAT(security.status().message(), AllOf(HasSubstr("security.token_file"),
+                                                   HasSubstr(c.fragment)));
+  }
+  v1::SecurityConfig config;
+  config.set_token_file(Write("token", "  0123456789abcdefXYZ  \nsecond line\n"));
+  absl::StatusOr<TransportSecurity> security = LoadTransportSecurity(config);
+  ASSERT_TRUE(security.ok()) << security.status();
+  EXPECT_EQ(security->token, "0123456789abcdefXYZ");
+  EXPECT_FALSE(security->tls.has_value());
+}
+
+TEST(TokenMatchesTest, OnlyTheSameTokenMatches) {
+  EXPECT_TRUE(TokenMatches("0123456789abcdef", "0123456789abcdef"));
+  EXPECT_FALSE(TokenMatches("0123456789abcdef", "0123456789abcdeg"));
+  EXPECT_FALSE(TokenMatches("0123456789abcdef", "0123456789abcde"));
+  EXPECT_FALSE(TokenMatches("0123456789abcdef", "0123456789abcdef0"));
+  EXPECT_FALSE(TokenMatches("0123456789abcdef", ""));
+}
+
+TEST(ExposureTest, OnlyLoopbackListensWithoutTlsAndToken) {
+  for (const char* address : {"127.0.0.1:7000", "127.3.4.5:0", "localhost:7000", "[::1]:7000"}) {
+    EXPECT_TRUE(IsLoopbackAddress(address)) << address;
+    EXPECT_TRUE(CheckExposure(address, v1::SecurityConfig(), false).ok()) << address;
+  }
+  for (const char* address :
+       {"0.0.0.0:7000", ":7000", "[::]:7000", "10.0.0.1:7000", "server-0:7000", "127.example:1",
+        "128.0.0.1:7000"}) {
+    EXPECT_FALSE(IsLoopbackAddress(address)) << address;
+  }
+  v1::SecurityConfig tls;
+  tls.set_ca_cert("ca.pem");
+  tls.set_cert("server.pem");
+  tls.set_key("server.key");
+  v1::SecurityConfig token;
+  token.set_token_file("token");
+  v1::SecurityConfig both = tls;
+  both.set_token_file("token");
+
+  absl::Status none = CheckExposure("0.0.0.0:7000", v1::SecurityConfig(), false);
+  EXPECT_EQ(none.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(none.message(), AllOf(HasSubstr("0.0.0.0:7000"), HasSubstr("TLS and a token"),
+                                    HasSubstr("--insecure"), HasSubstr("make_certs.sh")));
+  EXPECT_THAT(CheckExposure("0.0.0.0:7000", tls, false).message(), HasSubstr("without a token"));
+  EXPECT_THAT(CheckExposure("0.0.0.0:7000", token, false).message(), HasSubstr("without TLS"));
+  EXPECT_TRUE(CheckExposure("0.0.0.0:7000", both, false).ok());
+  EXPECT_TRUE(CheckExposure("0.0.0.0:7000", v1::SecurityConfig(), true).ok());
+}
+
+}  // namespace
+}  // namespace cserps

@@ -1,0 +1,261 @@
+// A shard with mutual TLS and a job token, in-process on 127.0.0.1, and
+// PsClients with the job's certificates and token, another CA's, no token
+// or a wrong one: only the first trains, the others are refused, counted by
+// reason, and change nothing. Certificates come from tools/make_certs.sh.
+#include <poll.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <regex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/block_layout.h"
+#include "common/config.h"
+#include "common/metrics.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/ps_server.h"
+#include "tools/cluster/child_process.h"
+#include "tools/cluster/in_process_cluster.h"
+#include "worker/ps/ps_client.h"
+
+namespace cserps {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+// d = 20 * 5 + 5 = 105 floats on one shard.
+constexpr uint64_t kD = 105;
+constexpr char kJob[] = R"pb(
+  name: "secured-test"
+  cluster { servers: "127.0.0.1:0" num_workers: 2 round_timeout_s: 20 }
+  model { kind: SOFTMAX input_dim: 20 num_classes: 5 }
+  data { batch_size: 1 }
+  optimizer { lr: 0.5 }
+  algorithm { name: "ssgd" block_size: 8 }
+  epochs: 1
+)pb";
+
+// The certificates of two jobs (their CAs differ), made once.
+class SecuredClusterTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    root_ = fs::path(::testing::TempDir()) / absl::StrCat("secured_cluster_test.", getpid());
+    for (const char* job : {"job", "other"}) {
+      const std::string command = absl::StrCat(
+          "bash ", CSERPS_SOURCE_DIR, "/tools/make_certs.sh --force ", (root_ / job).string(),
+          " > /dev/null");
+      ASSERT_EQ(std::system(command.c_str()), 0) << command;
+    }
+    // Trusts both CAs: a stranger who trusts the job's servers and whose own
+    // certificate passes its own checks.
+    std::ofstream both(root_ / "both-ca.pem");
+    both << std::ifstream(File("job", "ca.pem")).rdbuf() << std::ifstream(File("other", "ca.pem")).rdbuf();
+  }
+  static void TearDownTestSuite() { fs::remove_all(root_); }
+
+  void TearDown() override {
+    if (server_ != nullptr) server_->Shutdown();
+  }
+
+  static std::string File(const char* job, const char* name) {
+    return (root_ / job / name).string();
+  }
+
+  // The job with `security` (text of a SecurityConfig).
+  static v1::JobConfig Config(const std::string& security) {
+    return testing::TestConfig(absl::StrCat(kJob, " security { ", security, " }"));
+  }
+  static std::string Tls(const char* job, const char* who,
+                         const std::string& ca = File("job", "ca.pem")) {
+    return absl::StrCat("ca_cert: '", ca, "' cert: '", File(job, who), ".pem' key: '",
+                        File(job, who), ".key'");
+  }
+  static std::string Token(const char* job) {
+    return absl::StrCat(" token_file: '", File(job, "token"), "'");
+  }
+
+  void StartServer(const std::string& security) {
+    metrics_ = MetricsRegistry::WithoutEndpoint();
+    absl::StatusOr<std::unique_ptr<PsServer>> server =
+        PsServer::Start(Config(security), 0, "127.0.0.1:0", {}, metrics_.get());
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+  }
+
+  // A client of the job at the server's address with `security`.
+  std::unique_ptr<PsClient> Client(const std::string& security) {
+    v1::JobConfig config = Config(security);
+    config.mutable_cluster()->set_servers(0, server_->address());
+    absl::StatusOr<std::unique_ptr<PsClient>> client =
+        PsClient::Connect(config, kD, {.setup_timeout = absl::Seconds(5)});
+    EXPECT_TRUE(client.ok()) << client.status();
+    return client.ok() ? *std::move(client) : nullptr;
+  }
+
+  // cserps_server_refused_total{reason=...} of shard 0.
+  double Refused(const std::string& reason) const {
+    const std::string text = metrics_->Collect();
+    const std::regex line(absl::StrCat("cserps_server_refused_total\\{[^}]*reason=\"", reason,
+                                       "\"[^}]*\\} ([0-9.e+]+)"));
+    std::smatch m;
+    EXPECT_TRUE(std::regex_search(text, m, line)) << reason << "\n" << text;
+    return m.empty() ? -1 : std::stod(m[1].str());
+  }
+
+  static fs::path root_;
+  std::unique_ptr<MetricsRegistry> metrics_;
+  std::unique_ptr<PsServer> server_;
+};
+
+fs::path SecuredClusterTest::root_;
+
+TEST_F(SecuredClusterTest, WorkersWithTheJobsCertificatesAndTokenTrain) {
+  StartServer(Tls("job", "server") + Token("job"));
+  EXPECT_EQ(server_->bulk_port(), 0) << "the plaintext bulk transport must be off";
+  std::unique_ptr<PsClient> clients[2] = {Client(Tls("job", "client") + Token("job")),
+                                          Client(Tls("job", "client") + Token("job"))};
+  ASSERT_TRUE(clients[0] != nullptr && clients[1] != nullptr);
+  std::vector<float> x0(kD);
+  for (uint64_t i = 0; i < kD; ++i) x0[i] = static_cast<float>(i) / 8;
+  std::vector<float> means[2] = {std::vector<float>(kD), std::vector<float>(kD)};
+  std::vector<std::thread> ranks;
+  absl::Status status[2];
+  for (int r = 0; r < 2; ++r) {
+    ranks.emplace_back([&, r] {
+      status[r] = clients[r]->Register(r, absl::StrCat("secured-", r)).status();
+      if (status[r].ok() && r == 0) status[r] = clients[r]->PushModel(x0);
+      std::vector<float> x(kD);
+      if (status[r].ok()) status[r] = clients[r]->PullModel(absl::MakeSpan(x), true);
+      const std::vector<float> values(kD, static_cast<float>(r + 1));
+      if (status[r].ok()) {
+        status[r] = clients[r]->AverageBlocks(v1::MODEL, 0, 1, values, 1.0f, 0.0f,
+                                              absl::MakeSpan(means[r]));
+      }
+    });
+  }
+  for (std::thread& t : ranks) t.join();
+  ASSERT_TRUE(status[0].ok()) << status[0];
+  ASSERT_TRUE(status[1].ok()) << status[1];
+  EXPECT_EQ(means[0], std::vector<float>(kD, 1.5f));
+  EXPECT_EQ(means[1], means[0]);
+  EXPECT_EQ(Refused("unauthenticated"), 0);
+  EXPECT_EQ(Refused("bad_certificate"), 0);
+}
+
+TEST_F(SecuredClusterTest, AClientCertificateOfAnotherCaIsRefusedAndCounted) {
+  StartServer(Tls("job", "server") + Token("job"));
+  // It trusts the job's CA, so it accepts the server, and even has the
+  // token; its own certificate is the other job's.
+  std::unique_ptr<PsClient> stranger =
+      Client(Tls("other", "client", (root_ / "both-ca.pem").string()) + Token("job"));
+  ASSERT_NE(stranger, nullptr);
+  absl::StatusOr<uint32_t> rank = stranger->Register(0, "stranger");
+  EXPECT_FALSE(rank.ok());
+  EXPECT_THAT(rank.status().message(), HasSubstr("the connection fails"));
+  EXPECT_GE(Refused("bad_certificate"), 1);
+  EXPECT_EQ(Refused("unauthenticated"), 0);
+  // Nothing registered: the job's own worker still gets rank 0.
+  std::unique_ptr<PsClient> worker = Client(Tls("job", "client") + Token("job"));
+  ASSERT_NE(worker, nullptr);
+  absl::StatusOr<uint32_t> own = worker->Register(0, "worker-0");
+  ASSERT_TRUE(own.ok()) << own.status();
+  EXPECT_EQ(*own, 0u);
+}
+
+TEST_F(SecuredClusterTest, ACallWithoutTheTokenOrWithAnotherIsUnauthenticated) {
+  StartServer(Tls("job", "server") + Token("job"));
+  struct Case {
+    const char* name;
+    std::string security;
+    const char* message;
+  };
+  const Case cases[] = {
+      {"no token", Tls("job", "client"), "carries no job token"},
+      {"another job's token", Tls("job", "client") + Token("other"), "is not this job's"},
+  };
+  double refused = 0;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    std::unique_ptr<PsClient> client = Client(c.security);
+    ASSERT_NE(client, nullptr);
+    absl::StatusOr<uint32_t> rank = client->Register(0, "intruder");
+    EXPECT_EQ(rank.status().code(), absl::StatusCode::kUnauthenticated) << rank.status();
+    EXPECT_THAT(rank.status().message(), HasSubstr(c.message));
+    absl::StatusOr<v1::GetStatusResponse> status = client->GetStatus(0);
+    EXPECT_EQ(status.status().code(), absl::StatusCode::kUnauthenticated);
+    refused += 2;
+    EXPECT_EQ(Refused("unauthenticated"), refused);
+  }
+  std::unique_ptr<PsClient> worker = Client(Tls("job", "client") + Token("job"));
+  ASSERT_NE(worker, nullptr);
+  absl::StatusOr<v1::GetStatusResponse> status = worker->GetStatus(0);
+  ASSERT_TRUE(status.ok()) << status.status();
+  EXPECT_EQ(status->registered(), 0u) << "a refused Register registered a rank";
+}
+
+// The token works without TLS too (on loopback, or with --insecure).
+TEST_F(SecuredClusterTest, TheTokenIsCheckedWithoutTls) {
+  StartServer(Token("job"));
+  std::unique_ptr<PsClient> intruder = Client("");
+  ASSERT_NE(intruder, nullptr);
+  EXPECT_EQ(intruder->Register(0, "intruder").status().code(),
+            absl::StatusCode::kUnauthenticated);
+  std::unique_ptr<PsClient> worker = Client(Token("job"));
+  ASSERT_NE(worker, nullptr);
+  absl::StatusOr<uint32_t> rank = worker->Register(0, "worker-0");
+  ASSERT_TRUE(rank.ok()) << rank.status();
+  EXPECT_EQ(Refused("unauthenticated"), 1);
+}
+
+TEST_F(SecuredClusterTest, AServerWithAKeyThatIsNotItsCertificatesDoesNotStart) {
+  absl::StatusOr<std::unique_ptr<PsServer>> server = PsServer::Start(
+      Config(absl::StrCat("ca_cert: '", File("job", "ca.pem"), "' cert: '",
+                          File("job", "server.pem"), "' key: '", File("job", "client.key"),
+                          "'")),
+      0, "127.0.0.1:0");
+  ASSERT_FALSE(server.ok());
+  EXPECT_THAT(server.status().message(),
+              AllOf(HasSubstr("security.key"), HasSubstr("client.key"),
+                    HasSubstr("does not match")));
+}
+
+// Off loopback the server binary wants TLS and a token. 192.0.2.1 (TEST-NET)
+// is not this machine's, so even a server that failed to refuse would not
+// listen there.
+TEST_F(SecuredClusterTest, TheServerRefusesANonLoopbackAddressWithoutTlsAndToken) {
+  const fs::path config = root_ / "plain.textproto";
+  std::ofstream(config) << kJob;
+  absl::StatusOr<ChildProcess> server =
+      ChildProcess::Start("server", {CSERPS_SERVER_BIN, "--config=" + config.string(),
+                                     "--listen=192.0.2.1:7000"},
+                          {});
+  ASSERT_TRUE(server.ok()) << server.status();
+  std::string output;
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (server->output_fd() >= 0 && absl::Now() < deadline) {
+    pollfd fd{server->output_fd(), POLLIN, 0};
+    poll(&fd, 1, 1000);
+    for (const std::string& line : server->ReadLines()) output += line + "\n";
+  }
+  int wait_status = 0;
+  if (server->output_fd() >= 0) server->Signal(SIGKILL);
+  ASSERT_EQ(waitpid(server->pid(), &wait_status, 0), server->pid());
+  server->SetExited(wait_status);
+  EXPECT_EQ(server->exit_code(), 2) << output;
+  EXPECT_THAT(output, AllOf(HasSubstr("refusing to listen on 192.0.2.1:7000"),
+                            HasSubstr("without TLS and a token"), HasSubstr("--insecure")));
+}
+
+}  // namespace
+}  // namespace cserps
