@@ -162,7 +162,15 @@ absl::StatusOr<std::vector<CheckpointSection>> ReadCheckpointFile(const std::str
     bytes.append(buffer, static_cast<size_t>(n));
   }
   close(fd);
+  return ParseCheckpointFile(bytes, path, want);
+}
 
+absl::StatusOr<std::vector<CheckpointSection>> ParseCheckpointFile(absl::string_view bytes,
+                                                                   absl::string_view path,
+                                                                   const CheckpointId& want) {
+  auto refuse = [&](absl::StatusCode code, absl::string_view why) {
+    return absl::Status(code, absl::StrCat("checkpoint file ", path, ": ", why));
+  };
   if (bytes.size() < kHeaderBytes || Get<uint32_t>(bytes.data()) != kMagic) {
     return refuse(absl::StatusCode::kDataLoss, "not a cserps checkpoint file (no CSCK header)");
   }
@@ -182,9 +190,8 @@ absl::StatusOr<std::vector<CheckpointSection>> ReadCheckpointFile(const std::str
                                ": the header says ", payload_bytes,
                                " bytes follow it, the file has ", bytes.size() - kHeaderBytes));
   }
-  const absl::string_view payload = absl::string_view(bytes).substr(kHeaderBytes);
-  if (const uint32_t actual =
-          Crc32(payload, Crc32(absl::string_view(bytes).substr(0, kCrcOffset)));
+  const absl::string_view payload = bytes.substr(kHeaderBytes);
+  if (const uint32_t actual = Crc32(payload, Crc32(bytes.substr(0, kCrcOffset)));
       actual != crc) {
     return refuse(absl::StatusCode::kDataLoss,
                   absl::StrCat("CRC32 0x", absl::Hex(actual, absl::kZeroPad8),
@@ -202,6 +209,13 @@ absl::StatusOr<std::vector<CheckpointSection>> ReadCheckpointFile(const std::str
                   absl::StrCat("holds step ", step, " of ", RoleName(role), " ", index,
                                "; expected step ", want.step, " of ",
                                RoleName(static_cast<uint32_t>(want.role)), " ", want.index));
+  }
+  // Each section takes at least 13 bytes of the table: a count the payload
+  // cannot hold is refused before anything is allocated for it.
+  if (num_sections > payload.size() / 13) {
+    return refuse(absl::StatusCode::kDataLoss,
+                  absl::StrCat("malformed section table: ", num_sections, " sections in ",
+                               payload.size(), " bytes"));
   }
   std::vector<CheckpointSection> sections(num_sections);
   size_t at = 0;

@@ -58,6 +58,11 @@ absl::Status WriteFileAtomically(const std::string& path,
 absl::StatusOr<std::vector<CheckpointSection>> ReadCheckpointFile(const std::string& path,
                                                                   const CheckpointId& want);
 
+// ReadCheckpointFile's checks on the file's `bytes`, `path` naming it.
+absl::StatusOr<std::vector<CheckpointSection>> ParseCheckpointFile(absl::string_view bytes,
+                                                                   absl::string_view path,
+                                                                   const CheckpointId& want);
+
 }  // namespace cserps
 
 #endif  // CSERPS_COMMON_CHECKPOINT_FILE_H_

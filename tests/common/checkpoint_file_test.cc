@@ -4,6 +4,7 @@
 #include "common/checkpoint_file.h"
 
 #include <unistd.h>
+#include <zlib.h>
 
 #include <cmath>
 #include <cstring>
@@ -21,6 +22,7 @@
 namespace cserps {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 namespace fs = std::filesystem;
 
@@ -132,6 +134,24 @@ TEST_F(CheckpointFileTest, DamagedFilesAreRefusedNamingTheFileAndTheDamage) {
     EXPECT_THAT(read.status().message(), HasSubstr(path_)) << c.what;
     EXPECT_THAT(read.status().message(), HasSubstr(c.says)) << c.what << ": " << read.status();
   }
+}
+
+// A file whose CRC matches but whose header claims more sections than its
+// bytes can hold (made on purpose, or by a bug in another writer) is
+// refused before anything is allocated for them.
+TEST_F(CheckpointFileTest, ASectionCountTheFileCannotHoldIsRefused) {
+  ASSERT_TRUE(WriteSample().ok());
+  std::string bytes = Bytes();
+  const uint32_t sections = 0xffffffffu;
+  std::memcpy(&bytes[32], &sections, sizeof(sections));
+  uint32_t crc = static_cast<uint32_t>(crc32(0, reinterpret_cast<const Bytef*>(bytes.data()), 48));
+  crc = static_cast<uint32_t>(crc32(crc, reinterpret_cast<const Bytef*>(bytes.data()) + 56,
+                                    static_cast<uInt>(bytes.size() - 56)));
+  std::memcpy(&bytes[48], &crc, sizeof(crc));
+  absl::StatusOr<std::vector<CheckpointSection>> read = ParseCheckpointFile(bytes, "crafted", kId);
+  EXPECT_EQ(read.status().code(), absl::StatusCode::kDataLoss) << read.status();
+  EXPECT_THAT(read.status().message(),
+              AllOf(HasSubstr("crafted"), HasSubstr("4294967295 sections")));
 }
 
 TEST_F(CheckpointFileTest, AnotherJobsStepsOrWritersFileIsRefused) {

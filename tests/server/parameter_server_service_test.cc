@@ -983,6 +983,19 @@ TEST_F(ServiceTest, GetStatusCountsRoundsAndMembers) {
   EXPECT_GT(status.bytes_out(), 0u);
 }
 
+// A message over cluster.max_message_bytes is refused by gRPC before the
+// service sees it (docs/protocol.md 2), and the shard holds nothing of it.
+TEST_F(ServiceTest, OversizedMessageIsRefusedByGrpc) {
+  Start(2);
+  RegisterAll();
+  v1::PushPullRequest request = ValidPush();
+  request.set_values(std::string(kMaxMessageBytes + 4, '\0'));
+  v1::PushPullResponse response;
+  grpc::Status s = PushPull(request, &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+  EXPECT_EQ(GetStatus().open_rounds(), 0u);
+}
+
 // gRPC answers a body that does not parse as the method's request before
 // any handler runs (docs/protocol.md 8): the code is pinned here so that the
 // document follows if a gRPC version changes it. Nothing is counted.

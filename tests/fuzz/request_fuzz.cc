@@ -1,0 +1,120 @@
+// libFuzzer target: request validation of a live shard. Three one-worker
+// jobs (ssgd, gtopk-ssgd, async-sgd) run in this process on 127.0.0.1,
+// registered and initialised; each input is a PushPull, SparsePushPull or
+// AsyncPushPull request (the first byte picks which and whether the
+// fingerprint and rank are left as the input says or made the job's), sent
+// over gRPC with a deadline. The shard must answer every one, whatever it
+// holds, and keep serving.
+#include <grpcpp/client_context.h>
+#include <grpcpp/create_channel.h>
+#include <grpcpp/security/credentials.h>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/config.h"
+#include "cserps/v1/parameter_server.grpc.pb.h"
+#include "server/ps_server.h"
+#include "worker/ps/ps_client.h"
+
+namespace cserps {
+namespace {
+
+struct Shard {
+  std::unique_ptr<PsServer> server;
+  std::unique_ptr<PsClient> client;
+  uint64_t fingerprint = 0;
+  std::unique_ptr<v1::ParameterServer::Stub> dense;
+  std::unique_ptr<v1::SparseExchange::Stub> sparse;
+  std::unique_ptr<v1::AsyncParameterServer::Stub> async;
+};
+
+// d = 20 * 5 + 5 = 105 floats.
+Shard* StartShard(const std::string& algorithm) {
+  absl::StatusOr<v1::JobConfig> config = ParseJobConfig(
+      "name: 'fuzz' cluster { servers: '127.0.0.1:0' num_workers: 1 round_timeout_s: 5 "
+      "max_message_bytes: 65536 } model { kind: SOFTMAX input_dim: 20 num_classes: 5 } "
+      "data { batch_size: 1 } optimizer { lr: 0.1 } epochs: 1 algorithm { block_size: 8 " +
+          algorithm + " }",
+      "fuzz");
+  if (!config.ok()) std::abort();
+  ApplyDefaults(&*config);
+  auto* shard = new Shard();  // lives as long as the fuzzer
+  absl::StatusOr<std::unique_ptr<PsServer>> server = PsServer::Start(*config, 0, "127.0.0.1:0");
+  if (!server.ok()) std::abort();
+  shard->server = *std::move(server);
+  config->mutable_cluster()->set_servers(0, shard->server->address());
+  absl::StatusOr<std::unique_ptr<PsClient>> client = PsClient::Connect(*config, 105);
+  if (!client.ok() || !(*client)->Register(0, "fuzz").ok()) std::abort();
+  shard->client = *std::move(client);
+  if (!shard->client->PushModel(std::vector<float>(105, 0.5f)).ok()) std::abort();
+  shard->fingerprint = JobFingerprint(*config);
+  auto channel = grpc::CreateChannel(shard->server->address(), grpc::InsecureChannelCredentials());
+  shard->dense = v1::ParameterServer::NewStub(channel);
+  shard->sparse = v1::SparseExchange::NewStub(channel);
+  shard->async = v1::AsyncParameterServer::NewStub(channel);
+  return shard;
+}
+
+template <typename Request>
+bool Parse(const uint8_t* data, size_t size, uint8_t mode, uint64_t fingerprint,
+           Request* request) {
+  if (!request->ParseFromArray(data, static_cast<int>(size))) return false;
+  if (!(mode & 0x40)) request->set_fingerprint(fingerprint);
+  if (!(mode & 0x80)) request->set_rank(0);
+  return true;
+}
+
+void SetDeadline(grpc::ClientContext* context) {
+  context->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+}
+
+}  // namespace
+}  // namespace cserps
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  using namespace cserps;  // NOLINT(build/namespaces): a fuzz entry point
+  static Shard* const dense = StartShard("name: 'ssgd'");
+  static Shard* const sparse = StartShard("name: 'gtopk-ssgd' density: 0.1");
+  static Shard* const async = StartShard("name: 'async-sgd'");
+  if (size < 1) return 0;
+  const uint8_t mode = data[0];
+  ++data;
+  --size;
+  grpc::ClientContext context;
+  SetDeadline(&context);
+  grpc::Status status;
+  switch (mode % 3) {
+    case 0: {
+      v1::PushPullRequest request;
+      if (!Parse(data, size, mode, dense->fingerprint, &request)) return 0;
+      v1::PushPullResponse response;
+      status = dense->dense->PushPull(&context, request, &response);
+      break;
+    }
+    case 1: {
+      v1::SparsePushPullRequest request;
+      if (!Parse(data, size, mode, sparse->fingerprint, &request)) return 0;
+      v1::SparsePushPullResponse response;
+      status = sparse->sparse->SparsePushPull(&context, request, &response);
+      break;
+    }
+    default: {
+      v1::AsyncPushPullRequest request;
+      if (!Parse(data, size, mode, async->fingerprint, &request)) return 0;
+      v1::AsyncPushPullResponse response;
+      status = async->async->AsyncPushPull(&context, request, &response);
+      break;
+    }
+  }
+  // The shard answered (any code but the deadline's, which would mean it
+  // held the call) and still serves.
+  if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) std::abort();
+  if (!dense->client->GetStatus(0).ok()) std::abort();
+  return 0;
+}
