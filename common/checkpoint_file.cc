@@ -244,6 +244,7 @@ absl::StatusOr<std::vector<CheckpointSection>> ParseCheckpointFile(absl::string_
                                payload.size() - at, " bytes follow the table"));
   }
   for (CheckpointSection& s : sections) {
+    if (s.values.empty()) continue;  // its data() may be null, which memcpy must not get
     std::memcpy(s.values.data(), payload.data() + at, s.values.size() * sizeof(float));
     at += s.values.size() * sizeof(float);
   }

@@ -1,7 +1,7 @@
 // libFuzzer target: the checkpoint reader. Odd first bytes feed the input
-// as a whole file; even ones make it the payload of a file with a valid
-// header and CRC (the format of docs/reliability.md, the section count
-// from the input), so that the section table, not the CRC, is what the
+// as a whole file; even ones make the bytes after the next four (the
+// section count) the payload of a file with a valid header and CRC (the
+// format of docs/reliability.md), so that the section table, not the CRC, is what the
 // fuzzer explores. Every file must be read back or refused, never crash,
 // and what is read back must account for the payload's every float.
 #include <zlib.h>
@@ -40,16 +40,18 @@ std::string WithHeader(uint32_t sections, absl::string_view payload) {
               static_cast<uInt>(payload.size()));
   Put<uint32_t>(&file, static_cast<uint32_t>(crc));
   Put<uint32_t>(&file, 0);
-  file.append(payload);
+  file.append(payload.data(), payload.size());
   return file;
 }
 
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  if (size < 2) return 0;
-  const absl::string_view input(reinterpret_cast<const char*>(data) + 2, size - 2);
-  const std::string file = (data[0] & 1) ? std::string(input) : WithHeader(data[1], input);
+  if (size < 5) return 0;
+  uint32_t count = 0;
+  std::memcpy(&count, data + 1, sizeof(count));
+  const absl::string_view input(reinterpret_cast<const char*>(data) + 5, size - 5);
+  const std::string file = (data[0] & 1) ? std::string(input) : WithHeader(count, input);
   absl::StatusOr<std::vector<cserps::CheckpointSection>> sections =
       cserps::ParseCheckpointFile(file, "fuzz", kId);
   if (!sections.ok() || (data[0] & 1)) return 0;
