@@ -146,13 +146,13 @@ grpc::ServerUnaryReactor* AsyncService::AsyncPushPull(
   }
   valid = shard_.Admit(request->fingerprint(), request->rank(), arrived);
   if (valid.ok()) valid = Validate(*request);
+  if (valid.ok()) valid = shard_.activity().CallStarted(request->rank(), arrived);
   if (!valid.ok()) {
     traffic_.refused.AddRequest(request->ByteSizeLong());
     reactor->Finish(ToGrpcStatus(shard_.Refusal(Prefixed(Describe(*request), valid))));
     return reactor;
   }
   traffic_.handled.AddRequest(request->ByteSizeLong());
-  shard_.activity().CallStarted(request->rank(), arrived);
   gate_.Arrive(request->rank(), request->step(), arrived,
                [this, reactor, request, response](absl::Status status) {
                  if (status.ok()) status = Apply(*request, response);

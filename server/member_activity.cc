@@ -2,12 +2,16 @@
 
 #include <algorithm>
 
+#include "absl/strings/str_cat.h"
 #include "common/status.h"
 
 namespace cserps {
 
-MemberActivity::MemberActivity(uint32_t world_size, absl::Duration silence_timeout)
-    : silence_timeout_(silence_timeout), ranks_(world_size) {}
+MemberActivity::MemberActivity(uint32_t world_size, absl::Duration silence_timeout,
+                               uint32_t max_calls_per_rank)
+    : silence_timeout_(silence_timeout),
+      max_calls_per_rank_(max_calls_per_rank),
+      ranks_(world_size) {}
 
 void MemberActivity::Heard(uint32_t rank, absl::Time now) {
   absl::MutexLock lock(&mu_);
@@ -16,11 +20,19 @@ void MemberActivity::Heard(uint32_t rank, absl::Time now) {
   ranks_[rank].last_heard = std::max(ranks_[rank].last_heard, now);
 }
 
-void MemberActivity::CallStarted(uint32_t rank, absl::Time now) {
+absl::Status MemberActivity::CallStarted(uint32_t rank, absl::Time now) {
   absl::MutexLock lock(&mu_);
-  if (rank >= ranks_.size()) return;
-  ranks_[rank].last_heard = std::max(ranks_[rank].last_heard, now);
-  ++ranks_[rank].calls_in_progress;
+  if (rank >= ranks_.size()) return absl::OkStatus();
+  Rank& r = ranks_[rank];
+  r.last_heard = std::max(r.last_heard, now);
+  if (r.calls_in_progress >= max_calls_per_rank_) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "rank ", rank, " already has ", r.calls_in_progress,
+        " calls waiting on this shard, the most one member may have: is it sending calls "
+        "again without waiting for their answers?"));
+  }
+  ++r.calls_in_progress;
+  return absl::OkStatus();
 }
 
 void MemberActivity::CallEnded(uint32_t rank, absl::Time now) {

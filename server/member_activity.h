@@ -10,6 +10,10 @@
 // SparsePushPull and AsyncPushPull. PullModel and GetStatus name no rank and
 // do not count.
 //
+// It also bounds the calls a rank may keep waiting on the shard at once
+// (docs/security.md): a client that sends the same push again and again
+// without waiting would otherwise park a reply for each.
+//
 // Thread-safe. The services of a shard report with one clock (PsServer
 // hands them the same one), so times from different services compare.
 #ifndef CSERPS_SERVER_MEMBER_ACTIVITY_H_
@@ -18,6 +22,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 
@@ -25,14 +30,18 @@ namespace cserps {
 
 class MemberActivity {
  public:
-  MemberActivity(uint32_t world_size, absl::Duration silence_timeout);
+  MemberActivity(uint32_t world_size, absl::Duration silence_timeout,
+                 uint32_t max_calls_per_rank);
 
   // A call from `rank` was answered at once at `now`. Ranks out of range
   // are ignored (the services refuse them before reporting anything).
   void Heard(uint32_t rank, absl::Time now);
   // A call from `rank` that arrived at `now` is answered later; exactly one
-  // CallEnded follows, when it is answered (successfully or not).
-  void CallStarted(uint32_t rank, absl::Time now);
+  // CallEnded follows, when it is answered (successfully or not). With
+  // `max_calls_per_rank` of its calls already waiting, RESOURCE_EXHAUSTED
+  // instead: the call was heard but is not counted, and no CallEnded may
+  // follow.
+  absl::Status CallStarted(uint32_t rank, absl::Time now);
   void CallEnded(uint32_t rank, absl::Time now);
 
   // Ranks alive at `now` (rule above).
@@ -46,6 +55,7 @@ class MemberActivity {
   };
 
   const absl::Duration silence_timeout_;
+  const uint32_t max_calls_per_rank_;
   mutable absl::Mutex mu_;
   std::vector<Rank> ranks_ ABSL_GUARDED_BY(mu_);
 };

@@ -195,7 +195,10 @@ void ParameterServerService::JoinRound(const PushPullHead& head,
                                        RoundCallback done) {
   stream_traffic_[head.stream].AddRequest(request_bytes, values.size());
   const RoundKey key{head.step, head.stream, head.chunk, head.ratio};
-  shard_.activity().CallStarted(head.rank, arrived);
+  if (absl::Status room = shard_.activity().CallStarted(head.rank, arrived); !room.ok()) {
+    done(Prefixed(CallName(head), room));
+    return;
+  }
   rounds_.Push(key, head.rank, head.weight, head.lr, values, arrived,
                [this, head, done = std::move(done)](absl::StatusOr<RoundMean> mean) {
                  shard_.activity().CallEnded(head.rank, options_.now());

@@ -62,9 +62,11 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(
   }
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(listen_address, MakeServerCredentials(server->shard_->security(),
-                                                         server->shard_->bad_certificate_counter()),
-                           &port);
+  ShardContext& shard_context = *server->shard_;
+  builder.AddListeningPort(
+      listen_address,
+      MakeServerCredentials(shard_context.security(), shard_context.bad_certificate_counter()),
+      &port);
   builder.SetMaxReceiveMessageSize(static_cast<int>(config.cluster().max_message_bytes()));
   builder.SetMaxSendMessageSize(static_cast<int>(config.cluster().max_message_bytes()));
   if (server->metrics_ != nullptr) {

@@ -1,5 +1,6 @@
 #include "server/shard_context.h"
 
+#include <algorithm>
 #include <random>
 #include <utility>
 
@@ -21,6 +22,11 @@ uint64_t RandomIncarnation() {
 }
 
 }  // namespace
+
+uint32_t MaxWaitingCallsPerRank(uint64_t shard_floats, uint64_t chunk_floats) {
+  const uint64_t chunks = (shard_floats + chunk_floats - 1) / chunk_floats;
+  return static_cast<uint32_t>(std::min<uint64_t>(8 * chunks + 64, 1u << 20));
+}
 
 absl::StatusOr<std::unique_ptr<ShardContext>> ShardContext::Create(
     const v1::JobConfig& config, uint32_t shard) {
@@ -91,7 +97,8 @@ ShardContext::ShardContext(const v1::JobConfig& config, uint32_t shard,
       chunk_floats_(ChunkFloats(config.cluster())),
       members_(config.cluster().num_workers()),
       activity_(config.cluster().num_workers(),
-                absl::Seconds(config.cluster().round_timeout_s())),
+                absl::Seconds(config.cluster().round_timeout_s()),
+                MaxWaitingCallsPerRank(layout_.ShardSize(shard), chunk_floats_)),
       store_(layout_.ShardFirstFloat(shard), layout_.ShardSize(shard)),
       incarnation_(RandomIncarnation()),
       acknowledged_(config.cluster().num_workers(), 0) {}

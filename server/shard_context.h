@@ -26,6 +26,12 @@
 
 namespace cserps {
 
+// The calls one rank may keep waiting on a shard of `shard_floats` floats
+// at once (MemberActivity): 8 per chunk of the whole shard (a round's
+// chunks travel at once; a member has at most a few rounds of the streams in
+// flight) and 64 more.
+uint32_t MaxWaitingCallsPerRank(uint64_t shard_floats, uint64_t chunk_floats);
+
 class ShardContext {
  public:
   // Validates `config` (defaults applied; port 0 allowed) and `shard`, and

@@ -212,11 +212,13 @@ grpc::ServerUnaryReactor* SparseExchangeService::SparsePushPull(
       layout.ShardFirstFloat(shard_.shard()), layout.ShardEndFloat(shard_.shard()));
   if (!entries.ok()) return refuse(entries.status());
 
+  const uint32_t rank = request->rank();
+  if (absl::Status room = shard_.activity().CallStarted(rank, arrived); !room.ok()) {
+    return refuse(room);
+  }
   traffic_.handled.AddRequest(request->ByteSizeLong());
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   response->set_step(request->step());
-  const uint32_t rank = request->rank();
-  shard_.activity().CallStarted(rank, arrived);
   rounds_.Push(request->step(), rank, *std::move(entries), arrived,
                [this, reactor, response, name, rank](absl::StatusOr<SparseRoundReply> reply) {
                  shard_.activity().CallEnded(rank, options_.now());

@@ -983,6 +983,49 @@ TEST_F(ServiceTest, GetStatusCountsRoundsAndMembers) {
   EXPECT_GT(status.bytes_out(), 0u);
 }
 
+// A member may keep only so many calls waiting on a shard: pushes sent
+// again and again without waiting for their answers are refused once the
+// bound is reached, and those already waiting are answered as usual.
+TEST_F(ServiceTest, AMemberMayKeepOnlySoManyPushesWaiting) {
+  Start(2);
+  RegisterAll();
+  const BlockLayout& layout = server_->service().layout();
+  const uint32_t bound =
+      MaxWaitingCallsPerRank(layout.ShardSize(shard_), ChunkFloats(config_.cluster()));
+  // One more than the bound: the round waits for rank 1, so no push is
+  // answered but the one refused.
+  std::vector<std::shared_ptr<AsyncPush>> calls;
+  for (uint32_t i = 0; i <= bound; ++i) calls.push_back(PushPullAsync(ValidPush()));
+  std::shared_ptr<AsyncPush> refused;
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (refused == nullptr && absl::Now() < deadline) {
+    for (const auto& call : calls) {
+      if (call->done.WaitForNotificationWithTimeout(absl::Milliseconds(1))) {
+        refused = call;
+        break;
+      }
+    }
+  }
+  ASSERT_NE(refused, nullptr) << "no push was refused";
+  EXPECT_EQ(refused->status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << refused->status.error_message();
+  EXPECT_THAT(refused->status.error_message(),
+              HasSubstr(absl::StrCat("already has ", bound, " calls waiting")));
+  int answered = 0;
+  for (const auto& call : calls) answered += call->done.HasBeenNotified();
+  EXPECT_EQ(answered, 1);
+
+  v1::PushPullRequest other = ValidPush();
+  other.set_rank(1);
+  v1::PushPullResponse response;
+  ASSERT_TRUE(PushPull(other, &response).ok());
+  for (const auto& call : calls) {
+    if (call == refused) continue;
+    ASSERT_TRUE(call->WaitDone());
+    EXPECT_TRUE(call->status.ok()) << call->status.error_message();
+  }
+}
+
 // A message over cluster.max_message_bytes is refused by gRPC before the
 // service sees it (docs/protocol.md 2), and the shard holds nothing of it.
 TEST_F(ServiceTest, OversizedMessageIsRefusedByGrpc) {
