@@ -616,9 +616,10 @@ TEST(RoundTableTest, AdmitRefusesOutsideAnElasticJob) {
 TEST(RoundTableTest, NextDeadlineIsTheEarliestOpenRound) {
   RoundTable::Options o = SmallOptions(2);
   o.limits.timeout = absl::Seconds(30);
+  // Before the table, whose destructor answers `a`'s open round.
+  Answer a, b, c, d;
   RoundTable table(o);
   EXPECT_EQ(table.NextDeadline(), absl::InfiniteFuture());
-  Answer a, b, c, d;
   table.Push(RoundKey{2, 0, 0}, 0, 1.0f, kLr, std::vector<float>{1.0f},
              kT0 + absl::Seconds(7), a.Callback());
   table.Push(RoundKey{1, 0, 0}, 0, 1.0f, kLr, std::vector<float>{1.0f},
