@@ -19,7 +19,7 @@ build=(
   libssl-dev
   libspdlog-dev
 )
-tests=(clang openssl python3 prometheus docker-compose dataset-fashion-mnist
+tests=(clang libclang-rt-14-dev openssl python3 prometheus docker-compose dataset-fashion-mnist
   python3-dev pybind11-dev python3-torch python3-torchvision python3-pytest)
 docker=(docker.io docker-compose debootstrap)
 

@@ -69,7 +69,9 @@ TEST(ElasticTest, AStoppedWorkerIsDroppedAndTheOthersFinishTheJob) {
   ElasticJob job;
   const absl::Status started = job.Start(testing::TestConfig(kElasticCser));
   ASSERT_TRUE(started.ok()) << started;
-  auto& [cluster, train, test, trainers] = job;
+  // Named references, not a structured binding: the lambdas capture them.
+  std::unique_ptr<InProcessCluster>& cluster = job.cluster;
+  std::vector<std::unique_ptr<Trainer>>& trainers = job.trainers;
   const uint64_t steps = 2 * trainers[0]->steps_per_epoch();
   ASSERT_GT(steps, kStopsAfter + 4);
   const absl::Status run = cluster->OnEveryRank([&](int r) -> absl::Status {
@@ -122,7 +124,11 @@ TEST(ElasticTest, AReplacementTakesTheDroppedRankAtTheNextAdmissionStep) {
   ElasticJob job;
   const absl::Status started = job.Start(config);
   ASSERT_TRUE(started.ok()) << started;
-  auto& [cluster, train, test, trainers] = job;
+  // Named references, not a structured binding: the lambdas capture them.
+  std::unique_ptr<InProcessCluster>& cluster = job.cluster;
+  std::vector<std::unique_ptr<Trainer>>& trainers = job.trainers;
+  const Dataset& train = job.train;
+  const Dataset& test = job.test;
   const uint64_t steps = 2 * trainers[0]->steps_per_epoch();
   // The others wait after this step until the replacement is admitted, so
   // that they do not finish the job first.
