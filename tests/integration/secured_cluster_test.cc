@@ -17,7 +17,6 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/block_layout.h"
 #include "common/config.h"
 #include "common/metrics.h"
 #include "gmock/gmock.h"
