@@ -4,7 +4,6 @@
 
 #include <unistd.h>
 
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -12,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/job_certificates.h"
 
 namespace cserps {
 namespace {
@@ -25,10 +25,7 @@ class TransportSecurityTest : public ::testing::Test {
   static void SetUpTestSuite() {
     root_ = fs::path(::testing::TempDir()) / absl::StrCat("transport_security_test.", getpid());
     for (const char* job : {"job", "other"}) {
-      const std::string command = absl::StrCat("bash ", CSERPS_SOURCE_DIR,
-                                               "/tools/make_certs.sh --force ",
-                                               (root_ / job).string(), " > /dev/null");
-      ASSERT_EQ(std::system(command.c_str()), 0) << command;
+      ASSERT_TRUE(testing::MakeJobCertificates(CSERPS_SOURCE_DIR, (root_ / job).string())) << job;
     }
   }
   static void TearDownTestSuite() { fs::remove_all(root_); }

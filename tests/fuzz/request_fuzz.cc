@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -61,17 +62,27 @@ Shard* StartShard(const std::string& algorithm) {
   return shard;
 }
 
-template <typename Request>
-bool Parse(const uint8_t* data, size_t size, uint8_t mode, uint64_t fingerprint,
-           Request* request) {
-  if (!request->ParseFromArray(data, static_cast<int>(size))) return false;
-  if (!(mode & 0x40)) request->set_fingerprint(fingerprint);
-  if (!(mode & 0x80)) request->set_rank(0);
-  return true;
-}
-
 void SetDeadline(grpc::ClientContext* context) {
   context->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+}
+
+// Sends the input, parsed as a `Request`, through `call`; with the job's
+// fingerprint and rank 0 unless `mode` says to keep the input's. Nothing
+// when it does not parse.
+template <typename Stub, typename Request, typename Response>
+std::optional<grpc::Status> Send(Stub& stub,
+                                 grpc::Status (Stub::*call)(grpc::ClientContext*, const Request&,
+                                                            Response*),
+                                 const uint8_t* data, size_t size, uint8_t mode,
+                                 uint64_t fingerprint) {
+  Request request;
+  if (!request.ParseFromArray(data, static_cast<int>(size))) return std::nullopt;
+  if (!(mode & 0x40)) request.set_fingerprint(fingerprint);
+  if (!(mode & 0x80)) request.set_rank(0);
+  grpc::ClientContext context;
+  SetDeadline(&context);
+  Response response;
+  return (stub.*call)(&context, request, &response);
 }
 
 }  // namespace
@@ -86,35 +97,25 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const uint8_t mode = data[0];
   ++data;
   --size;
-  grpc::ClientContext context;
-  SetDeadline(&context);
-  grpc::Status status;
+  std::optional<grpc::Status> status;
   switch (mode % 3) {
-    case 0: {
-      v1::PushPullRequest request;
-      if (!Parse(data, size, mode, dense->fingerprint, &request)) return 0;
-      v1::PushPullResponse response;
-      status = dense->dense->PushPull(&context, request, &response);
+    case 0:
+      status = Send(*dense->dense, &v1::ParameterServer::Stub::PushPull, data, size, mode,
+                    dense->fingerprint);
       break;
-    }
-    case 1: {
-      v1::SparsePushPullRequest request;
-      if (!Parse(data, size, mode, sparse->fingerprint, &request)) return 0;
-      v1::SparsePushPullResponse response;
-      status = sparse->sparse->SparsePushPull(&context, request, &response);
+    case 1:
+      status = Send(*sparse->sparse, &v1::SparseExchange::Stub::SparsePushPull, data, size, mode,
+                    sparse->fingerprint);
       break;
-    }
-    default: {
-      v1::AsyncPushPullRequest request;
-      if (!Parse(data, size, mode, async->fingerprint, &request)) return 0;
-      v1::AsyncPushPullResponse response;
-      status = async->async->AsyncPushPull(&context, request, &response);
+    default:
+      status = Send(*async->async, &v1::AsyncParameterServer::Stub::AsyncPushPull, data, size,
+                    mode, async->fingerprint);
       break;
-    }
   }
+  if (!status.has_value()) return 0;
   // The shard answered (any code but the deadline's, which would mean it
   // held the call) and still serves.
-  if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) std::abort();
+  if (status->error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) std::abort();
   if (!dense->client->GetStatus(0).ok()) std::abort();
   return 0;
 }

@@ -7,7 +7,6 @@
 #include <unistd.h>
 
 #include <csignal>
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -22,6 +21,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/ps_server.h"
+#include "tests/testing/job_certificates.h"
 #include "tools/cluster/child_process.h"
 #include "tools/cluster/in_process_cluster.h"
 #include "worker/ps/ps_client.h"
@@ -51,10 +51,7 @@ class SecuredClusterTest : public ::testing::Test {
   static void SetUpTestSuite() {
     root_ = fs::path(::testing::TempDir()) / absl::StrCat("secured_cluster_test.", getpid());
     for (const char* job : {"job", "other"}) {
-      const std::string command = absl::StrCat(
-          "bash ", CSERPS_SOURCE_DIR, "/tools/make_certs.sh --force ", (root_ / job).string(),
-          " > /dev/null");
-      ASSERT_EQ(std::system(command.c_str()), 0) << command;
+      ASSERT_TRUE(testing::MakeJobCertificates(CSERPS_SOURCE_DIR, (root_ / job).string())) << job;
     }
     // Trusts both CAs: a stranger who trusts the job's servers and whose own
     // certificate passes its own checks.
