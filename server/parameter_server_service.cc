@@ -293,7 +293,7 @@ grpc::ServerUnaryReactor* ParameterServerService::PullModel(
     reactor->Finish(ToGrpcStatus(status));
   };
   if (request->wait_for_init()) {
-    store_.WhenInitialised(std::move(answer));
+    store_.WhenInitialised(std::move(answer), [context] { return context->IsCancelled(); });
   } else if (!store_.initialised()) {
     answer(absl::FailedPreconditionError(absl::StrCat(
         "shard ", shard_.shard(), " has no model yet: rank 0 initialises it with PushModel")));

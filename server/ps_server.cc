@@ -1,5 +1,6 @@
 #include "server/ps_server.h"
 
+#include <grpc/grpc.h>
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server_builder.h>
 
@@ -69,6 +70,8 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(
       &port);
   builder.SetMaxReceiveMessageSize(static_cast<int>(config.cluster().max_message_bytes()));
   builder.SetMaxSendMessageSize(static_cast<int>(config.cluster().max_message_bytes()));
+  builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
+                             static_cast<int>(absl::ToInt64Milliseconds(kHandshakeTimeout)));
   if (server->metrics_ != nullptr) {
     ServerMetrics* m = server->metrics_.get();
     ParameterServerService* service = server->service_.get();

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "common/metrics.h"
 #include "server/async_service.h"
 #include "server/bulk_server.h"
@@ -21,6 +22,11 @@ namespace cserps {
 
 class PsServer {
  public:
+  // How long a connection may take to finish its handshake (TLS, then the
+  // first HTTP/2 settings) before the server closes it, so that connections
+  // opened and left silent do not stay.
+  static constexpr absl::Duration kHandshakeTimeout = absl::Seconds(10);
+
   // Listens on `listen_address` ("host:port"; port 0 picks a free port).
   // `options.now` is the clock of every service of the shard (round
   // timeouts, async liveness, member activity); `options.expiry_thread`

@@ -28,6 +28,13 @@ uint32_t MaxWaitingCallsPerRank(uint64_t shard_floats, uint64_t chunk_floats) {
   return static_cast<uint32_t>(std::min<uint64_t>(8 * chunks + 64, 1u << 20));
 }
 
+uint32_t MaxModelWaiters(uint32_t num_workers, uint64_t shard_floats,
+                         uint64_t chunk_floats) {
+  return static_cast<uint32_t>(std::min<uint64_t>(
+      uint64_t{num_workers} * MaxWaitingCallsPerRank(shard_floats, chunk_floats),
+      1u << 20));
+}
+
 absl::StatusOr<std::unique_ptr<ShardContext>> ShardContext::Create(
     const v1::JobConfig& config, uint32_t shard) {
   ValidateOptions options;
@@ -99,7 +106,9 @@ ShardContext::ShardContext(const v1::JobConfig& config, uint32_t shard,
       activity_(config.cluster().num_workers(),
                 absl::Seconds(config.cluster().round_timeout_s()),
                 MaxWaitingCallsPerRank(layout_.ShardSize(shard), chunk_floats_)),
-      store_(layout_.ShardFirstFloat(shard), layout_.ShardSize(shard)),
+      store_(layout_.ShardFirstFloat(shard), layout_.ShardSize(shard),
+             MaxModelWaiters(config.cluster().num_workers(), layout_.ShardSize(shard),
+                             chunk_floats_)),
       incarnation_(RandomIncarnation()),
       acknowledged_(config.cluster().num_workers(), 0) {}
 

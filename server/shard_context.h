@@ -31,6 +31,10 @@ namespace cserps {
 // chunks travel at once; a member has at most a few rounds of the streams in
 // flight) and 64 more.
 uint32_t MaxWaitingCallsPerRank(uint64_t shard_floats, uint64_t chunk_floats);
+// The PullModel calls that may wait for a shard's model at once: a
+// PullModel names no rank, so as many as all ranks may keep waiting.
+uint32_t MaxModelWaiters(uint32_t num_workers, uint64_t shard_floats,
+                         uint64_t chunk_floats);
 
 class ShardContext {
  public:

@@ -1,6 +1,7 @@
 #include "server/shard_store.h"
 
 #include <algorithm>
+#include <iterator>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -22,9 +23,10 @@ absl::Status CheckRange(uint64_t first, uint64_t size, uint64_t offset,
 
 }  // namespace
 
-ShardStore::ShardStore(uint64_t first_float, uint64_t size)
+ShardStore::ShardStore(uint64_t first_float, uint64_t size, uint32_t max_waiters)
     : first_(first_float),
       size_(size),
+      max_waiters_(max_waiters),
       values_(size, 0.0f),
       written_(size, false),
       unwritten_(size) {}
@@ -32,7 +34,7 @@ ShardStore::ShardStore(uint64_t first_float, uint64_t size)
 absl::StatusOr<bool> ShardStore::Write(uint64_t offset,
                                        absl::Span<const float> values) {
   RETURN_IF_ERROR(CheckRange(first_, size_, offset, values.size()));
-  std::vector<InitCallback> ready;
+  std::vector<Waiter> ready;
   bool initialised;
   {
     absl::MutexLock lock(&mu_);
@@ -48,7 +50,7 @@ absl::StatusOr<bool> ShardStore::Write(uint64_t offset,
     initialised = unwritten_ == 0;
     if (initialised && !was_initialised) ready.swap(waiters_);
   }
-  for (InitCallback& done : ready) done(absl::OkStatus());
+  for (Waiter& waiter : ready) waiter.done(absl::OkStatus());
   return initialised;
 }
 
@@ -114,27 +116,46 @@ bool ShardStore::initialised() const {
   return unwritten_ == 0;
 }
 
-void ShardStore::WhenInitialised(InitCallback done) {
+void ShardStore::WhenInitialised(InitCallback done, std::function<bool()> abandoned) {
   absl::Status status;
+  bool waiting_now = false;
+  std::vector<Waiter> given_up;
   {
     absl::MutexLock lock(&mu_);
     if (unwritten_ != 0 && failed_.ok()) {
-      waiters_.push_back(std::move(done));
-      return;
+      if (waiters_.size() >= max_waiters_) {
+        auto waiting = std::stable_partition(
+            waiters_.begin(), waiters_.end(),
+            [](const Waiter& waiter) { return !waiter.abandoned(); });
+        std::move(waiting, waiters_.end(), std::back_inserter(given_up));
+        waiters_.erase(waiting, waiters_.end());
+      }
+      if (waiters_.size() < max_waiters_) {
+        waiters_.push_back({std::move(done), std::move(abandoned)});
+        waiting_now = true;
+      } else {
+        status = absl::ResourceExhaustedError(absl::StrCat(
+            max_waiters_, " calls already wait for this shard's model (rank 0 "
+            "initialises it with PushModel)"));
+      }
+    } else {
+      status = failed_;
     }
-    status = failed_;
   }
-  done(status);
+  for (Waiter& waiter : given_up) {
+    waiter.done(absl::CancelledError("the caller gave up waiting for the model"));
+  }
+  if (!waiting_now) done(status);
 }
 
 void ShardStore::FailWaiters(const absl::Status& reason) {
-  std::vector<InitCallback> waiting;
+  std::vector<Waiter> waiting;
   {
     absl::MutexLock lock(&mu_);
     failed_ = reason;
     waiting.swap(waiters_);
   }
-  for (InitCallback& done : waiting) done(reason);
+  for (Waiter& waiter : waiting) waiter.done(reason);
 }
 
 }  // namespace cserps

@@ -23,7 +23,8 @@ class ShardStore {
  public:
   using InitCallback = std::function<void(absl::Status)>;
 
-  ShardStore(uint64_t first_float, uint64_t size);
+  // At most `max_waiters` WhenInitialised calls wait at once.
+  ShardStore(uint64_t first_float, uint64_t size, uint32_t max_waiters);
 
   uint64_t first_float() const { return first_; }
   uint64_t size() const { return size_; }
@@ -62,18 +63,27 @@ class ShardStore {
   bool initialised() const;
 
   // Calls `done(OK)` once the shard is initialised (at once when it is), or
-  // `done(reason)` when FailWaiters is called first.
-  void WhenInitialised(InitCallback done);
+  // `done(reason)` when FailWaiters is called first. A waiter whose
+  // `abandoned()` has become true (its caller gave up) is answered
+  // CANCELLED when the waiters reach `max_waiters`, to make room; when they
+  // still fill it, `done` gets RESOURCE_EXHAUSTED at once.
+  void WhenInitialised(InitCallback done, std::function<bool()> abandoned);
   void FailWaiters(const absl::Status& reason);
 
  private:
+  struct Waiter {
+    InitCallback done;
+    std::function<bool()> abandoned;
+  };
+
   const uint64_t first_;
   const uint64_t size_;
+  const uint32_t max_waiters_;
   mutable absl::Mutex mu_;
   std::vector<float> values_ ABSL_GUARDED_BY(mu_);
   std::vector<bool> written_ ABSL_GUARDED_BY(mu_);
   uint64_t unwritten_ ABSL_GUARDED_BY(mu_);
-  std::vector<InitCallback> waiters_ ABSL_GUARDED_BY(mu_);
+  std::vector<Waiter> waiters_ ABSL_GUARDED_BY(mu_);
   absl::Status failed_ ABSL_GUARDED_BY(mu_);
 };
 

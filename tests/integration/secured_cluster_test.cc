@@ -2,7 +2,10 @@
 // PsClients with the job's certificates and token, another CA's, no token
 // or a wrong one: only the first trains, the others are refused, counted by
 // reason, and change nothing. Certificates come from tools/make_certs.sh.
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <poll.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -167,6 +170,30 @@ TEST_F(SecuredClusterTest, AClientCertificateOfAnotherCaIsRefusedAndCounted) {
   absl::StatusOr<uint32_t> own = worker->Register(0, "worker-0");
   ASSERT_TRUE(own.ok()) << own.status();
   EXPECT_EQ(*own, 0u);
+}
+
+// A connection that never starts its TLS handshake is closed by the server
+// after PsServer::kHandshakeTimeout (gRPC's default would keep it 120 s).
+TEST_F(SecuredClusterTest, ASilentConnectionIsClosedAfterTheHandshakeTimeout) {
+  StartServer(Tls("job", "server") + Token("job"));
+  const std::string& address = server_->address();
+  const int port = std::stoi(address.substr(address.rfind(':') + 1));
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_port = htons(static_cast<uint16_t>(port));
+  to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(connect(fd, reinterpret_cast<const sockaddr*>(&to), sizeof(to)), 0);
+  pollfd readable{fd, POLLIN, 0};
+  const int limit_ms =
+      static_cast<int>(absl::ToInt64Milliseconds(2 * PsServer::kHandshakeTimeout));
+  const int ready = poll(&readable, 1, limit_ms);
+  char byte;
+  const ssize_t got = ready == 1 ? recv(fd, &byte, 1, 0) : -1;
+  close(fd);
+  ASSERT_EQ(ready, 1) << "the silent connection is still open after " << limit_ms << " ms";
+  EXPECT_EQ(got, 0) << "the server sent data on a connection that said nothing";
 }
 
 TEST_F(SecuredClusterTest, ACallWithoutTheTokenOrWithAnotherIsUnauthenticated) {

@@ -169,6 +169,18 @@ struct AsyncCall {
 using AsyncPush = AsyncCall<v1::PushPullRequest, v1::PushPullResponse>;
 using AsyncPull = AsyncCall<v1::PullModelRequest, v1::PullModelResponse>;
 
+// The first of `calls` to be answered, or null when none is within 30 s.
+template <typename Call>
+std::shared_ptr<Call> FirstAnswered(const std::vector<std::shared_ptr<Call>>& calls) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (absl::Now() < deadline) {
+    for (const auto& call : calls) {
+      if (call->done.WaitForNotificationWithTimeout(absl::Milliseconds(1))) return call;
+    }
+  }
+  return nullptr;
+}
+
 struct RoundResult {
   grpc::Status status;
   v1::PushPullResponse response;
@@ -996,16 +1008,7 @@ TEST_F(ServiceTest, AMemberMayKeepOnlySoManyPushesWaiting) {
   // answered but the one refused.
   std::vector<std::shared_ptr<AsyncPush>> calls;
   for (uint32_t i = 0; i <= bound; ++i) calls.push_back(PushPullAsync(ValidPush()));
-  std::shared_ptr<AsyncPush> refused;
-  const absl::Time deadline = absl::Now() + absl::Seconds(30);
-  while (refused == nullptr && absl::Now() < deadline) {
-    for (const auto& call : calls) {
-      if (call->done.WaitForNotificationWithTimeout(absl::Milliseconds(1))) {
-        refused = call;
-        break;
-      }
-    }
-  }
+  std::shared_ptr<AsyncPush> refused = FirstAnswered(calls);
   ASSERT_NE(refused, nullptr) << "no push was refused";
   EXPECT_EQ(refused->status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
       << refused->status.error_message();
@@ -1024,6 +1027,54 @@ TEST_F(ServiceTest, AMemberMayKeepOnlySoManyPushesWaiting) {
     ASSERT_TRUE(call->WaitDone());
     EXPECT_TRUE(call->status.ok()) << call->status.error_message();
   }
+}
+
+// PullModel names no rank, so the calls waiting for the model are bounded
+// per shard; a call that gave up no longer counts.
+TEST_F(ServiceTest, OnlySoManyPullModelCallsMayWaitForTheModel) {
+  Start(2);
+  RegisterAll();
+  const BlockLayout& layout = server_->service().layout();
+  const uint32_t bound = MaxModelWaiters(config_.cluster().num_workers(),
+                                         layout.ShardSize(shard_), ChunkFloats(config_.cluster()));
+  std::vector<std::shared_ptr<AsyncPull>> calls;
+  for (uint32_t i = 0; i <= bound; ++i) {
+    calls.push_back(PullModelAsync(ShardFirst(shard_), 4, /*wait_for_init=*/true));
+  }
+  std::shared_ptr<AsyncPull> refused = FirstAnswered(calls);
+  ASSERT_NE(refused, nullptr) << "no PullModel was refused";
+  EXPECT_EQ(refused->status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << refused->status.error_message();
+  EXPECT_THAT(refused->status.error_message(),
+              HasSubstr(absl::StrCat(bound, " calls already wait for this shard's model")));
+  int answered = 0;
+  for (const auto& call : calls) answered += call->done.HasBeenNotified();
+  EXPECT_EQ(answered, 1);
+
+  // Every waiting caller gives up; a new call then waits (is not refused)
+  // once the server has seen a cancellation, which reaches it a little
+  // after the client's.
+  for (const auto& call : calls) call->context.TryCancel();
+  for (const auto& call : calls) ASSERT_TRUE(call->WaitDone());
+  std::shared_ptr<AsyncPull> parked;
+  const absl::Time limit = absl::Now() + absl::Seconds(20);
+  for (int attempt = 0; attempt < 100000 && parked == nullptr && absl::Now() < limit;
+       ++attempt) {
+    auto call = PullModelAsync(ShardFirst(shard_), 4, /*wait_for_init=*/true);
+    if (!call->done.WaitForNotificationWithTimeout(absl::Milliseconds(100))) {
+      parked = call;
+    } else {
+      ASSERT_EQ(call->status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+          << call->status.error_message();
+    }
+  }
+  ASSERT_NE(parked, nullptr) << "the calls that gave up still fill the shard's waiters";
+  const std::vector<float> x0 = DyadicValues(ShardLen(shard_), rng_);
+  InitModel(x0);
+  ASSERT_TRUE(parked->WaitDone());
+  ASSERT_TRUE(parked->status.ok()) << parked->status.error_message();
+  EXPECT_EQ(parked->response.values(),
+            Bytes(std::vector<float>(x0.begin(), x0.begin() + 4)));
 }
 
 // A message over cluster.max_message_bytes is refused by gRPC before the

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/block_layout.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -28,6 +29,10 @@ std::vector<float> ReadFloats(const ShardStore& store, uint64_t offset,
   return out;
 }
 
+constexpr uint32_t kMaxWaiters = 8;
+
+bool StaysWaiting() { return false; }
+
 // Values first + i, so a read at the wrong offset shows.
 std::vector<float> Ramp(uint64_t first, uint64_t count) {
   std::vector<float> v(count);
@@ -36,7 +41,7 @@ std::vector<float> Ramp(uint64_t first, uint64_t count) {
 }
 
 TEST(ShardStoreTest, WriteThenReadRanges) {
-  ShardStore store(100, 10);
+  ShardStore store(100, 10, kMaxWaiters);
   EXPECT_EQ(store.first_float(), 100u);
   EXPECT_EQ(store.size(), 10u);
   EXPECT_THAT(ReadFloats(store, 100, 10), ElementsAreArray(std::vector<float>(10, 0.0f)));
@@ -55,7 +60,7 @@ TEST(ShardStoreTest, WriteThenReadRanges) {
 }
 
 TEST(ShardStoreTest, ReadAppendsToTheOutput) {
-  ShardStore store(0, 4);
+  ShardStore store(0, 4, kMaxWaiters);
   ASSERT_TRUE(store.Write(0, Ramp(0, 4)).ok());
   std::string out = "xy";
   ASSERT_TRUE(store.Read(1, 2, &out).ok());
@@ -68,7 +73,7 @@ TEST(ShardStoreTest, ReadAppendsToTheOutput) {
 }
 
 TEST(ShardStoreTest, RangesOutsideTheShardAreOutOfRange) {
-  ShardStore store(100, 10);
+  ShardStore store(100, 10, kMaxWaiters);
   const uint64_t kHuge = std::numeric_limits<uint64_t>::max();
   struct Range {
     uint64_t offset, count;
@@ -94,7 +99,7 @@ TEST(ShardStoreTest, RangesOutsideTheShardAreOutOfRange) {
 }
 
 TEST(ShardStoreTest, InitialisedOnlyWhenEveryFloatWasWritten) {
-  ShardStore store(20, 10);
+  ShardStore store(20, 10, kMaxWaiters);
   EXPECT_FALSE(store.initialised());
   // Overlapping partial writes: [20,24), [22,26), [20,26) again.
   EXPECT_EQ(store.Write(20, Ramp(20, 4)).value(), false);
@@ -112,22 +117,22 @@ TEST(ShardStoreTest, InitialisedOnlyWhenEveryFloatWasWritten) {
 }
 
 TEST(ShardStoreTest, EmptyShardIsInitialised) {
-  ShardStore store(50, 0);
+  ShardStore store(50, 0, kMaxWaiters);
   EXPECT_TRUE(store.initialised());
   int calls = 0;
   store.WhenInitialised([&](absl::Status s) {
     EXPECT_TRUE(s.ok()) << s;
     ++calls;
-  });
+  }, StaysWaiting);
   EXPECT_EQ(calls, 1);
 }
 
 TEST(ShardStoreTest, WhenInitialisedWaitsForTheCompletingWrite) {
-  ShardStore store(0, 6);
+  ShardStore store(0, 6, kMaxWaiters);
   std::optional<absl::Status> first, second;
   int calls = 0;
-  store.WhenInitialised([&](absl::Status s) { first = s; ++calls; });
-  store.WhenInitialised([&](absl::Status s) { second = s; ++calls; });
+  store.WhenInitialised([&](absl::Status s) { first = s; ++calls; }, StaysWaiting);
+  store.WhenInitialised([&](absl::Status s) { second = s; ++calls; }, StaysWaiting);
   ASSERT_TRUE(store.Write(0, Ramp(0, 3)).ok());
   EXPECT_EQ(calls, 0) << "answered before the shard was initialised";
   ASSERT_TRUE(store.Write(0, Ramp(0, 3)).ok());  // same floats again
@@ -143,33 +148,33 @@ TEST(ShardStoreTest, WhenInitialisedWaitsForTheCompletingWrite) {
 }
 
 TEST(ShardStoreTest, WhenInitialisedAfterInitAnswersAtOnce) {
-  ShardStore store(0, 2);
+  ShardStore store(0, 2, kMaxWaiters);
   ASSERT_TRUE(store.Write(0, Ramp(0, 2)).ok());
   int calls = 0;
   store.WhenInitialised([&](absl::Status s) {
     EXPECT_TRUE(s.ok()) << s;
     ++calls;
-  });
+  }, StaysWaiting);
   EXPECT_EQ(calls, 1);
 }
 
 TEST(ShardStoreTest, CallbacksRunWithoutTheLock) {
   // A waiter that reads the store would deadlock if it ran under the lock.
-  ShardStore store(0, 3);
+  ShardStore store(0, 3, kMaxWaiters);
   std::vector<float> seen;
   store.WhenInitialised([&](absl::Status s) {
     ASSERT_TRUE(s.ok()) << s;
     EXPECT_TRUE(store.initialised());
     seen = ReadFloats(store, 0, 3);
-  });
+  }, StaysWaiting);
   ASSERT_TRUE(store.Write(0, Ramp(0, 3)).ok());
   EXPECT_THAT(seen, ElementsAreArray(Ramp(0, 3)));
 }
 
 TEST(ShardStoreTest, FailWaitersAnswersParkedAndLaterWaiters) {
-  ShardStore store(0, 4);
+  ShardStore store(0, 4, kMaxWaiters);
   std::optional<absl::Status> parked;
-  store.WhenInitialised([&](absl::Status s) { parked = s; });
+  store.WhenInitialised([&](absl::Status s) { parked = s; }, StaysWaiting);
   EXPECT_FALSE(parked.has_value());
   store.FailWaiters(absl::UnavailableError("shard 0 is shutting down"));
   ASSERT_TRUE(parked.has_value());
@@ -177,7 +182,7 @@ TEST(ShardStoreTest, FailWaitersAnswersParkedAndLaterWaiters) {
   EXPECT_THAT(parked->message(), HasSubstr("shutting down"));
 
   std::optional<absl::Status> later;
-  store.WhenInitialised([&](absl::Status s) { later = s; });
+  store.WhenInitialised([&](absl::Status s) { later = s; }, StaysWaiting);
   ASSERT_TRUE(later.has_value()) << "a waiter after FailWaiters must not park";
   EXPECT_EQ(later->code(), absl::StatusCode::kUnavailable);
 
@@ -185,6 +190,40 @@ TEST(ShardStoreTest, FailWaitersAnswersParkedAndLaterWaiters) {
   parked.reset();
   ASSERT_TRUE(store.Write(0, Ramp(0, 4)).ok());
   EXPECT_FALSE(parked.has_value());
+}
+
+TEST(ShardStoreTest, AtMostMaxWaitersWaitAndTheAbandonedMakeRoom) {
+  ShardStore store(0, 4, kMaxWaiters);
+  std::vector<std::optional<absl::Status>> answers(kMaxWaiters + 2);
+  std::vector<bool> gave_up(kMaxWaiters, false);
+  for (uint32_t i = 0; i < kMaxWaiters; ++i) {
+    store.WhenInitialised([&answers, i](absl::Status s) { answers[i] = s; },
+                          [&gave_up, i] { return static_cast<bool>(gave_up[i]); });
+  }
+  auto over = [&](uint32_t i) {
+    store.WhenInitialised([&answers, i](absl::Status s) { answers[i] = s; }, StaysWaiting);
+  };
+  over(kMaxWaiters);
+  ASSERT_TRUE(answers[kMaxWaiters].has_value()) << "one waiter too many was parked";
+  EXPECT_EQ(answers[kMaxWaiters]->code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(answers[kMaxWaiters]->message(),
+              HasSubstr(absl::StrCat(kMaxWaiters, " calls already wait")));
+  for (uint32_t i = 0; i < kMaxWaiters; ++i) EXPECT_FALSE(answers[i].has_value());
+
+  // A waiter whose caller gave up is answered and its place taken.
+  gave_up[3] = true;
+  over(kMaxWaiters + 1);
+  ASSERT_TRUE(answers[3].has_value());
+  EXPECT_EQ(answers[3]->code(), absl::StatusCode::kCancelled);
+  EXPECT_FALSE(answers[kMaxWaiters + 1].has_value());
+
+  ASSERT_TRUE(store.Write(0, Ramp(0, 4)).ok());
+  for (uint32_t i = 0; i < kMaxWaiters + 2; ++i) {
+    if (i == 3 || i == kMaxWaiters) continue;
+    ASSERT_TRUE(answers[i].has_value()) << "waiter " << i;
+    EXPECT_TRUE(answers[i]->ok()) << *answers[i];
+  }
+  EXPECT_EQ(answers[3]->code(), absl::StatusCode::kCancelled) << "answered twice";
 }
 
 // Shard 1 of d=40, block 4, S=2 owns floats [20, 40). Selecting blocks 5, 7
@@ -202,7 +241,7 @@ TEST(ShardStoreTest, ApplyMeanOnModelStreamSetsTheCoveredFloats) {
   TwoSegmentPayload t;
   ASSERT_EQ(t.payload.segments().size(), 2u);
   ASSERT_EQ(t.payload.size(), t.model_index.size());
-  ShardStore store(20, 20);
+  ShardStore store(20, 20, kMaxWaiters);
   ASSERT_TRUE(store.Write(20, Ramp(20, 20)).ok());
 
   // Payload floats [2, 9): the end of the first segment and most of the second.
@@ -218,7 +257,7 @@ TEST(ShardStoreTest, ApplyMeanOnModelStreamSetsTheCoveredFloats) {
 
 TEST(ShardStoreTest, ApplyMeanOnGradStreamSubtractsLrTimesMean) {
   TwoSegmentPayload t;
-  ShardStore store(20, 20);
+  ShardStore store(20, 20, kMaxWaiters);
   ASSERT_TRUE(store.Write(20, Ramp(20, 20)).ok());
   // Multiples of 1/4 and lr 0.5: every product and difference is exact.
   std::vector<float> mean(t.payload.size());
@@ -242,7 +281,7 @@ TEST(ShardStoreTest, ApplyMeanOnGradStreamSubtractsLrTimesMean) {
 }
 
 TEST(ShardStoreTest, ReadIntoFloats) {
-  ShardStore store(100, 10);
+  ShardStore store(100, 10, kMaxWaiters);
   ASSERT_TRUE(store.Write(100, Ramp(100, 10)).ok());
   std::vector<float> out(3, -1.0f);
   ASSERT_TRUE(store.Read(104, absl::MakeSpan(out)).ok());
@@ -255,7 +294,7 @@ TEST(ShardStoreTest, ReadIntoFloats) {
 }
 
 TEST(ShardStoreTest, SubtractMovesARangeAndLeavesTheRest) {
-  ShardStore store(100, 6);
+  ShardStore store(100, 6, kMaxWaiters);
   ASSERT_TRUE(store.Write(100, Ramp(100, 6)).ok());
   ASSERT_TRUE(store.Subtract(102, std::vector<float>{0.5f, -1.0f, 2.0f}).ok());
   EXPECT_THAT(ReadFloats(store, 100, 6),
@@ -267,7 +306,7 @@ TEST(ShardStoreTest, SubtractMovesARangeAndLeavesTheRest) {
 }
 
 TEST(ShardStoreTest, SubtractAtMovesTheIndexedFloatsOnly) {
-  ShardStore store(100, 6);
+  ShardStore store(100, 6, kMaxWaiters);
   ASSERT_TRUE(store.Write(100, Ramp(100, 6)).ok());
   const std::vector<uint32_t> indices = {105, 100, 103, 100};
   ASSERT_TRUE(store.SubtractAt(indices, std::vector<float>{1.0f, 2.0f, 0.25f, 3.0f}).ok());
@@ -277,7 +316,7 @@ TEST(ShardStoreTest, SubtractAtMovesTheIndexedFloatsOnly) {
 }
 
 TEST(ShardStoreTest, SubtractAtRefusesBadInputWithoutChangingTheModel) {
-  ShardStore store(100, 6);
+  ShardStore store(100, 6, kMaxWaiters);
   ASSERT_TRUE(store.Write(100, Ramp(100, 6)).ok());
   const absl::Status outside =
       store.SubtractAt(std::vector<uint32_t>{101, 106}, std::vector<float>{1.0f, 1.0f});
@@ -293,7 +332,7 @@ TEST(ShardStoreTest, SubtractAtRefusesBadInputWithoutChangingTheModel) {
 }
 
 TEST(ShardStoreTest, SubtractDoesNotInitialise) {
-  ShardStore store(0, 2);
+  ShardStore store(0, 2, kMaxWaiters);
   ASSERT_TRUE(store.Write(0, std::vector<float>{1.0f}).ok());
   ASSERT_TRUE(store.Subtract(0, std::vector<float>{1.0f, 1.0f}).ok());
   ASSERT_TRUE(store.SubtractAt(std::vector<uint32_t>{1}, std::vector<float>{1.0f}).ok());
