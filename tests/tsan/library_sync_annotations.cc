@@ -1,0 +1,297 @@
+// ThreadSanitizer sees only instrumented code, and Debian's Abseil and gRPC
+// are not instrumented: without help every field guarded by an absl::Mutex
+// would be reported as raced, its lock and unlock being invisible, and so
+// would gRPC's inline (header) code that one thread runs before handing a
+// call's batch to gRPC and another runs when the batch completes. The test
+// binaries of a CSERPS_TSAN build define those entry points themselves (the
+// executable's definitions win over the shared libraries', for gRPC's own
+// calls to Abseil too), tell TSan the happens-before edge each one makes,
+// and call the library's definition. That gives TSan the order that locks,
+// condition waits, notifications and gRPC completions establish; it does
+// not check lock order (deadlocks), which the thread-safety analysis covers.
+#include <dlfcn.h>
+#include <grpc/grpc.h>
+#include <sanitizer/tsan_interface.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+
+#define CSERPS_STR2(x) #x
+#define CSERPS_STR(x) CSERPS_STR2(x)
+
+namespace {
+
+void* Lookup(void* handle, const std::string& name) {
+  void* fn = dlsym(handle, name.c_str());
+  if (fn == nullptr) {
+    std::fprintf(stderr, "library_sync_annotations: %s not found\n", name.c_str());
+    std::abort();
+  }
+  return fn;
+}
+
+// The library's definition of absl::<Class>::<Rest> (a const member
+// function's name starts _ZNK), looked up by its Itanium name below the
+// executable's.
+template <typename Fn>
+Fn Real(const char* class_and_rest, bool is_const = false) {
+  const std::string ns = CSERPS_STR(ABSL_OPTION_INLINE_NAMESPACE_NAME);
+  const std::string name = std::string(is_const ? "_ZNK4absl" : "_ZN4absl") +
+                           std::to_string(ns.size()) + ns + class_and_rest;
+  return reinterpret_cast<Fn>(Lookup(RTLD_NEXT, name));
+}
+
+void Acquire(const void* addr) { __tsan_acquire(const_cast<void*>(addr)); }
+void Release(const void* addr) { __tsan_release(const_cast<void*>(addr)); }
+
+// A Condition is evaluated with the mutex held, but inside the library,
+// by the waiting thread or by whichever thread unlocks: each evaluation is
+// bracketed as if it took the lock itself.
+struct Guarded {
+  const absl::Condition* cond;
+  absl::Mutex* mu;
+};
+
+bool EvalGuarded(Guarded* g) {
+  Acquire(g->mu);
+  const bool holds = g->cond->Eval();
+  Release(g->mu);
+  return holds;
+}
+
+using Self = void (*)(absl::Mutex*);
+using SelfBool = bool (*)(absl::Mutex*);
+using SelfCond = void (*)(absl::Mutex*, const absl::Condition&);
+using SelfCondDuration = bool (*)(absl::Mutex*, const absl::Condition&, absl::Duration);
+using SelfCondTime = bool (*)(absl::Mutex*, const absl::Condition&, absl::Time);
+using CvWait = void (*)(absl::CondVar*, absl::Mutex*);
+using CvWaitDuration = bool (*)(absl::CondVar*, absl::Mutex*, absl::Duration);
+using CvWaitTime = bool (*)(absl::CondVar*, absl::Mutex*, absl::Time);
+using NoteSelf = void (*)(absl::Notification*);
+using NoteWait = void (*)(const absl::Notification*);
+using NoteWaitDuration = bool (*)(const absl::Notification*, absl::Duration);
+using NoteWaitTime = bool (*)(const absl::Notification*, absl::Time);
+
+// HasBeenNotified() is inline: it reads the flag that follows the mutex in
+// absl::Notification with an (instrumented) acquire load, so Notify
+// releases that address too.
+const void* NotifiedFlag(const absl::Notification* n) {
+  static_assert(sizeof(absl::Notification) > sizeof(absl::Mutex));
+  return reinterpret_cast<const char*>(n) + sizeof(absl::Mutex);
+}
+
+// A callback-API batch completes in a gRPC thread, which runs the batch's
+// tag, a grpc_completion_queue_functor whose functor_run is one of two
+// inline functions of gRPC's headers. grpc_call_start_batch releases the
+// tag, and points functor_run at a function that acquires it first.
+using FunctorRun = void (*)(grpc_completion_queue_functor*, int);
+
+FunctorRun InlineRun(const char* name) {
+  return reinterpret_cast<FunctorRun>(Lookup(RTLD_DEFAULT, name));
+}
+
+FunctorRun SuccessRun() {
+  static const FunctorRun run = InlineRun(
+      "_ZN4grpc8internal22CallbackWithSuccessTag9StaticRunEP29grpc_completion_queue_functori");
+  return run;
+}
+
+FunctorRun StatusRun() {
+  static const FunctorRun run = InlineRun(
+      "_ZN4grpc8internal21CallbackWithStatusTag9StaticRunEP29grpc_completion_queue_functori");
+  return run;
+}
+
+void AcquiringSuccessRun(grpc_completion_queue_functor* tag, int ok) {
+  Acquire(tag);
+  SuccessRun()(tag, ok);
+}
+
+void AcquiringStatusRun(grpc_completion_queue_functor* tag, int ok) {
+  Acquire(tag);
+  StatusRun()(tag, ok);
+}
+
+}  // namespace
+
+// Batches of the synchronous and completion-queue APIs have tags that are
+// not functors; their first word (a vtable) matches neither function.
+extern "C" grpc_call_error grpc_call_start_batch(grpc_call* call, const grpc_op* ops,
+                                                 size_t nops, void* tag, void* reserved) {
+  using StartBatch = grpc_call_error (*)(grpc_call*, const grpc_op*, size_t, void*, void*);
+  static const StartBatch real =
+      reinterpret_cast<StartBatch>(Lookup(RTLD_NEXT, "grpc_call_start_batch"));
+  if (tag != nullptr) {
+    Release(tag);
+    auto* functor = static_cast<grpc_completion_queue_functor*>(tag);
+    if (functor->functor_run == SuccessRun()) functor->functor_run = &AcquiringSuccessRun;
+    if (functor->functor_run == StatusRun()) functor->functor_run = &AcquiringStatusRun;
+  }
+  return real(call, ops, nops, tag, reserved);
+}
+
+namespace absl {
+ABSL_NAMESPACE_BEGIN
+
+void Mutex::Lock() {
+  static const Self real = Real<Self>("5Mutex4LockEv");
+  real(this);
+  Acquire(this);
+}
+
+void Mutex::Unlock() {
+  static const Self real = Real<Self>("5Mutex6UnlockEv");
+  Release(this);
+  real(this);
+}
+
+bool Mutex::TryLock() {
+  static const SelfBool real = Real<SelfBool>("5Mutex7TryLockEv");
+  const bool locked = real(this);
+  if (locked) Acquire(this);
+  return locked;
+}
+
+void Mutex::ReaderLock() {
+  static const Self real = Real<Self>("5Mutex10ReaderLockEv");
+  real(this);
+  Acquire(this);
+}
+
+void Mutex::ReaderUnlock() {
+  static const Self real = Real<Self>("5Mutex12ReaderUnlockEv");
+  Release(this);
+  real(this);
+}
+
+bool Mutex::ReaderTryLock() {
+  static const SelfBool real = Real<SelfBool>("5Mutex13ReaderTryLockEv");
+  const bool locked = real(this);
+  if (locked) Acquire(this);
+  return locked;
+}
+
+void Mutex::LockWhen(const Condition& cond) {
+  static const SelfCond real = Real<SelfCond>("5Mutex8LockWhenERKNS0_9ConditionE");
+  Guarded g{&cond, this};
+  Release(this);
+  real(this, absl::Condition(&EvalGuarded, &g));
+  Acquire(this);
+}
+
+void Mutex::ReaderLockWhen(const Condition& cond) {
+  static const SelfCond real = Real<SelfCond>("5Mutex14ReaderLockWhenERKNS0_9ConditionE");
+  Guarded g{&cond, this};
+  Release(this);
+  real(this, absl::Condition(&EvalGuarded, &g));
+  Acquire(this);
+}
+
+bool Mutex::LockWhenWithTimeout(const Condition& cond, Duration timeout) {
+  static const SelfCondDuration real =
+      Real<SelfCondDuration>("5Mutex19LockWhenWithTimeoutERKNS0_9ConditionENS0_8DurationE");
+  Guarded g{&cond, this};
+  Release(this);
+  const bool met = real(this, absl::Condition(&EvalGuarded, &g), timeout);
+  Acquire(this);
+  return met;
+}
+
+bool Mutex::LockWhenWithDeadline(const Condition& cond, Time deadline) {
+  static const SelfCondTime real =
+      Real<SelfCondTime>("5Mutex20LockWhenWithDeadlineERKNS0_9ConditionENS0_4TimeE");
+  Guarded g{&cond, this};
+  Release(this);
+  const bool met = real(this, absl::Condition(&EvalGuarded, &g), deadline);
+  Acquire(this);
+  return met;
+}
+
+void Mutex::Await(const Condition& cond) {
+  static const SelfCond real = Real<SelfCond>("5Mutex5AwaitERKNS0_9ConditionE");
+  Guarded g{&cond, this};
+  Release(this);
+  real(this, absl::Condition(&EvalGuarded, &g));
+  Acquire(this);
+}
+
+bool Mutex::AwaitWithTimeout(const Condition& cond, Duration timeout) {
+  static const SelfCondDuration real =
+      Real<SelfCondDuration>("5Mutex16AwaitWithTimeoutERKNS0_9ConditionENS0_8DurationE");
+  Guarded g{&cond, this};
+  Release(this);
+  const bool met = real(this, absl::Condition(&EvalGuarded, &g), timeout);
+  Acquire(this);
+  return met;
+}
+
+bool Mutex::AwaitWithDeadline(const Condition& cond, Time deadline) {
+  static const SelfCondTime real =
+      Real<SelfCondTime>("5Mutex17AwaitWithDeadlineERKNS0_9ConditionENS0_4TimeE");
+  Guarded g{&cond, this};
+  Release(this);
+  const bool met = real(this, absl::Condition(&EvalGuarded, &g), deadline);
+  Acquire(this);
+  return met;
+}
+
+void CondVar::Wait(Mutex* mu) {
+  static const CvWait real = Real<CvWait>("7CondVar4WaitEPNS0_5MutexE");
+  Release(mu);
+  real(this, mu);
+  Acquire(mu);
+}
+
+bool CondVar::WaitWithTimeout(Mutex* mu, Duration timeout) {
+  static const CvWaitDuration real =
+      Real<CvWaitDuration>("7CondVar15WaitWithTimeoutEPNS0_5MutexENS0_8DurationE");
+  Release(mu);
+  const bool timed_out = real(this, mu, timeout);
+  Acquire(mu);
+  return timed_out;
+}
+
+bool CondVar::WaitWithDeadline(Mutex* mu, Time deadline) {
+  static const CvWaitTime real =
+      Real<CvWaitTime>("7CondVar16WaitWithDeadlineEPNS0_5MutexENS0_4TimeE");
+  Release(mu);
+  const bool timed_out = real(this, mu, deadline);
+  Acquire(mu);
+  return timed_out;
+}
+
+void Notification::Notify() {
+  static const NoteSelf real = Real<NoteSelf>("12Notification6NotifyEv");
+  Release(this);
+  Release(NotifiedFlag(this));
+  real(this);
+}
+
+void Notification::WaitForNotification() const {
+  static const NoteWait real = Real<NoteWait>("12Notification19WaitForNotificationEv", true);
+  real(this);
+  Acquire(this);
+}
+
+bool Notification::WaitForNotificationWithTimeout(Duration timeout) const {
+  static const NoteWaitDuration real = Real<NoteWaitDuration>(
+      "12Notification30WaitForNotificationWithTimeoutENS0_8DurationE", true);
+  const bool notified = real(this, timeout);
+  if (notified) Acquire(this);
+  return notified;
+}
+
+bool Notification::WaitForNotificationWithDeadline(Time deadline) const {
+  static const NoteWaitTime real = Real<NoteWaitTime>(
+      "12Notification31WaitForNotificationWithDeadlineENS0_4TimeE", true);
+  const bool notified = real(this, deadline);
+  if (notified) Acquire(this);
+  return notified;
+}
+
+ABSL_NAMESPACE_END
+}  // namespace absl
