@@ -63,6 +63,33 @@ bool EvalGuarded(Guarded* g) {
   return holds;
 }
 
+// Acquires `mu` when it goes out of scope: after the call it brackets has
+// returned.
+struct AcquireOnExit {
+  const absl::Mutex* mu;
+  ~AcquireOnExit() { Acquire(mu); }
+};
+
+// real(mu, cond, args...) for the Mutex functions that wait for a Condition
+// (what this thread wrote is released to whoever evaluates it).
+template <typename R, typename... Params, typename... Args>
+R WithCondition(R (*real)(absl::Mutex*, const absl::Condition&, Params...), absl::Mutex* mu,
+                const absl::Condition& cond, Args... args) {
+  Guarded g{&cond, mu};
+  Release(mu);
+  AcquireOnExit acquire{mu};
+  return real(mu, absl::Condition(&EvalGuarded, &g), args...);
+}
+
+// real(cv, mu, args...) for CondVar's waits, which unlock and relock `mu`.
+template <typename R, typename... Params, typename... Args>
+R Waiting(R (*real)(absl::CondVar*, absl::Mutex*, Params...), absl::CondVar* cv,
+          absl::Mutex* mu, Args... args) {
+  Release(mu);
+  AcquireOnExit acquire{mu};
+  return real(cv, mu, args...);
+}
+
 using Self = void (*)(absl::Mutex*);
 using SelfBool = bool (*)(absl::Mutex*);
 using SelfCond = void (*)(absl::Mutex*, const absl::Condition&);
@@ -177,91 +204,58 @@ bool Mutex::ReaderTryLock() {
 
 void Mutex::LockWhen(const Condition& cond) {
   static const SelfCond real = Real<SelfCond>("5Mutex8LockWhenERKNS0_9ConditionE");
-  Guarded g{&cond, this};
-  Release(this);
-  real(this, absl::Condition(&EvalGuarded, &g));
-  Acquire(this);
+  WithCondition(real, this, cond);
 }
 
 void Mutex::ReaderLockWhen(const Condition& cond) {
   static const SelfCond real = Real<SelfCond>("5Mutex14ReaderLockWhenERKNS0_9ConditionE");
-  Guarded g{&cond, this};
-  Release(this);
-  real(this, absl::Condition(&EvalGuarded, &g));
-  Acquire(this);
+  WithCondition(real, this, cond);
 }
 
 bool Mutex::LockWhenWithTimeout(const Condition& cond, Duration timeout) {
   static const SelfCondDuration real =
       Real<SelfCondDuration>("5Mutex19LockWhenWithTimeoutERKNS0_9ConditionENS0_8DurationE");
-  Guarded g{&cond, this};
-  Release(this);
-  const bool met = real(this, absl::Condition(&EvalGuarded, &g), timeout);
-  Acquire(this);
-  return met;
+  return WithCondition(real, this, cond, timeout);
 }
 
 bool Mutex::LockWhenWithDeadline(const Condition& cond, Time deadline) {
   static const SelfCondTime real =
       Real<SelfCondTime>("5Mutex20LockWhenWithDeadlineERKNS0_9ConditionENS0_4TimeE");
-  Guarded g{&cond, this};
-  Release(this);
-  const bool met = real(this, absl::Condition(&EvalGuarded, &g), deadline);
-  Acquire(this);
-  return met;
+  return WithCondition(real, this, cond, deadline);
 }
 
 void Mutex::Await(const Condition& cond) {
   static const SelfCond real = Real<SelfCond>("5Mutex5AwaitERKNS0_9ConditionE");
-  Guarded g{&cond, this};
-  Release(this);
-  real(this, absl::Condition(&EvalGuarded, &g));
-  Acquire(this);
+  WithCondition(real, this, cond);
 }
 
 bool Mutex::AwaitWithTimeout(const Condition& cond, Duration timeout) {
   static const SelfCondDuration real =
       Real<SelfCondDuration>("5Mutex16AwaitWithTimeoutERKNS0_9ConditionENS0_8DurationE");
-  Guarded g{&cond, this};
-  Release(this);
-  const bool met = real(this, absl::Condition(&EvalGuarded, &g), timeout);
-  Acquire(this);
-  return met;
+  return WithCondition(real, this, cond, timeout);
 }
 
 bool Mutex::AwaitWithDeadline(const Condition& cond, Time deadline) {
   static const SelfCondTime real =
       Real<SelfCondTime>("5Mutex17AwaitWithDeadlineERKNS0_9ConditionENS0_4TimeE");
-  Guarded g{&cond, this};
-  Release(this);
-  const bool met = real(this, absl::Condition(&EvalGuarded, &g), deadline);
-  Acquire(this);
-  return met;
+  return WithCondition(real, this, cond, deadline);
 }
 
 void CondVar::Wait(Mutex* mu) {
   static const CvWait real = Real<CvWait>("7CondVar4WaitEPNS0_5MutexE");
-  Release(mu);
-  real(this, mu);
-  Acquire(mu);
+  Waiting(real, this, mu);
 }
 
 bool CondVar::WaitWithTimeout(Mutex* mu, Duration timeout) {
   static const CvWaitDuration real =
       Real<CvWaitDuration>("7CondVar15WaitWithTimeoutEPNS0_5MutexENS0_8DurationE");
-  Release(mu);
-  const bool timed_out = real(this, mu, timeout);
-  Acquire(mu);
-  return timed_out;
+  return Waiting(real, this, mu, timeout);
 }
 
 bool CondVar::WaitWithDeadline(Mutex* mu, Time deadline) {
   static const CvWaitTime real =
       Real<CvWaitTime>("7CondVar16WaitWithDeadlineEPNS0_5MutexENS0_4TimeE");
-  Release(mu);
-  const bool timed_out = real(this, mu, deadline);
-  Acquire(mu);
-  return timed_out;
+  return Waiting(real, this, mu, deadline);
 }
 
 void Notification::Notify() {
