@@ -23,7 +23,7 @@ cmake --build "$BUILD_DIR-clang" -j"$jobs" --target cserps_server cserps_trainer
   cserps-launch cserps_fuzz_targets cserps_common_server_tests
 
 cmake -S . -B "$BUILD_DIR-tsan" -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang \
-  -DCSERPS_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCSERPS_TSAN=ON
+  -DCSERPS_CUDA=OFF -DCMAKE_BUILD_TYPE=Debug -DCSERPS_TSAN=ON
 cmake --build "$BUILD_DIR-tsan" -j"$jobs" --target cserps_server_client_tests
 
 ctest --test-dir "$BUILD_DIR" --output-on-failure -j"$jobs"
