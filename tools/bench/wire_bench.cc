@@ -63,6 +63,10 @@ ABSL_FLAG(int, max_rounds, 200, "Measured rounds per case at most.");
 ABSL_FLAG(std::string, server, "", "The cserps-server binary; default: beside this one.");
 ABSL_FLAG(std::string, transport, "AUTO",
           "cluster.transport of the members: AUTO (the servers' bulk transport) or GRPC.");
+ABSL_FLAG(std::string, certs, "",
+          "A directory made by tools/make_certs.sh: servers and members then use mutual TLS "
+          "and the job's token (a secured shard has no bulk transport, so rounds go over "
+          "gRPC); the plain gRPC limit stays plaintext.");
 ABSL_FLAG(int64_t, chunk_bytes, 0, "cluster.chunk_bytes; 0: the default.");
 ABSL_FLAG(int64_t, max_message_bytes, 0,
           "cluster.max_message_bytes (the chunk size follows it); 0: the default.");
@@ -99,6 +103,17 @@ double SelfCpuSeconds() {
          1e-6 * (usage.ru_utime.tv_usec + usage.ru_stime.tv_usec);
 }
 
+// The job's security block with `who`'s certificate, empty without --certs.
+std::string SecurityText(const std::string& who) {
+  const std::string dir = absl::GetFlag(FLAGS_certs);
+  if (dir.empty()) return "";
+  const std::filesystem::path d(dir);
+  return absl::StrCat("security { ca_cert: \"", (d / "ca.pem").string(), "\" cert: \"",
+                      (d / (who + ".pem")).string(), "\" key: \"",
+                      (d / (who + ".key")).string(), "\" token_file: \"",
+                      (d / "token").string(), "\" }\n");
+}
+
 std::string JobText(const Case& c, int block_size) {
   std::string servers;
   for (int s = 0; s < c.shards; ++s) absl::StrAppend(&servers, " servers: \"127.0.0.1:0\"");
@@ -117,7 +132,7 @@ std::string JobText(const Case& c, int block_size) {
                       c.ratio == 1 ? "algorithm { name: \"ssgd\""
                                    : absl::StrCat("algorithm { name: \"cser-pl\" period: 1 "
                                                   "ratio_c1: ", c.ratio),
-                      " block_size: ", block_size, " }\n");
+                      " block_size: ", block_size, " }\n", SecurityText("server"));
 }
 
 struct Measured {
@@ -167,11 +182,15 @@ absl::StatusOr<Measured> MeasureCserps(const Case& c, const std::string& server)
   }
   ASSIGN_OR_RETURN(std::unique_ptr<ServerProcesses> servers,
                    ServerProcesses::Start(server, path, c.shards));
-  ASSIGN_OR_RETURN(const v1::JobConfig config,
+  ASSIGN_OR_RETURN(v1::JobConfig config,
                    LoadJobWithOverrides(path, {absl::StrCat(
                                                   "cluster.servers=",
                                                   absl::StrJoin(servers->addresses(), ","))}));
   std::filesystem::remove(path);
+  if (const std::string dir = absl::GetFlag(FLAGS_certs); !dir.empty()) {
+    config.mutable_security()->set_cert((std::filesystem::path(dir) / "client.pem").string());
+    config.mutable_security()->set_key((std::filesystem::path(dir) / "client.key").string());
+  }
   std::vector<std::unique_ptr<PsClient>> clients;
   for (int m = 0; m < c.members; ++m) {
     ASSIGN_OR_RETURN(std::unique_ptr<PsClient> client, PsClient::Connect(config, c.bytes / 4));
@@ -272,6 +291,9 @@ absl::Status Run() {
   }
   const absl::Duration copy = MemcpyTime(64 << 20, 10);
   std::printf("memcpy of 64 MiB: %.3f GB/s (one thread)\n", (64 << 20) / Seconds(copy) / 1e9);
+  if (const std::string dir = absl::GetFlag(FLAGS_certs); !dir.empty()) {
+    std::printf("cserps rounds: mutual TLS and the job's token (%s), over gRPC\n", dir.c_str());
+  }
   std::printf("GB/s: 2 x selected payload per round (push and pull); CPU in s per GB moved "
               "(all members); wire: serialised bytes / payload bytes; shards: max / mean of "
               "the shards' bytes; x tcp, x grpc: cserps' GB/s per member over the limit's\n");
