@@ -4,10 +4,11 @@
 // cserps-server processes on 127.0.0.1, M member threads each with its own
 // PsClient, and times PushPull rounds (PsClient::AverageBlocks on the MODEL
 // stream), over the servers' bulk transport or, with --transport=GRPC, over
-// gRPC. Then, in the same run and with the same shape (M members each
-// splitting the round's payload over S peers, in parallel), it times a raw
-// TCP exchange and plain gRPC unary calls of the same bytes
-// (tools/bench/wire_limits.h), and prints the ratios.
+// gRPC (with --certs, gRPC with mutual TLS and the job's token). Then, in
+// the same run and with the same shape (M members each splitting the
+// round's payload over S peers, in parallel), it times a raw TCP exchange
+// and plain gRPC unary calls of the same bytes (tools/bench/wire_limits.h),
+// and prints the ratios.
 //
 // Per case: p50/p99 round latency (every member's rounds), payload GB/s per
 // member and in all (2 x selected payload / round: push and pull), server and
