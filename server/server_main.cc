@@ -12,6 +12,7 @@
 #include "common/config_load.h"
 #include "common/config_override.h"
 #include "common/metrics.h"
+#include "common/open_file_limit.h"
 #include "common/signals.h"
 #include "common/start_flags.h"
 #include "common/transport_security.h"
@@ -80,6 +81,12 @@ int main(int argc, char** argv) {
   }
   if (absl::GetFlag(FLAGS_insecure) && !cserps::IsLoopbackAddress(listen)) {
     spdlog::warn("--insecure: listening on {} whatever config.security holds", listen);
+  }
+
+  if (absl::StatusOr<uint64_t> files = cserps::RaiseOpenFileLimit(); files.ok()) {
+    spdlog::info("open-file limit {} (a connection holds one)", *files);
+  } else {
+    spdlog::warn("{}", files.status().ToString());
   }
 
   // Declared before the server, which exports to it until destroyed.

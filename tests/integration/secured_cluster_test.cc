@@ -280,5 +280,41 @@ TEST_F(SecuredClusterTest, TheServerRefusesANonLoopbackAddressWithoutTlsAndToken
                             HasSubstr("without TLS and a token"), HasSubstr("--insecure")));
 }
 
+// Debian's gRPC never accepts again on a port where accept() once ran out
+// of file descriptors, so the server binary raises its soft limit to the
+// hard one before it listens.
+TEST_F(SecuredClusterTest, TheServerRaisesItsOpenFileLimitToTheHardLimit) {
+  const fs::path config = root_ / "files.textproto";
+  std::ofstream(config) << kJob;
+  absl::StatusOr<ChildProcess> server =
+      ChildProcess::Start("server",
+                          {"/usr/bin/prlimit", "--nofile=64:4096", CSERPS_SERVER_BIN,
+                           "--config=" + config.string()},
+                          {});
+  ASSERT_TRUE(server.ok()) << server.status();
+  std::string output;
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (server->output_fd() >= 0 && absl::Now() < deadline &&
+         output.find("listening on") == std::string::npos) {
+    pollfd fd{server->output_fd(), POLLIN, 0};
+    poll(&fd, 1, 1000);
+    for (const std::string& line : server->ReadLines()) output += line + "\n";
+  }
+  std::ifstream limits(absl::StrCat("/proc/", server->pid(), "/limits"));
+  std::string soft;
+  for (std::string line; std::getline(limits, line);) {
+    std::smatch m;
+    if (std::regex_search(line, m, std::regex("^Max open files +([0-9]+) +([0-9]+)"))) soft = m[1];
+  }
+  server->Signal(SIGTERM);
+  int wait_status = 0;
+  ASSERT_EQ(waitpid(server->pid(), &wait_status, 0), server->pid());
+  server->SetExited(wait_status);
+  ASSERT_THAT(output, HasSubstr("listening on"));
+  EXPECT_EQ(soft, "4096") << output;
+  EXPECT_THAT(output, HasSubstr("open-file limit 4096"));
+  EXPECT_EQ(server->exit_code(), 0) << output;
+}
+
 }  // namespace
 }  // namespace cserps
