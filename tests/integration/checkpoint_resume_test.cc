@@ -22,6 +22,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/integration/checkpointed_job.h"
+#include "tests/testing/test_support.h"
 #include "tools/cluster/in_process_cluster.h"
 #include "tools/cluster/random_dataset.h"
 #include "worker/trainer/trainer.h"
@@ -86,12 +87,8 @@ class CheckpointResumeTest : public ::testing::TestWithParam<Case> {
                         (start == Start::kRestartable && fs::exists(root_ / dir));
     ASSIGN_OR_RETURN(std::unique_ptr<InProcessCluster> cluster,
                      InProcessCluster::Start(config, kD));
-    std::vector<std::unique_ptr<Trainer>> trainers;
-    for (int r = 0; r < kWorkers; ++r) {
-      ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
-                       Trainer::Create(cluster->config(), &cluster->client(r), &train_, &test_));
-      trainers.push_back(std::move(trainer));
-    }
+    ASSIGN_OR_RETURN(std::vector<std::unique_ptr<Trainer>> trainers,
+                     testing::TrainersOf(*cluster, train_, test_));
     Outcome outcome;
     RETURN_IF_ERROR(cluster->OnEveryRank([&](int r) -> absl::Status {
       Trainer& trainer = *trainers[r];

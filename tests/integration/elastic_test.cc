@@ -15,6 +15,7 @@
 #include "common/status.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/test_support.h"
 #include "tools/cluster/in_process_cluster.h"
 #include "tools/cluster/random_dataset.h"
 #include "worker/trainer/trainer.h"
@@ -51,11 +52,7 @@ constexpr char kElasticCser[] = R"pb(
 struct ElasticJob {
   absl::Status Start(const v1::JobConfig& config) {
     ASSIGN_OR_RETURN(cluster, InProcessCluster::Start(config, kD));
-    for (int r = 0; r < kWorkers; ++r) {
-      ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
-                       Trainer::Create(cluster->config(), &cluster->client(r), &train, &test));
-      trainers.push_back(std::move(trainer));
-    }
+    ASSIGN_OR_RETURN(trainers, testing::TrainersOf(*cluster, train, test));
     return absl::OkStatus();
   }
 

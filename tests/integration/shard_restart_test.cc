@@ -17,6 +17,7 @@
 #include "common/status.h"
 #include "gtest/gtest.h"
 #include "tests/integration/checkpointed_job.h"
+#include "tests/testing/test_support.h"
 #include "tools/cluster/in_process_cluster.h"
 #include "tools/cluster/random_dataset.h"
 #include "worker/trainer/trainer.h"
@@ -70,12 +71,8 @@ class ShardRestartTest : public ::testing::TestWithParam<Case> {
     const v1::JobConfig config = MakeConfig(GetParam(), root_ / name);
     ASSIGN_OR_RETURN(std::unique_ptr<InProcessCluster> cluster,
                      InProcessCluster::Start(config, kD));
-    std::vector<std::unique_ptr<Trainer>> trainers;
-    for (int r = 0; r < kWorkers; ++r) {
-      ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
-                       Trainer::Create(cluster->config(), &cluster->client(r), &train_, &test_));
-      trainers.push_back(std::move(trainer));
-    }
+    ASSIGN_OR_RETURN(std::vector<std::unique_ptr<Trainer>> trainers,
+                     testing::TrainersOf(*cluster, train_, test_));
     Outcome outcome;
     RETURN_IF_ERROR(cluster->OnEveryRank([&](int r) -> absl::Status {
       Trainer& trainer = *trainers[r];

@@ -82,4 +82,16 @@ double JsonNumber(const std::string& json, const std::string& key) {
   return value;
 }
 
+absl::StatusOr<std::vector<std::unique_ptr<Trainer>>> TrainersOf(InProcessCluster& cluster,
+                                                                 const Dataset& train,
+                                                                 const Dataset& test) {
+  std::vector<std::unique_ptr<Trainer>> trainers;
+  for (int r = 0; r < cluster.num_workers(); ++r) {
+    ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
+                     Trainer::Create(cluster.config(), &cluster.client(r), &train, &test));
+    trainers.push_back(std::move(trainer));
+  }
+  return trainers;
+}
+
 }  // namespace cserps::testing

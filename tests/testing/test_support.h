@@ -12,10 +12,13 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "cserps/v1/config.pb.h"
 #include "server/ps_server.h"
+#include "tools/cluster/in_process_cluster.h"
 #include "tools/cluster/random_dataset.h"
+#include "worker/trainer/trainer.h"
 
 namespace cserps::testing {
 
@@ -57,6 +60,12 @@ std::string ReadFile(const std::filesystem::path& path);
 // The number after "key": in a summary JSON the trainer wrote; -1 when
 // absent or not a number.
 double JsonNumber(const std::string& json, const std::string& key);
+
+// One Trainer per rank of `cluster`, on the rank's client, `train` and
+// `test` (which outlive them).
+absl::StatusOr<std::vector<std::unique_ptr<Trainer>>> TrainersOf(InProcessCluster& cluster,
+                                                                 const Dataset& train,
+                                                                 const Dataset& test);
 
 }  // namespace cserps::testing
 
