@@ -27,7 +27,6 @@ using testing::InProcessCluster;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-constexpr int kWorkers = 4;
 constexpr uint64_t kD = 20 * 16 + 16 + 16 * 4 + 4;  // MLP 20 -> 16 -> 4
 constexpr uint64_t kStopsAfter = 5;
 
