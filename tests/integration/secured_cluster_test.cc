@@ -2,8 +2,6 @@
 // PsClients with the job's certificates and token, another CA's, no token
 // or a wrong one: only the first trains, the others are refused, counted by
 // reason, and change nothing. Certificates come from tools/make_certs.sh.
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -21,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/config.h"
 #include "common/metrics.h"
+#include "common/socket_io.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/ps_server.h"
@@ -119,6 +118,20 @@ class SecuredClusterTest : public ::testing::Test {
 
 fs::path SecuredClusterTest::root_;
 
+// What `child` prints until it prints `until` (empty: until its output
+// ends), for at most 30 s.
+std::string ReadOutput(ChildProcess& child, const std::string& until) {
+  std::string output;
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (child.output_fd() >= 0 && absl::Now() < deadline &&
+         (until.empty() || output.find(until) == std::string::npos)) {
+    pollfd fd{child.output_fd(), POLLIN, 0};
+    poll(&fd, 1, 1000);
+    for (const std::string& line : child.ReadLines()) output += line + "\n";
+  }
+  return output;
+}
+
 TEST_F(SecuredClusterTest, WorkersWithTheJobsCertificatesAndTokenTrain) {
   StartServer(Tls("job", "server") + Token("job"));
   EXPECT_EQ(server_->bulk_port(), 0) << "the plaintext bulk transport must be off";
@@ -176,22 +189,18 @@ TEST_F(SecuredClusterTest, AClientCertificateOfAnotherCaIsRefusedAndCounted) {
 // after PsServer::kHandshakeTimeout (gRPC's default would keep it 120 s).
 TEST_F(SecuredClusterTest, ASilentConnectionIsClosedAfterTheHandshakeTimeout) {
   StartServer(Tls("job", "server") + Token("job"));
-  const std::string& address = server_->address();
-  const int port = std::stoi(address.substr(address.rfind(':') + 1));
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  ASSERT_GE(fd, 0);
-  sockaddr_in to{};
-  to.sin_family = AF_INET;
-  to.sin_port = htons(static_cast<uint16_t>(port));
-  to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(connect(fd, reinterpret_cast<const sockaddr*>(&to), sizeof(to)), 0);
-  pollfd readable{fd, POLLIN, 0};
+  std::string host;
+  int port = 0;
+  ASSERT_TRUE(SplitHostPort(server_->address(), &host, &port).ok());
+  absl::StatusOr<Socket> silent =
+      ConnectTcp(host, port, absl::Now() + absl::Seconds(10), "the silent connection");
+  ASSERT_TRUE(silent.ok()) << silent.status();
+  pollfd readable{silent->fd(), POLLIN, 0};
   const int limit_ms =
       static_cast<int>(absl::ToInt64Milliseconds(2 * PsServer::kHandshakeTimeout));
   const int ready = poll(&readable, 1, limit_ms);
   char byte;
-  const ssize_t got = ready == 1 ? recv(fd, &byte, 1, 0) : -1;
-  close(fd);
+  const ssize_t got = ready == 1 ? recv(silent->fd(), &byte, 1, 0) : -1;
   ASSERT_EQ(ready, 1) << "the silent connection is still open after " << limit_ms << " ms";
   EXPECT_EQ(got, 0) << "the server sent data on a connection that said nothing";
 }
@@ -264,13 +273,7 @@ TEST_F(SecuredClusterTest, TheServerRefusesANonLoopbackAddressWithoutTlsAndToken
                                      "--listen=192.0.2.1:7000"},
                           {});
   ASSERT_TRUE(server.ok()) << server.status();
-  std::string output;
-  const absl::Time deadline = absl::Now() + absl::Seconds(30);
-  while (server->output_fd() >= 0 && absl::Now() < deadline) {
-    pollfd fd{server->output_fd(), POLLIN, 0};
-    poll(&fd, 1, 1000);
-    for (const std::string& line : server->ReadLines()) output += line + "\n";
-  }
+  const std::string output = ReadOutput(*server, "");
   int wait_status = 0;
   if (server->output_fd() >= 0) server->Signal(SIGKILL);
   ASSERT_EQ(waitpid(server->pid(), &wait_status, 0), server->pid());
@@ -292,14 +295,7 @@ TEST_F(SecuredClusterTest, TheServerRaisesItsOpenFileLimitToTheHardLimit) {
                            "--config=" + config.string()},
                           {});
   ASSERT_TRUE(server.ok()) << server.status();
-  std::string output;
-  const absl::Time deadline = absl::Now() + absl::Seconds(30);
-  while (server->output_fd() >= 0 && absl::Now() < deadline &&
-         output.find("listening on") == std::string::npos) {
-    pollfd fd{server->output_fd(), POLLIN, 0};
-    poll(&fd, 1, 1000);
-    for (const std::string& line : server->ReadLines()) output += line + "\n";
-  }
+  const std::string output = ReadOutput(*server, "listening on");
   std::ifstream limits(absl::StrCat("/proc/", server->pid(), "/limits"));
   std::string soft;
   for (std::string line; std::getline(limits, line);) {

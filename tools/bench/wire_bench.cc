@@ -104,15 +104,18 @@ double SelfCpuSeconds() {
          1e-6 * (usage.ru_utime.tv_usec + usage.ru_stime.tv_usec);
 }
 
-// The job's security block with `who`'s certificate, empty without --certs.
-std::string SecurityText(const std::string& who) {
+// The job's security files with `who`'s certificate ("server" or
+// "client"); none without --certs.
+v1::SecurityConfig SecurityFiles(const std::string& who) {
+  v1::SecurityConfig security;
   const std::string dir = absl::GetFlag(FLAGS_certs);
-  if (dir.empty()) return "";
+  if (dir.empty()) return security;
   const std::filesystem::path d(dir);
-  return absl::StrCat("security { ca_cert: \"", (d / "ca.pem").string(), "\" cert: \"",
-                      (d / (who + ".pem")).string(), "\" key: \"",
-                      (d / (who + ".key")).string(), "\" token_file: \"",
-                      (d / "token").string(), "\" }\n");
+  security.set_ca_cert((d / "ca.pem").string());
+  security.set_cert((d / (who + ".pem")).string());
+  security.set_key((d / (who + ".key")).string());
+  security.set_token_file((d / "token").string());
+  return security;
 }
 
 std::string JobText(const Case& c, int block_size) {
@@ -133,7 +136,8 @@ std::string JobText(const Case& c, int block_size) {
                       c.ratio == 1 ? "algorithm { name: \"ssgd\""
                                    : absl::StrCat("algorithm { name: \"cser-pl\" period: 1 "
                                                   "ratio_c1: ", c.ratio),
-                      " block_size: ", block_size, " }\n", SecurityText("server"));
+                      " block_size: ", block_size, " }\n", "security {",
+                      SecurityFiles("server").ShortDebugString(), "}\n");
 }
 
 struct Measured {
@@ -188,10 +192,7 @@ absl::StatusOr<Measured> MeasureCserps(const Case& c, const std::string& server)
                                                   "cluster.servers=",
                                                   absl::StrJoin(servers->addresses(), ","))}));
   std::filesystem::remove(path);
-  if (const std::string dir = absl::GetFlag(FLAGS_certs); !dir.empty()) {
-    config.mutable_security()->set_cert((std::filesystem::path(dir) / "client.pem").string());
-    config.mutable_security()->set_key((std::filesystem::path(dir) / "client.key").string());
-  }
+  *config.mutable_security() = SecurityFiles("client");
   std::vector<std::unique_ptr<PsClient>> clients;
   for (int m = 0; m < c.members; ++m) {
     ASSIGN_OR_RETURN(std::unique_ptr<PsClient> client, PsClient::Connect(config, c.bytes / 4));
