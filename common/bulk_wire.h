@@ -3,7 +3,8 @@
 // place, next to gRPC, which keeps every other call. Fixed little-endian
 // headers; the payload is the float32 bytes of docs/protocol.md 3.
 //
-//   client -> server  Hello once, then Requests;
+//   client -> server  Hello once (with the job's token, if it has one),
+//                     then Requests;
 //   server -> client  a Reply to the Hello, then one Reply per Request, in
 //                     the order their rounds complete (request_id matches).
 #ifndef CSERPS_COMMON_BULK_WIRE_H_
@@ -25,6 +26,8 @@ inline constexpr uint32_t kVersion = 1;
 inline constexpr uint32_t kPushPull = 1;
 // Longest error message a reply carries; longer ones are cut.
 inline constexpr uint32_t kMaxMessageBytes = 4096;
+// Longest token a hello may carry.
+inline constexpr uint32_t kMaxTokenBytes = 4096;
 
 struct Hello {
   static constexpr size_t kBytes = 24;
@@ -32,6 +35,8 @@ struct Hello {
   uint32_t version = kVersion;
   uint64_t fingerprint = 0;
   uint32_t rank = 0;
+  // The bytes of the job's token that follow the hello; 0: none.
+  uint32_t token_bytes = 0;
 };
 
 // One PushPull: the fields of docs/protocol.md 8.2, then `count` floats.
@@ -80,11 +85,12 @@ inline void Encode(const Hello& h, char* out) {
   Put(out, 4, h.version);
   Put(out, 8, h.fingerprint);
   Put(out, 16, h.rank);
+  Put(out, 20, h.token_bytes);
 }
 inline Hello DecodeHello(const char* in) {
   using internal::Get;
   return {Get<uint32_t>(in, 0), Get<uint32_t>(in, 4), Get<uint64_t>(in, 8),
-          Get<uint32_t>(in, 16)};
+          Get<uint32_t>(in, 16), Get<uint32_t>(in, 20)};
 }
 
 inline void Encode(const Request& r, char* out) {

@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <functional>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -121,19 +122,11 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address,
 
 absl::Status CheckCallToken(const grpc::ServerContextBase& context,
                             absl::string_view expected) {
-  if (expected.empty()) return absl::OkStatus();
   const auto& metadata = context.client_metadata();
   const auto found = metadata.find(kTokenMetadataKey);
-  if (found == metadata.end()) {
-    return absl::UnauthenticatedError(absl::StrCat(
-        "the call carries no job token (metadata ", kTokenMetadataKey,
-        "): this server requires the job's security.token_file"));
-  }
-  if (!TokenMatches(expected, absl::string_view(found->second.data(), found->second.size()))) {
-    return absl::UnauthenticatedError(
-        "the call's job token is not this job's (security.token_file differs)");
-  }
-  return absl::OkStatus();
+  std::optional<absl::string_view> given;
+  if (found != metadata.end()) given = absl::string_view(found->second.data(), found->second.size());
+  return CheckToken(expected, given, "the call", absl::StrCat("metadata ", kTokenMetadataKey));
 }
 
 }  // namespace cserps

@@ -38,26 +38,6 @@ absl::Status Configure(int fd, absl::string_view what) {
   return absl::OkStatus();
 }
 
-// Waits until `fd` is ready for `events` or the deadline passes.
-absl::Status WaitFor(int fd, short events, absl::Time deadline, absl::string_view what) {
-  for (;;) {
-    int timeout_ms = -1;
-    if (deadline != absl::InfiniteFuture()) {
-      const absl::Duration left = deadline - absl::Now();
-      if (left <= absl::ZeroDuration()) {
-        return absl::DeadlineExceededError(
-            absl::StrCat(what, ": deadline exceeded waiting for the peer"));
-      }
-      timeout_ms = static_cast<int>(
-          std::min<int64_t>(absl::ToInt64Milliseconds(left) + 1, INT_MAX));
-    }
-    pollfd p{fd, events, 0};
-    const int r = poll(&p, 1, timeout_ms);
-    if (r > 0) return absl::OkStatus();  // errors show in the next call
-    if (r < 0 && errno != EINTR) return Errno(what, "poll");
-  }
-}
-
 }  // namespace
 
 absl::Span<iovec> SkipBytes(absl::Span<iovec> iov, size_t n) {
@@ -196,6 +176,25 @@ absl::StatusOr<Socket> AcceptTcp(const Socket& listener) {
     }
     if (errno == EINTR || errno == ECONNABORTED) continue;
     return Errno("bulk listener", "accept");
+  }
+}
+
+absl::Status WaitFor(int fd, short events, absl::Time deadline, absl::string_view what) {
+  for (;;) {
+    int timeout_ms = -1;
+    if (deadline != absl::InfiniteFuture()) {
+      const absl::Duration left = deadline - absl::Now();
+      if (left <= absl::ZeroDuration()) {
+        return absl::DeadlineExceededError(
+            absl::StrCat(what, ": deadline exceeded waiting for the peer"));
+      }
+      timeout_ms = static_cast<int>(
+          std::min<int64_t>(absl::ToInt64Milliseconds(left) + 1, INT_MAX));
+    }
+    pollfd p{fd, events, 0};
+    const int r = poll(&p, 1, timeout_ms);
+    if (r > 0) return absl::OkStatus();  // errors show in the next call
+    if (r < 0 && errno != EINTR) return Errno(what, "poll");
   }
 }
 

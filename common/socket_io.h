@@ -48,6 +48,9 @@ absl::StatusOr<Socket> AcceptTcp(const Socket& listener);
 absl::StatusOr<Socket> ConnectTcp(const std::string& host, int port, absl::Time deadline,
                                   absl::string_view what);
 
+// Waits until `fd` is ready for `events` (poll's) or the deadline passes.
+absl::Status WaitFor(int fd, short events, absl::Time deadline, absl::string_view what);
+
 // Sends every byte of `iov` (modified: consumed as it is sent).
 absl::Status SendAll(int fd, absl::Span<iovec> iov, absl::Time deadline,
                      absl::string_view what);

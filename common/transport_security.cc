@@ -1,10 +1,8 @@
 #include "common/transport_security.h"
 
-#include <openssl/bio.h>
 #include <openssl/crypto.h>
 #include <openssl/err.h>
 #include <openssl/evp.h>
-#include <openssl/pem.h>
 #include <openssl/sha.h>
 #include <openssl/x509.h>
 #include <openssl/x509_vfy.h>
@@ -21,36 +19,18 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/openssl_pem.h"
 #include "common/status.h"
 
 namespace cserps {
 namespace {
 
-struct BioFree {
-  void operator()(BIO* b) const { BIO_free(b); }
-};
-struct X509Free {
-  void operator()(X509* x) const { X509_free(x); }
-};
-struct KeyFree {
-  void operator()(EVP_PKEY* k) const { EVP_PKEY_free(k); }
-};
 struct StoreFree {
   void operator()(X509_STORE* s) const { X509_STORE_free(s); }
 };
 struct StoreCtxFree {
   void operator()(X509_STORE_CTX* c) const { X509_STORE_CTX_free(c); }
 };
-
-// The reason OpenSSL gave for the last failure, and its queue emptied.
-std::string OpenSslReason() {
-  const unsigned long code = ERR_get_error();  // NOLINT(runtime/int): OpenSSL's type
-  ERR_clear_error();
-  if (code == 0) return "no PEM data";
-  char buffer[256];
-  ERR_error_string_n(code, buffer, sizeof(buffer));
-  return buffer;
-}
 
 absl::StatusOr<std::string> ReadNamedFile(absl::string_view field, const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -68,30 +48,16 @@ absl::StatusOr<std::string> ReadNamedFile(absl::string_view field, const std::st
   return contents;
 }
 
-// The certificates of a PEM bundle; none when it holds no PEM certificate.
-std::vector<std::unique_ptr<X509, X509Free>> ReadCertificates(absl::string_view pem) {
-  std::unique_ptr<BIO, BioFree> bio(BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())));
-  std::vector<std::unique_ptr<X509, X509Free>> out;
-  while (X509* cert = PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr)) {
-    out.emplace_back(cert);
-  }
-  ERR_clear_error();  // the end of the bundle reads as an error
-  return out;
-}
-
 absl::Status CheckTls(const v1::SecurityConfig& config, const TlsFiles& files) {
   auto invalid = [](absl::string_view field, const std::string& path, absl::string_view what) {
     return absl::InvalidArgumentError(absl::StrCat("security.", field, " ", path, ": ", what));
   };
-  if (ReadCertificates(files.ca_pem).empty()) {
+  if (ReadPemCertificates(files.ca_pem).empty()) {
     return invalid("ca_cert", config.ca_cert(), "holds no PEM certificate");
   }
-  std::vector<std::unique_ptr<X509, X509Free>> chain = ReadCertificates(files.cert_pem);
+  std::vector<X509Ptr> chain = ReadPemCertificates(files.cert_pem);
   if (chain.empty()) return invalid("cert", config.cert(), "holds no PEM certificate");
-  std::unique_ptr<BIO, BioFree> key_bio(
-      BIO_new_mem_buf(files.key_pem.data(), static_cast<int>(files.key_pem.size())));
-  std::unique_ptr<EVP_PKEY, KeyFree> key(
-      PEM_read_bio_PrivateKey(key_bio.get(), nullptr, nullptr, nullptr));
+  KeyPtr key = ReadPemPrivateKey(files.key_pem);
   if (key == nullptr) {
     return invalid("key", config.key(),
                    absl::StrCat("not an unencrypted PEM private key (", OpenSslReason(), ")"));
@@ -158,8 +124,8 @@ absl::StatusOr<TransportSecurity> LoadTransportSecurity(const v1::SecurityConfig
 
 absl::Status VerifyCertificate(absl::string_view ca_pem, absl::string_view chain_pem) {
   std::unique_ptr<X509_STORE, StoreFree> store(X509_STORE_new());
-  for (const auto& ca : ReadCertificates(ca_pem)) X509_STORE_add_cert(store.get(), ca.get());
-  std::vector<std::unique_ptr<X509, X509Free>> chain = ReadCertificates(chain_pem);
+  for (const auto& ca : ReadPemCertificates(ca_pem)) X509_STORE_add_cert(store.get(), ca.get());
+  std::vector<X509Ptr> chain = ReadPemCertificates(chain_pem);
   if (chain.empty()) return absl::UnauthenticatedError("no certificate");
   std::unique_ptr<STACK_OF(X509), void (*)(STACK_OF(X509)*)> intermediates(
       sk_X509_new_null(), [](STACK_OF(X509)* s) { sk_X509_free(s); });
@@ -203,6 +169,21 @@ bool TokenMatches(absl::string_view expected, absl::string_view given) {
   SHA256(reinterpret_cast<const unsigned char*>(expected.data()), expected.size(), a);
   SHA256(reinterpret_cast<const unsigned char*>(given.data()), given.size(), b);
   return CRYPTO_memcmp(a, b, sizeof(a)) == 0;
+}
+
+absl::Status CheckToken(absl::string_view expected, std::optional<absl::string_view> given,
+                        absl::string_view carrier, absl::string_view where) {
+  if (expected.empty()) return absl::OkStatus();
+  if (!given.has_value()) {
+    return absl::UnauthenticatedError(absl::StrCat(
+        carrier, " carries no job token (", where,
+        "): this server requires the job's security.token_file"));
+  }
+  if (!TokenMatches(expected, *given)) {
+    return absl::UnauthenticatedError(absl::StrCat(
+        carrier, "'s job token is not this job's (security.token_file differs)"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace cserps

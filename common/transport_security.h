@@ -57,6 +57,12 @@ absl::Status CheckExposure(absl::string_view listen_address,
 // a caller cannot find the token byte by byte.
 bool TokenMatches(absl::string_view expected, absl::string_view given);
 
+// OK when the job has no token (`expected` empty) or `given` is it;
+// otherwise UNAUTHENTICATED saying whether `carrier` ("the call") carried
+// none (`given` empty; `where` says where it belongs) or another.
+absl::Status CheckToken(absl::string_view expected, std::optional<absl::string_view> given,
+                        absl::string_view carrier, absl::string_view where);
+
 }  // namespace cserps
 
 #endif  // CSERPS_COMMON_TRANSPORT_SECURITY_H_

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <deque>
+#include <optional>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -15,7 +17,9 @@
 namespace cserps {
 namespace {
 
-// A connection must say who it is this soon after it opens.
+// A connection must finish its TLS handshake this soon after it opens (as
+// PsServer::kHandshakeTimeout for gRPC's), and say who it is this soon.
+constexpr absl::Duration kHandshakeTimeout = absl::Seconds(10);
 constexpr absl::Duration kHelloTimeout = absl::Seconds(30);
 // At shutdown, how long writers may take to send what is queued.
 constexpr absl::Duration kDrainTimeout = absl::Seconds(3);
@@ -26,8 +30,9 @@ constexpr size_t kDirectReplyBytes = 256 << 10;
 
 class BulkServer::Connection : public std::enable_shared_from_this<Connection> {
  public:
-  Connection(Socket socket, ShardContext* shard, ParameterServerService* service)
-      : socket_(std::move(socket)),
+  Connection(std::unique_ptr<ByteStream> stream, ShardContext* shard,
+             ParameterServerService* service)
+      : stream_(std::move(stream)),
         shard_(*shard),
         service_(*service),
         chunk_floats_(shard->chunk_floats()),
@@ -49,12 +54,12 @@ class BulkServer::Connection : public std::enable_shared_from_this<Connection> {
   // Stops reading; the writer sends what is queued within kDrainTimeout, then
   // the socket is shut both ways. Joins both threads.
   void StopAndJoin() {
-    shutdown(socket_.fd(), SHUT_RD);
+    shutdown(stream_->fd(), SHUT_RD);
     {
       absl::MutexLock lock(&mu_);
       mu_.AwaitWithTimeout(absl::Condition(&writer_done_), kDrainTimeout);
     }
-    shutdown(socket_.fd(), SHUT_RDWR);
+    shutdown(stream_->fd(), SHUT_RDWR);
     Join();
   }
 
@@ -84,10 +89,12 @@ class BulkServer::Connection : public std::enable_shared_from_this<Connection> {
   // Answers the hello, then every request, until the peer closes or a frame
   // cannot be read on from (then answered with the reason, request_id 0).
   absl::Status Serve(const absl::Status& refusal) {
+    // Nothing can be answered on a connection whose handshake failed.
+    RETURN_IF_ERROR(stream_->Handshake(absl::Now() + kHandshakeTimeout, "bulk handshake"));
     char hello_bytes[bulk::Hello::kBytes];
-    absl::Status ok = RecvAll(socket_.fd(), hello_bytes, sizeof(hello_bytes),
-                              absl::Now() + kHelloTimeout, "bulk hello");
-    if (!ok.ok()) return ok;
+    const absl::Time hello_deadline = absl::Now() + kHelloTimeout;
+    RETURN_IF_ERROR(
+        stream_->RecvAll(hello_bytes, sizeof(hello_bytes), hello_deadline, "bulk hello"));
     const bulk::Hello hello = bulk::DecodeHello(hello_bytes);
     if (hello.magic != bulk::kMagic || hello.version != bulk::kVersion) {
       return Fatal(absl::InvalidArgumentError(absl::StrCat(
@@ -96,6 +103,16 @@ class BulkServer::Connection : public std::enable_shared_from_this<Connection> {
           bulk::kVersion, ")")));
     }
     if (!refusal.ok()) return Fatal(refusal);
+    if (hello.token_bytes > bulk::kMaxTokenBytes) {
+      return Fatal(absl::InvalidArgumentError(absl::StrCat("a bulk hello's token of ",
+                                                           hello.token_bytes, " bytes (at most ",
+                                                           bulk::kMaxTokenBytes, ")")));
+    }
+    std::string token(hello.token_bytes, '\0');
+    RETURN_IF_ERROR(stream_->RecvAll(token.data(), token.size(), hello_deadline, "bulk hello"));
+    absl::Status ok = shard_.AuthenticateHello(
+        token.empty() ? std::nullopt : std::optional<absl::string_view>(token));
+    if (!ok.ok()) return Fatal(ok);
     ok = shard_.Admit(hello.fingerprint, hello.rank, absl::Now());
     if (!ok.ok()) return Fatal(ok);
     Enqueue(Outgoing{});  // the hello's OK
@@ -103,8 +120,8 @@ class BulkServer::Connection : public std::enable_shared_from_this<Connection> {
     auto buffer = std::make_unique<float[]>(chunk_floats_);
     for (;;) {
       char head_bytes[bulk::Request::kBytes];
-      RETURN_IF_ERROR(RecvAll(socket_.fd(), head_bytes, sizeof(head_bytes),
-                              absl::InfiniteFuture(), "bulk request"));
+      RETURN_IF_ERROR(stream_->RecvAll(head_bytes, sizeof(head_bytes), absl::InfiniteFuture(),
+                                       "bulk request"));
       const bulk::Request request = bulk::DecodeRequest(head_bytes);
       if (request.kind != bulk::kPushPull) {
         return Fatal(absl::InvalidArgumentError(
@@ -115,8 +132,8 @@ class BulkServer::Connection : public std::enable_shared_from_this<Connection> {
             "bulk request ", request.request_id, " carries ", request.count,
             " floats; a chunk holds at most ", chunk_floats_)));
       }
-      RETURN_IF_ERROR(RecvAll(socket_.fd(), buffer.get(), request.count * sizeof(float),
-                              absl::Now() + reply_timeout_, "bulk request values"));
+      RETURN_IF_ERROR(stream_->RecvAll(buffer.get(), request.count * sizeof(float),
+                                       absl::Now() + reply_timeout_, "bulk request values"));
       const absl::Time arrived = absl::Now();
       const uint64_t bytes = bulk::Request::kBytes + uint64_t{request.count} * sizeof(float);
       const ParameterServerService::PushPullHead head{
@@ -202,8 +219,9 @@ class BulkServer::Connection : public std::enable_shared_from_this<Connection> {
   // A small reply is written at once by the thread that produced it (the
   // one completing a round, usually another member's reader) when nothing
   // else is being written: most of a small round's time would otherwise be
-  // the hand-over to the writer. What the socket does not take at once, and
-  // every larger reply, the writer sends.
+  // the hand-over to the writer. What the socket does not take at once,
+  // every larger reply and every reply over TLS (whose records cannot be
+  // left half written for another thread), the writer sends.
   void Enqueue(Outgoing out) {
     {
       absl::MutexLock lock(&mu_);
@@ -211,7 +229,8 @@ class BulkServer::Connection : public std::enable_shared_from_this<Connection> {
       // Counted once committed to, before it leaves, as gRPC's replies are:
       // a member that has its mean sees it in the shard's counters.
       if (out.mean != nullptr) service_.CountReply(out.stream, FrameBytes(out));
-      if (writing_ || !queue_.empty() || IsLast(out) || FrameBytes(out) > kDirectReplyBytes) {
+      if (writing_ || !queue_.empty() || IsLast(out) || FrameBytes(out) > kDirectReplyBytes ||
+          stream_->tls()) {
         queue_.push_back(std::move(out));
         return;
       }
@@ -219,7 +238,7 @@ class BulkServer::Connection : public std::enable_shared_from_this<Connection> {
     }
     char head[bulk::Reply::kBytes];
     iovec iov[3];
-    absl::StatusOr<size_t> sent = SendSome(socket_.fd(), Unsent(out, head, iov), "bulk reply");
+    absl::StatusOr<size_t> sent = stream_->SendSome(Unsent(out, head, iov), "bulk reply");
     if (sent.ok()) out.sent += *sent;
     const bool whole = sent.ok() && out.sent == FrameBytes(out);
     absl::MutexLock lock(&mu_);
@@ -246,18 +265,18 @@ class BulkServer::Connection : public std::enable_shared_from_this<Connection> {
       char head[bulk::Reply::kBytes];
       iovec iov[3];
       // A member that reads nothing for a round's timeout is dropped.
-      absl::Status sent = SendAll(socket_.fd(), Unsent(out, head, iov),
-                                  absl::Now() + reply_timeout_, "bulk reply");
+      absl::Status sent = stream_->SendAll(Unsent(out, head, iov),
+                                           absl::Now() + reply_timeout_, "bulk reply");
       {
         absl::MutexLock lock(&mu_);
         writing_ = false;
       }
       if (!sent.ok()) {
-        shutdown(socket_.fd(), SHUT_RDWR);  // the reader stops too
+        shutdown(stream_->fd(), SHUT_RDWR);  // the reader stops too
         break;
       }
       if (IsLast(out)) {
-        shutdown(socket_.fd(), SHUT_RDWR);
+        shutdown(stream_->fd(), SHUT_RDWR);
         break;
       }
     }
@@ -266,7 +285,7 @@ class BulkServer::Connection : public std::enable_shared_from_this<Connection> {
     queue_.clear();
   }
 
-  const Socket socket_;
+  const std::unique_ptr<ByteStream> stream_;
   ShardContext& shard_;
   ParameterServerService& service_;
   const uint64_t chunk_floats_;
@@ -285,6 +304,11 @@ absl::StatusOr<std::unique_ptr<BulkServer>> BulkServer::Start(ShardContext* shar
                                                               ParameterServerService* service,
                                                               const std::string& host,
                                                               int port) {
+  std::shared_ptr<TlsContext> tls;
+  if (shard->security().tls.has_value()) {
+    ASSIGN_OR_RETURN(tls, TlsContext::ForServer(*shard->security().tls,
+                                                shard->bad_certificate_counter()));
+  }
   int bound = 0;
   absl::StatusOr<Socket> listener = ListenTcp(host, port, &bound);
   if (!listener.ok()) {
@@ -292,15 +316,16 @@ absl::StatusOr<std::unique_ptr<BulkServer>> BulkServer::Start(ShardContext* shar
         absl::StrCat("bulk transport: ", listener.status().message()));
   }
   std::unique_ptr<BulkServer> server(
-      new BulkServer(shard, service, *std::move(listener), bound));
+      new BulkServer(shard, service, std::move(tls), *std::move(listener), bound));
   server->acceptor_ = std::thread([s = server.get()] { s->AcceptLoop(); });
   return server;
 }
 
-BulkServer::BulkServer(ShardContext* shard, ParameterServerService* service, Socket listener,
-                       int port)
+BulkServer::BulkServer(ShardContext* shard, ParameterServerService* service,
+                       std::shared_ptr<TlsContext> tls, Socket listener, int port)
     : shard_(*shard),
       service_(*service),
+      tls_(std::move(tls)),
       listener_(std::move(listener)),
       port_(port),
       max_connections_(size_t{kConnectionsPerMember} * shard->config().cluster().num_workers()) {}
@@ -330,7 +355,20 @@ void BulkServer::AcceptLoop() {
           "shard ", shard_.shard(), " holds its limit of ", max_connections_,
           " bulk connections (", kConnectionsPerMember, " per member)"));
     }
-    auto connection = std::make_shared<Connection>(*std::move(socket), &shard_, &service_);
+    std::unique_ptr<ByteStream> stream;
+    if (tls_ == nullptr) {
+      stream = ByteStream::Plain(*std::move(socket));
+    } else {
+      absl::StatusOr<std::unique_ptr<ByteStream>> secured =
+          ByteStream::Tls(*std::move(socket), *tls_, "");
+      if (!secured.ok()) {
+        spdlog::warn("shard {} bulk connection: {}", shard_.shard(),
+                     std::string(secured.status().message()));
+        continue;
+      }
+      stream = *std::move(secured);
+    }
+    auto connection = std::make_shared<Connection>(std::move(stream), &shard_, &service_);
     connection->Start(std::move(refusal));
     connections_.push_back(std::move(connection));
   }

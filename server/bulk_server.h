@@ -1,5 +1,5 @@
 // The bulk transport of one shard (docs/protocol.md 17): PushPull rounds
-// over plain TCP, next to the gRPC service, into the same RoundTable, so a
+// over TCP, with TLS when the job has it, next to the gRPC service, into the same RoundTable, so a
 // round may mix members of both. A connection's floats are read into one
 // buffer it keeps and added to the round from there; each reply is written
 // from the round's mean, which every member's reply shares.
@@ -19,6 +19,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/byte_stream.h"
 #include "common/socket_io.h"
 #include "server/parameter_server_service.h"
 #include "server/shard_context.h"
@@ -50,14 +51,15 @@ class BulkServer {
 
  private:
   class Connection;
-  BulkServer(ShardContext* shard, ParameterServerService* service, Socket listener,
-             int port);
+  BulkServer(ShardContext* shard, ParameterServerService* service,
+             std::shared_ptr<TlsContext> tls, Socket listener, int port);
   void AcceptLoop();
   // Joins and drops the connections whose threads have ended.
   void Reap() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   ShardContext& shard_;
   ParameterServerService& service_;
+  const std::shared_ptr<TlsContext> tls_;  // null: plaintext
   Socket listener_;
   const int port_;
   const size_t max_connections_;

@@ -44,9 +44,6 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(
     checkpoint->AddSection(SparseExchangeService::kMomentumSection,
                            [sparse] { return sparse->MomentumForCheckpoint(); });
   }
-  // The bulk transport is plaintext and carries no token: a secured shard
-  // offers none, so its workers' rounds go over gRPC.
-  if (server->shard_->security().enabled()) bulk_port = -1;
   if (bulk_port >= 0) {
     std::string host;
     int unused = 0;

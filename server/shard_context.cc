@@ -73,6 +73,12 @@ absl::Status ShardContext::Authenticate(const grpc::ServerContextBase& context) 
   return status;
 }
 
+absl::Status ShardContext::AuthenticateHello(std::optional<absl::string_view> token) {
+  absl::Status status = CheckToken(security_.token, token, "the bulk hello", "token_bytes");
+  if (!status.ok()) unauthenticated_.fetch_add(1, std::memory_order_relaxed);
+  return status;
+}
+
 const absl::Status& ShardContext::Refusal(const absl::Status& refusal) {
   switch (refusal.code()) {
     case absl::StatusCode::kInvalidArgument:

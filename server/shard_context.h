@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -82,6 +83,8 @@ class ShardContext {
   // UNAUTHENTICATED, counted, when the job has a token and the call does not
   // carry it (CheckCallToken). Every handler asks before anything else.
   absl::Status Authenticate(const grpc::ServerContextBase& context);
+  // The same for a bulk hello's token (none: the hello carried none).
+  absl::Status AuthenticateHello(std::optional<absl::string_view> token);
   // Calls Authenticate refused.
   uint64_t unauthenticated() const { return unauthenticated_.load(std::memory_order_relaxed); }
   // `refusal`, counted as bad input when its code says the request itself

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/bulk_wire.h"
 #include "common/config.h"
 #include "common/metrics.h"
 #include "common/socket_io.h"
@@ -134,7 +135,7 @@ std::string ReadOutput(ChildProcess& child, const std::string& until) {
 
 TEST_F(SecuredClusterTest, WorkersWithTheJobsCertificatesAndTokenTrain) {
   StartServer(Tls("job", "server") + Token("job"));
-  EXPECT_EQ(server_->bulk_port(), 0) << "the plaintext bulk transport must be off";
+  ASSERT_NE(server_->bulk_port(), 0) << "a secured shard offers the bulk transport over TLS";
   std::unique_ptr<PsClient> clients[2] = {Client(Tls("job", "client") + Token("job")),
                                           Client(Tls("job", "client") + Token("job"))};
   ASSERT_TRUE(clients[0] != nullptr && clients[1] != nullptr);
@@ -161,6 +162,13 @@ TEST_F(SecuredClusterTest, WorkersWithTheJobsCertificatesAndTokenTrain) {
   ASSERT_TRUE(status[1].ok()) << status[1];
   EXPECT_EQ(means[0], std::vector<float>(kD, 1.5f));
   EXPECT_EQ(means[1], means[0]);
+  // The round went over the bulk connections (TLS, with the token in the
+  // hello): one 48-byte-header frame out, one 24-byte-header frame back.
+  for (const auto& client : clients) {
+    const TrafficCounts traffic = client->traffic(v1::MODEL);
+    EXPECT_EQ(traffic.request_bytes, bulk::Request::kBytes + kD * sizeof(float));
+    EXPECT_EQ(traffic.reply_bytes, bulk::Reply::kBytes + kD * sizeof(float));
+  }
   EXPECT_EQ(Refused("unauthenticated"), 0);
   EXPECT_EQ(Refused("bad_certificate"), 0);
 }

@@ -16,14 +16,14 @@ absl::Status WithPrefix(absl::string_view prefix, const absl::Status& status) {
 
 // Reads the message of a reply with code != 0: the refusal it carries, or
 // the error reading it.
-absl::StatusOr<absl::Status> ReadRefusal(int fd, const bulk::Reply& reply,
+absl::StatusOr<absl::Status> ReadRefusal(ByteStream& stream, const bulk::Reply& reply,
                                          absl::Time deadline, absl::string_view what) {
   if (reply.message_bytes > bulk::kMaxMessageBytes) {
     return absl::DataLossError(absl::StrCat("a reply's message of ", reply.message_bytes,
                                             " bytes (at most ", bulk::kMaxMessageBytes, ")"));
   }
   std::string message(reply.message_bytes, '\0');
-  RETURN_IF_ERROR(RecvAll(fd, message.data(), message.size(), deadline, what));
+  RETURN_IF_ERROR(stream.RecvAll(message.data(), message.size(), deadline, what));
   return absl::Status(static_cast<absl::StatusCode>(reply.code), message);
 }
 
@@ -31,25 +31,35 @@ absl::StatusOr<absl::Status> ReadRefusal(int fd, const bulk::Reply& reply,
 
 absl::StatusOr<std::unique_ptr<BulkChannel>> BulkChannel::Connect(
     const std::string& host, int port, uint64_t fingerprint, uint32_t rank,
-    absl::Time deadline, std::string name) {
+    const Credentials& credentials, absl::Time deadline, std::string name) {
   const std::string what = absl::StrCat("bulk connection to ", name);
-  absl::StatusOr<Socket> socket = ConnectTcp(host, port, deadline, what);
-  if (!socket.ok()) return socket.status();
+  ASSIGN_OR_RETURN(Socket socket, ConnectTcp(host, port, deadline, what));
+  std::unique_ptr<ByteStream> stream;
+  if (credentials.tls == nullptr) {
+    stream = ByteStream::Plain(std::move(socket));
+  } else {
+    ASSIGN_OR_RETURN(stream, ByteStream::Tls(std::move(socket), *credentials.tls, host));
+  }
+  RETURN_IF_ERROR(stream->Handshake(deadline, what));
   char hello[bulk::Hello::kBytes];
-  bulk::Encode(bulk::Hello{.fingerprint = fingerprint, .rank = rank}, hello);
-  iovec iov{hello, sizeof(hello)};
-  RETURN_IF_ERROR(SendAll(socket->fd(), absl::MakeSpan(&iov, 1), deadline, what));
+  bulk::Encode(bulk::Hello{.fingerprint = fingerprint,
+                           .rank = rank,
+                           .token_bytes = static_cast<uint32_t>(credentials.token.size())},
+               hello);
+  iovec iov[2] = {{hello, sizeof(hello)},
+                  {const_cast<char*>(credentials.token.data()), credentials.token.size()}};
+  RETURN_IF_ERROR(stream->SendAll(absl::MakeSpan(iov), deadline, what));
   char head[bulk::Reply::kBytes];
-  RETURN_IF_ERROR(RecvAll(socket->fd(), head, sizeof(head), deadline, what));
+  RETURN_IF_ERROR(stream->RecvAll(head, sizeof(head), deadline, what));
   const bulk::Reply reply = bulk::DecodeReply(head);
   if (reply.code != 0) {
-    absl::StatusOr<absl::Status> refusal = ReadRefusal(socket->fd(), reply, deadline, what);
+    absl::StatusOr<absl::Status> refusal = ReadRefusal(*stream, reply, deadline, what);
     return WithPrefix(what, refusal.ok() ? *refusal : refusal.status());
   }
   if (reply.request_id != 0 || reply.count != 0) {
     return absl::DataLossError(absl::StrCat(what, ": the hello's answer is not a bulk reply"));
   }
-  return std::unique_ptr<BulkChannel>(new BulkChannel(*std::move(socket), std::move(name)));
+  return std::unique_ptr<BulkChannel>(new BulkChannel(std::move(stream), std::move(name)));
 }
 
 bool BulkChannel::broken() const {
@@ -60,7 +70,7 @@ bool BulkChannel::broken() const {
 void BulkChannel::Break(absl::Status status) {
   if (broken_.ok()) {
     broken_ = WithPrefix(absl::StrCat("PushPull to ", name_), status);
-    shutdown(socket_.fd(), SHUT_RDWR);
+    shutdown(stream_->fd(), SHUT_RDWR);
   }
   // The request being read into stays pending until its reader is back.
   for (auto& [id, pending] : pending_) {
@@ -102,7 +112,7 @@ absl::StatusOr<uint64_t> BulkChannel::Send(bulk::Request request,
   absl::Status sent;
   {
     absl::MutexLock lock(&send_mu_);
-    sent = SendAll(socket_.fd(), absl::MakeSpan(iov), deadline, "send");
+    sent = stream_->SendAll(absl::MakeSpan(iov), deadline, "send");
   }
   if (!sent.ok()) {
     absl::MutexLock lock(&mu_);
@@ -150,7 +160,7 @@ absl::Status BulkChannel::Wait(uint64_t id, absl::Time deadline) {
 
 absl::Status BulkChannel::ReadOne(absl::Time deadline) {
   char head[bulk::Reply::kBytes];
-  RETURN_IF_ERROR(RecvAll(socket_.fd(), head, sizeof(head), deadline, "receive"));
+  RETURN_IF_ERROR(stream_->RecvAll(head, sizeof(head), deadline, "receive"));
   const bulk::Reply reply = bulk::DecodeReply(head);
   std::vector<absl::Span<float>> mean;
   {
@@ -160,7 +170,7 @@ absl::Status BulkChannel::ReadOne(absl::Time deadline) {
       // Request 0: the shard ends the connection, saying why.
       if (reply.request_id == 0 && reply.code != 0) {
         absl::StatusOr<absl::Status> refusal =
-            ReadRefusal(socket_.fd(), reply, deadline, "receive");
+            ReadRefusal(*stream_, reply, deadline, "receive");
         return refusal.ok() ? *refusal : refusal.status();
       }
       return absl::DataLossError(
@@ -177,13 +187,13 @@ absl::Status BulkChannel::ReadOne(absl::Time deadline) {
   absl::Status status;
   if (reply.code != 0) {
     ASSIGN_OR_RETURN(absl::Status refusal,
-                     ReadRefusal(socket_.fd(), reply, deadline, "receive"));
+                     ReadRefusal(*stream_, reply, deadline, "receive"));
     status = WithPrefix(absl::StrCat("PushPull to ", name_), refusal);
   } else {
     std::vector<iovec> iov;
     iov.reserve(mean.size());
     for (const auto& m : mean) iov.push_back({m.data(), m.size() * sizeof(float)});
-    RETURN_IF_ERROR(RecvAll(socket_.fd(), absl::MakeSpan(iov), deadline, "receive"));
+    RETURN_IF_ERROR(stream_->RecvAll(absl::MakeSpan(iov), deadline, "receive"));
   }
   absl::MutexLock lock(&mu_);
   if (reply.code == 0 && reply.members != 0) members_ = reply.members;

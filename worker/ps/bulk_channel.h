@@ -1,4 +1,5 @@
-// A worker's bulk connection to one shard (docs/protocol.md 17): PushPull
+// A worker's bulk connection to one shard (docs/protocol.md 17), over TLS
+// when the job has it: PushPull
 // requests written from the caller's floats (gathered from its spans, no
 // copy), and their replies read straight into the caller's mean spans.
 // Requests of several rounds may be in flight; a reply is delivered to its
@@ -22,18 +23,26 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/bulk_wire.h"
-#include "common/socket_io.h"
+#include "common/byte_stream.h"
 
 namespace cserps {
 
 class BulkChannel {
  public:
+  // How a channel proves it belongs to the job: TLS with the worker's
+  // certificate (null: plaintext) and the job's token (empty: none).
+  struct Credentials {
+    std::shared_ptr<TlsContext> tls;
+    std::string token;
+  };
+
   // Connects and says hello as `rank` of the job with `fingerprint`; the
-  // shard's refusal (a wrong fingerprint, an unregistered rank, too many
-  // connections) is the error, prefixed with `name` ("bulk connection to
-  // shard 1 at host:port"), as every later error is.
+  // shard's refusal (a wrong fingerprint or token, an unregistered rank, too
+  // many connections) is the error, prefixed with `name` ("bulk connection
+  // to shard 1 at host:port"), as every later error is.
   static absl::StatusOr<std::unique_ptr<BulkChannel>> Connect(const std::string& host, int port,
                                                               uint64_t fingerprint, uint32_t rank,
+                                                              const Credentials& credentials,
                                                               absl::Time deadline,
                                                               std::string name);
 
@@ -65,12 +74,13 @@ class BulkChannel {
     absl::Status status;
   };
 
-  BulkChannel(Socket socket, std::string name) : socket_(std::move(socket)), name_(std::move(name)) {}
+  BulkChannel(std::unique_ptr<ByteStream> stream, std::string name)
+      : stream_(std::move(stream)), name_(std::move(name)) {}
   // Reads one reply into its request's mean; an error breaks the channel.
   absl::Status ReadOne(absl::Time deadline);
   void Break(absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  const Socket socket_;
+  const std::unique_ptr<ByteStream> stream_;
   const std::string name_;
   // Held while a request is written, so frames never interleave.
   absl::Mutex send_mu_;

@@ -174,7 +174,8 @@ struct PsClient::Impl {
   std::vector<std::unique_ptr<v1::SparseExchange::Stub>> sparse_stubs_;
   // By shard: the bulk port Register reported (0: none) and the channel.
   std::vector<uint32_t> bulk_ports_;
-  bool secured_ = false;  // TLS or a token: no bulk transport
+  bool secured_ = false;  // TLS or a token
+  BulkChannel::Credentials bulk_credentials_;
   uint64_t resumed_from_step_ = 0;  // the shards' (Register)
   std::vector<std::unique_ptr<BulkChannel>> bulk_;
   uint32_t rank_ = 0;
@@ -208,6 +209,10 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(
                    LoadTransportSecurity(config.security()));
   auto impl = std::make_unique<Impl>(config, num_params, options);
   impl->secured_ = security.enabled();
+  impl->bulk_credentials_.token = security.token;
+  if (security.tls.has_value()) {
+    ASSIGN_OR_RETURN(impl->bulk_credentials_.tls, TlsContext::ForClient(*security.tls));
+  }
   impl->bulk_ports_.assign(config.cluster().servers_size(), 0);
   impl->incarnations_.assign(config.cluster().servers_size(), 0);
   impl->members_.reset(new std::atomic<uint32_t>[config.cluster().servers_size()]);
@@ -321,9 +326,7 @@ absl::Status PsClient::Impl::WhyUnreachable(uint32_t shard, const absl::Status& 
 }
 
 BulkChannel* PsClient::Impl::BulkFor(uint32_t shard) {
-  // The bulk transport is plaintext and carries no token.
-  if (config_.cluster().transport() == v1::ClusterConfig::GRPC || bulk_ports_[shard] == 0 ||
-      secured_) {
+  if (config_.cluster().transport() == v1::ClusterConfig::GRPC || bulk_ports_[shard] == 0) {
     return nullptr;
   }
   if (bulk_[shard] != nullptr && !bulk_[shard]->broken()) return bulk_[shard].get();
@@ -334,7 +337,8 @@ BulkChannel* PsClient::Impl::BulkFor(uint32_t shard) {
   absl::Status ok = SplitHostPort(addresses_[shard], &host, &port);
   absl::StatusOr<std::unique_ptr<BulkChannel>> channel =
       ok.ok() ? BulkChannel::Connect(host, static_cast<int>(bulk_ports_[shard]), fingerprint_,
-                                     rank_, absl::Now() + kBulkConnectTimeout, name)
+                                     rank_, bulk_credentials_, absl::Now() + kBulkConnectTimeout,
+                                     name)
               : absl::StatusOr<std::unique_ptr<BulkChannel>>(ok);
   if (!channel.ok()) {
     // A firewalled or unpublished bulk port costs speed, not the job.
