@@ -18,7 +18,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/bulk_wire.h"
+#include "common/byte_stream.h"
 #include "common/config.h"
+#include "common/config_fingerprint.h"
+#include "common/transport_security.h"
 #include "common/metrics.h"
 #include "common/socket_io.h"
 #include "gmock/gmock.h"
@@ -27,6 +30,7 @@
 #include "tests/testing/job_certificates.h"
 #include "tools/cluster/child_process.h"
 #include "tools/cluster/in_process_cluster.h"
+#include "worker/ps/bulk_channel.h"
 #include "worker/ps/ps_client.h"
 
 namespace cserps {
@@ -256,6 +260,46 @@ TEST_F(SecuredClusterTest, TheTokenIsCheckedWithoutTls) {
   absl::StatusOr<uint32_t> rank = worker->Register(0, "worker-0");
   ASSERT_TRUE(rank.ok()) << rank.status();
   EXPECT_EQ(Refused("unauthenticated"), 1);
+}
+
+// A secured shard's bulk port asks for the job's certificate first (a
+// refused one is counted), then for the token in the hello, before it says
+// anything of the job: each refusal names what was wrong, and the job's
+// credentials get as far as the hello's rank.
+TEST_F(SecuredClusterTest, TheBulkPortChecksTheCertificateThenTheToken) {
+  StartServer(Tls("job", "server") + Token("job"));
+  ASSERT_NE(server_->bulk_port(), 0);
+  const v1::JobConfig job = Config("");
+  auto connect = [&](const std::string& security, absl::Duration wait = absl::Seconds(10)) {
+    absl::StatusOr<TransportSecurity> loaded = LoadTransportSecurity(Config(security).security());
+    EXPECT_TRUE(loaded.ok()) << loaded.status();
+    BulkChannel::Credentials credentials{.tls = nullptr, .token = loaded->token};
+    if (loaded->tls.has_value()) credentials.tls = *TlsContext::ForClient(*loaded->tls);
+    return BulkChannel::Connect("127.0.0.1", server_->bulk_port(), JobFingerprint(job), 0,
+                                credentials, absl::Now() + wait, "shard 0")
+        .status();
+  };
+  const absl::Status stranger =
+      connect(Tls("other", "client", (root_ / "both-ca.pem").string()) + Token("job"));
+  EXPECT_FALSE(stranger.ok());
+  EXPECT_EQ(Refused("bad_certificate"), 1);
+  // Taken for the start of a TLS record, it is not answered.
+  EXPECT_FALSE(connect(Token("job"), absl::Seconds(1)).ok()) << "a plaintext hello passed";
+
+  const absl::Status no_token = connect(Tls("job", "client"));
+  EXPECT_EQ(no_token.code(), absl::StatusCode::kUnauthenticated) << no_token;
+  EXPECT_THAT(no_token.message(), HasSubstr("the bulk hello carries no job token"));
+  const absl::Status other_token = connect(Tls("job", "client") + Token("other"));
+  EXPECT_EQ(other_token.code(), absl::StatusCode::kUnauthenticated) << other_token;
+  EXPECT_THAT(other_token.message(), HasSubstr("is not this job's"));
+  EXPECT_EQ(Refused("unauthenticated"), 2);
+
+  // Rank 0 has not registered: the job's credentials passed both checks.
+  const absl::Status own = connect(Tls("job", "client") + Token("job"));
+  EXPECT_EQ(own.code(), absl::StatusCode::kFailedPrecondition) << own;
+  EXPECT_THAT(own.message(), HasSubstr("rank 0"));
+  EXPECT_EQ(Refused("bad_certificate"), 1);
+  EXPECT_EQ(Refused("unauthenticated"), 2);
 }
 
 TEST_F(SecuredClusterTest, AServerWithAKeyThatIsNotItsCertificatesDoesNotStart) {
