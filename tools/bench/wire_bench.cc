@@ -4,7 +4,7 @@
 // cserps-server processes on 127.0.0.1, M member threads each with its own
 // PsClient, and times PushPull rounds (PsClient::AverageBlocks on the MODEL
 // stream), over the servers' bulk transport or, with --transport=GRPC, over
-// gRPC (with --certs, gRPC with mutual TLS and the job's token). Then, in
+// gRPC (with --certs, either with mutual TLS and the job's token). Then, in
 // the same run and with the same shape (M members each splitting the
 // round's payload over S peers, in parallel), it times a raw TCP exchange
 // and plain gRPC unary calls of the same bytes (tools/bench/wire_limits.h),
@@ -66,8 +66,7 @@ ABSL_FLAG(std::string, transport, "AUTO",
           "cluster.transport of the members: AUTO (the servers' bulk transport) or GRPC.");
 ABSL_FLAG(std::string, certs, "",
           "A directory made by tools/make_certs.sh: servers and members then use mutual TLS "
-          "and the job's token (a secured shard has no bulk transport, so rounds go over "
-          "gRPC); the plain gRPC limit stays plaintext.");
+          "and the job's token, on either transport; the limits stay plaintext.");
 ABSL_FLAG(int64_t, chunk_bytes, 0, "cluster.chunk_bytes; 0: the default.");
 ABSL_FLAG(int64_t, max_message_bytes, 0,
           "cluster.max_message_bytes (the chunk size follows it); 0: the default.");
@@ -294,7 +293,7 @@ absl::Status Run() {
   const absl::Duration copy = MemcpyTime(64 << 20, 10);
   std::printf("memcpy of 64 MiB: %.3f GB/s (one thread)\n", (64 << 20) / Seconds(copy) / 1e9);
   if (const std::string dir = absl::GetFlag(FLAGS_certs); !dir.empty()) {
-    std::printf("cserps rounds: mutual TLS and the job's token (%s), over gRPC\n", dir.c_str());
+    std::printf("cserps rounds: mutual TLS and the job's token (%s)\n", dir.c_str());
   }
   std::printf("GB/s: 2 x selected payload per round (push and pull); CPU in s per GB moved "
               "(all members); wire: serialised bytes / payload bytes; shards: max / mean of "
