@@ -17,6 +17,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/status.h"
 
 namespace cserps {
 namespace {
@@ -275,6 +276,28 @@ absl::Status RecvAll(int fd, absl::Span<iovec> iov, absl::Time deadline,
     }
   }
   return absl::OkStatus();
+}
+
+absl::Status PeekAll(int fd, void* data, size_t size, absl::Time deadline,
+                     absl::string_view what) {
+  for (;;) {
+    const ssize_t n = recv(fd, data, size, MSG_PEEK | MSG_DONTWAIT);
+    if (n == static_cast<ssize_t>(size)) return absl::OkStatus();
+    if (n == 0) return absl::UnavailableError(absl::StrCat(what, ": connection closed by the peer"));
+    if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+      return Errno(what, "recv");
+    }
+    // Fewer bytes than asked stay readable: wait for more without spinning.
+    if (n > 0) {
+      if (absl::Now() >= deadline) {
+        return absl::DeadlineExceededError(
+            absl::StrCat(what, ": deadline exceeded waiting for the peer"));
+      }
+      absl::SleepFor(absl::Milliseconds(1));
+      continue;
+    }
+    RETURN_IF_ERROR(WaitFor(fd, POLLIN, deadline, what));
+  }
 }
 
 }  // namespace cserps

@@ -65,6 +65,11 @@ inline absl::Status RecvAll(int fd, void* data, size_t size, absl::Time deadline
   return RecvAll(fd, absl::MakeSpan(&one, 1), deadline, what);
 }
 
+// Waits until the first `size` bytes the peer sent can be read, and copies
+// them to `data`, leaving them to be read.
+absl::Status PeekAll(int fd, void* data, size_t size, absl::Time deadline,
+                     absl::string_view what);
+
 // `iov` less its first `n` bytes (entries dropped or shortened in place).
 absl::Span<iovec> SkipBytes(absl::Span<iovec> iov, size_t n);
 

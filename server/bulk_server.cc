@@ -3,6 +3,7 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <cstring>
 #include <deque>
 #include <optional>
 #include <string>
@@ -89,6 +90,7 @@ class BulkServer::Connection : public std::enable_shared_from_this<Connection> {
   // Answers the hello, then every request, until the peer closes or a frame
   // cannot be read on from (then answered with the reason, request_id 0).
   absl::Status Serve(const absl::Status& refusal) {
+    if (stream_->tls()) RETURN_IF_ERROR(RefusePlaintextHello());
     // Nothing can be answered on a connection whose handshake failed.
     RETURN_IF_ERROR(stream_->Handshake(absl::Now() + kHandshakeTimeout, "bulk handshake"));
     char hello_bytes[bulk::Hello::kBytes];
@@ -156,6 +158,28 @@ class BulkServer::Connection : public std::enable_shared_from_this<Connection> {
       JoinRound(head, request.request_id, absl::MakeConstSpan(buffer.get(), request.count),
                 bytes, arrived);
     }
+  }
+
+  // A worker without TLS would wait for the handshake's answer until its
+  // deadline: a connection that opens with a plaintext hello is told, in
+  // plaintext (it learns nothing of the job), and ended.
+  absl::Status RefusePlaintextHello() {
+    char first[sizeof(bulk::kMagic)];
+    RETURN_IF_ERROR(PeekAll(stream_->fd(), first, sizeof(first),
+                            absl::Now() + kHandshakeTimeout, "bulk handshake"));
+    uint32_t magic = 0;
+    std::memcpy(&magic, first, sizeof(magic));
+    if (magic != bulk::kMagic) return absl::OkStatus();
+    const absl::Status refusal = absl::UnauthenticatedError(
+        "this shard's bulk transport requires TLS: the worker's job config needs security "
+        "{ ca_cert cert key } of the job");
+    Outgoing out = Failure(0, refusal);
+    char head[bulk::Reply::kBytes];
+    iovec iov[3];
+    SendAll(stream_->fd(), Unsent(out, head, iov), absl::Now() + kHandshakeTimeout,
+            "bulk refusal")
+        .IgnoreError();  // the connection ends either way
+    return refusal;
   }
 
   void JoinRound(const ParameterServerService::PushPullHead& head, uint64_t request_id,
