@@ -70,7 +70,7 @@ ParameterServerService::ParameterServerService(ShardContext* shard, Options opti
               },
           .on_complete =
               [this](const RoundKey& key, float lr,
-                     const std::vector<float>& mean) {
+                     absl::Span<const float> mean) {
                 OnRoundComplete(key, lr, mean);
               },
           .on_latency =
@@ -135,7 +135,7 @@ grpc::ServerUnaryReactor* ParameterServerService::Register(
 }
 
 void ParameterServerService::OnRoundComplete(const RoundKey& key, float lr,
-                                             const std::vector<float>& mean) {
+                                             absl::Span<const float> mean) {
   store_.ApplyMean(key.stream != v1::GRAD, *payloads_.Get(key.stream, key.step, key.ratio),
                    key.chunk * chunk_floats_, mean, lr);
   if (key.stream == v1::CHECKPOINT) checkpoint_->ChunkApplied(key.step, mean.size());

@@ -150,7 +150,7 @@ class ParameterServerService final : public v1::ParameterServer::CallbackService
   ParameterServerService(ShardContext* shard, Options options);
 
   void OnRoundComplete(const RoundKey& key, float lr,
-                       const std::vector<float>& mean);
+                       absl::Span<const float> mean);
   void FillShardInfo(v1::ShardInfo* info) const;
 
   ShardContext& shard_;

@@ -31,7 +31,7 @@ void WeightedSum::Add(uint32_t /*rank*/, const Contribution& push) {
     // double operations in the same order as adding and then dividing.
     const double total = weight_total_ + w;
     weight_total_ = total;
-    auto mean = std::make_shared<std::vector<float>>(size_);
+    auto mean = std::make_shared<MeanValues>(size_);
     float* out = mean->data();
     if (first) {
       for (size_t i = 0; i < size_; ++i) {
@@ -58,7 +58,7 @@ RoundMean WeightedSum::Mean() const {
   if (mean_ != nullptr) return mean_;
   // An elastic round completed without some of the members it expected.
   CSERPS_CHECK(added_ > 0 && sum_ != nullptr);
-  auto mean = std::make_shared<std::vector<float>>(size_);
+  auto mean = std::make_shared<MeanValues>(size_);
   for (size_t i = 0; i < size_; ++i) {
     (*mean)[i] = static_cast<float>(sum_[i] / weight_total_);
   }

@@ -53,8 +53,31 @@ struct RoundKey {
   }
 };
 
+// Allocates like std::allocator, but leaves a resized vector's floats
+// uninitialised: a round writes every float of its mean, so zeroing them
+// first only cost time (a tenth of a shard's CPU in 4 MiB rounds).
+template <typename T>
+struct UninitialisedAllocator : std::allocator<T> {
+  template <typename U>
+  struct rebind {
+    using other = UninitialisedAllocator<U>;
+  };
+  UninitialisedAllocator() = default;
+  template <typename U>
+  UninitialisedAllocator(const UninitialisedAllocator<U>&) noexcept {}  // NOLINT: as std::allocator
+  template <typename U>
+  void construct(U* p) noexcept {
+    ::new (static_cast<void*>(p)) U;
+  }
+  template <typename U, typename... Args>
+  void construct(U* p, Args&&... args) {
+    ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+  }
+};
+using MeanValues = std::vector<float, UninitialisedAllocator<float>>;
+
 // The mean of a completed round; shared by every answer.
-using RoundMean = std::shared_ptr<const std::vector<float>>;
+using RoundMean = std::shared_ptr<const MeanValues>;
 using RoundCallback = std::function<void(absl::StatusOr<RoundMean>)>;
 
 // What a dense round collects: sum_i w_i v_i per element and sum_i w_i, in
@@ -118,7 +141,7 @@ class RoundTable : public RoundLifecycle<WeightedSum> {
     // complete in step order in the synchronous algorithms, but the table
     // does not rely on it.
     // `lr` is the learning rate of the round's first push.
-    std::function<void(const RoundKey&, float lr, const std::vector<float>& mean)>
+    std::function<void(const RoundKey&, float lr, absl::Span<const float> mean)>
         on_complete;
     // Optional: called once per completed round, after on_complete and
     // before any waiter is answered, with the time from the round's first
@@ -153,7 +176,7 @@ class RoundTable : public RoundLifecycle<WeightedSum> {
   RoundMean Finish(const RoundKey& key, const WeightedSum& sum,
                    absl::Duration latency) const;
 
-  const std::function<void(const RoundKey&, float, const std::vector<float>&)>
+  const std::function<void(const RoundKey&, float, absl::Span<const float>)>
       on_complete_;
   const std::function<void(const RoundKey&, absl::Duration)> on_latency_;
 };

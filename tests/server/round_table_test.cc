@@ -34,7 +34,10 @@ struct Answer {
     };
   }
   bool ok() const { return result.has_value() && result->ok(); }
-  const std::vector<float>& mean() const { return *result->value(); }
+  std::vector<float> mean() const {
+    const RoundMean& m = result->value();
+    return std::vector<float>(m->begin(), m->end());
+  }
   absl::Status status() const { return result->status(); }
 };
 
@@ -94,10 +97,10 @@ TEST(RoundTableTest, OnCompleteCalledOnceBeforeWaiters) {
   std::vector<std::string> events;
   std::vector<float> applied;
   RoundTable::Options o = SmallOptions(2);
-  o.on_complete = [&](const RoundKey& key, float lr, const std::vector<float>& mean) {
+  o.on_complete = [&](const RoundKey& key, float lr, absl::Span<const float> mean) {
     events.push_back("complete step " + std::to_string(key.step));
     EXPECT_EQ(lr, kLr);
-    applied = mean;
+    applied.assign(mean.begin(), mean.end());
   };
   RoundTable table(o);
   const RoundKey key{1, 0, 0};
@@ -123,7 +126,7 @@ TEST(RoundTableTest, OnLatencyReportsFirstToCompletingPushOfCompletedRoundsOnly)
   std::vector<std::pair<RoundKey, absl::Duration>> latencies;
   RoundTable::Options o = SmallOptions(2);
   o.limits.timeout = absl::Seconds(10);
-  o.on_complete = [&](const RoundKey&, float, const std::vector<float>&) {
+  o.on_complete = [&](const RoundKey&, float, absl::Span<const float>) {
     events.push_back("complete");
   };
   o.on_latency = [&](const RoundKey& key, absl::Duration latency) {
@@ -160,7 +163,7 @@ TEST(RoundTableTest, OnLatencyReportsFirstToCompletingPushOfCompletedRoundsOnly)
 TEST(RoundTableTest, RetryWhileOpenJoinsWaitersAndIsNotCountedTwice) {
   int completions = 0;
   RoundTable::Options o = SmallOptions(3);
-  o.on_complete = [&](const RoundKey&, float, const std::vector<float>&) {
+  o.on_complete = [&](const RoundKey&, float, absl::Span<const float>) {
     ++completions;
   };
   RoundTable table(o);
@@ -191,7 +194,7 @@ TEST(RoundTableTest, RetryWhileOpenJoinsWaitersAndIsNotCountedTwice) {
 TEST(RoundTableTest, RetryAfterCompletionIsAnsweredFromRetainedMean) {
   int completions = 0;
   RoundTable::Options o = SmallOptions(2);
-  o.on_complete = [&](const RoundKey&, float, const std::vector<float>&) {
+  o.on_complete = [&](const RoundKey&, float, absl::Span<const float>) {
     ++completions;
   };
   RoundTable table(o);
@@ -220,7 +223,7 @@ TEST(RoundTableTest, RetryDuringOnCompleteWaitsForItAndGetsTheSameMean) {
   Answer retry;
   const RoundKey key{1, 0, 0};
   RoundTable::Options o = SmallOptions(1);
-  o.on_complete = [&](const RoundKey& k, float, const std::vector<float>&) {
+  o.on_complete = [&](const RoundKey& k, float, absl::Span<const float>) {
     events.push_back("complete");
     // A retry arriving while the shard applies the mean: it must neither be
     // answered yet nor open a new round (and the table's lock is not held,
@@ -415,7 +418,7 @@ TEST(RoundTableTest, ExpireOverdueNamesMissingRanks) {
   o.limits.timeout = absl::Seconds(10);
   o.limits.max_step_lag = 16;
   int completions = 0;
-  o.on_complete = [&](const RoundKey&, float, const std::vector<float>&) {
+  o.on_complete = [&](const RoundKey&, float, absl::Span<const float>) {
     ++completions;
   };
   RoundTable table(o);
@@ -467,7 +470,7 @@ TEST(RoundTableTest, ElasticOverdueRoundCompletesWithoutTheMissingAndDropsThem) 
   o.limits.timeout = absl::Seconds(10);
   o.limits.elastic = true;
   int completions = 0;
-  o.on_complete = [&](const RoundKey&, float, const std::vector<float>&) { ++completions; };
+  o.on_complete = [&](const RoundKey&, float, absl::Span<const float>) { ++completions; };
   RoundTable table(o);
   std::vector<uint32_t> dropped;
   table.SetDropObserver([&](const std::vector<uint32_t>& ranks, const std::string& round) {
@@ -713,9 +716,9 @@ TEST(RoundTableTest, ConcurrentPushesAnswerEveryCallbackOnceWithTheMean) {
   o.limits.max_step_lag = kSteps;
   o.limits.retained_rounds = kSteps;
   o.limits.timeout = absl::Hours(1);
-  o.on_complete = [&](const RoundKey& key, float, const std::vector<float>& mean) {
+  o.on_complete = [&](const RoundKey& key, float, absl::Span<const float> mean) {
     completions[index(key.step, key.chunk)].fetch_add(1);
-    if (mean != expected[index(key.step, key.chunk)]) wrong.fetch_add(1);
+    if (mean != absl::MakeConstSpan(expected[index(key.step, key.chunk)])) wrong.fetch_add(1);
   };
   RoundTable table(o);
 
@@ -733,7 +736,8 @@ TEST(RoundTableTest, ConcurrentPushesAnswerEveryCallbackOnceWithTheMean) {
                        [&, s, c, slot](absl::StatusOr<RoundMean> mean) {
                          answers[slot].fetch_add(1);
                          if (!mean.ok() ||
-                             **mean != expected[index(s, c)]) {
+                             absl::MakeConstSpan(**mean) !=
+                                 absl::MakeConstSpan(expected[index(s, c)])) {
                            wrong.fetch_add(1);
                          }
                        });

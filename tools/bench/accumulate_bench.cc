@@ -39,7 +39,8 @@ std::vector<float> DoubleMean(const Pushes& pushes, const std::vector<float>& we
   auto at = [&](uint32_t i) { return reverse ? m - 1 - i : i; };
   WeightedSum sum({weights[at(0)], 0.0f, pushes[at(0)]}, m);
   for (uint32_t i = 0; i < m; ++i) sum.Add(at(i), {weights[at(i)], 0.0f, pushes[at(i)]});
-  return *sum.Mean();
+  const RoundMean mean = sum.Mean();
+  return std::vector<float>(mean->begin(), mean->end());
 }
 
 std::vector<float> FloatMean(const Pushes& pushes, const std::vector<float>& weights,
