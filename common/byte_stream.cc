@@ -1,12 +1,15 @@
 #include "common/byte_stream.h"
 
 #include <arpa/inet.h>
+#include <openssl/bio.h>
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 #include <openssl/x509_vfy.h>
 #include <poll.h>
+#include <sys/socket.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cerrno>
 #include <cstring>
 #include <vector>
@@ -108,6 +111,51 @@ absl::Status Classify(SSL* ssl, int result, short* events, absl::string_view wha
   return absl::UnavailableError(reason);
 }
 
+// OpenSSL's socket BIO writes with write(), which raises SIGPIPE on a
+// connection the peer has reset; this one sends with MSG_NOSIGNAL, as
+// socket_io does, so a dead peer is an error, not the end of the process.
+int SocketWrite(BIO* bio, const char* data, int size) {
+  BIO_clear_retry_flags(bio);
+  const int fd = static_cast<int>(reinterpret_cast<intptr_t>(BIO_get_data(bio)));
+  const ssize_t n = send(fd, data, static_cast<size_t>(size), MSG_NOSIGNAL | MSG_DONTWAIT);
+  if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+    BIO_set_retry_write(bio);
+  }
+  return static_cast<int>(n);
+}
+
+int SocketRead(BIO* bio, char* data, int size) {
+  BIO_clear_retry_flags(bio);
+  const int fd = static_cast<int>(reinterpret_cast<intptr_t>(BIO_get_data(bio)));
+  const ssize_t n = recv(fd, data, static_cast<size_t>(size), MSG_DONTWAIT);
+  if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+    BIO_set_retry_read(bio);
+  }
+  return static_cast<int>(n);
+}
+
+long SocketControl(BIO* /*bio*/, int command, long /*num*/,  // NOLINT(runtime/int): OpenSSL's
+                   void* /*ptr*/) {
+  return command == BIO_CTRL_FLUSH ? 1 : 0;  // writes are never buffered here
+}
+
+int SocketCreate(BIO* bio) {
+  BIO_set_init(bio, 1);
+  return 1;
+}
+
+const BIO_METHOD* SocketMethod() {
+  static const BIO_METHOD* const method = [] {
+    BIO_METHOD* m = BIO_meth_new(BIO_get_new_index() | BIO_TYPE_SOURCE_SINK, "cserps socket");
+    BIO_meth_set_write(m, SocketWrite);
+    BIO_meth_set_read(m, SocketRead);
+    BIO_meth_set_ctrl(m, SocketControl);
+    BIO_meth_set_create(m, SocketCreate);
+    return m;
+  }();
+  return method;
+}
+
 bool IsIpAddress(const std::string& host) {
   unsigned char ip[16];
   return inet_pton(AF_INET, host.c_str(), ip) == 1 || inet_pton(AF_INET6, host.c_str(), ip) == 1;
@@ -137,7 +185,14 @@ absl::StatusOr<std::unique_ptr<ByteStream>> ByteStream::Tls(Socket socket,
                                                             const TlsContext& tls,
                                                             const std::string& peer_host) {
   SSL* ssl = SSL_new(tls.get());
-  bool ok = ssl != nullptr && SSL_set_fd(ssl, socket.fd()) == 1;
+  BIO* bio = BIO_new(SocketMethod());
+  bool ok = ssl != nullptr && bio != nullptr;
+  if (ok) {
+    BIO_set_data(bio, reinterpret_cast<void*>(static_cast<intptr_t>(socket.fd())));
+    SSL_set_bio(ssl, bio, bio);  // the SSL owns it (one reference for both directions)
+  } else {
+    BIO_free(bio);
+  }
   if (ok && !tls.server() && IsIpAddress(peer_host)) {
     ok = X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(ssl), peer_host.c_str()) == 1;
   } else if (ok && !tls.server()) {

@@ -65,7 +65,9 @@ class ByteStream {
   static absl::StatusOr<std::unique_ptr<ByteStream>> Tls(Socket socket, const TlsContext& tls,
                                                          const std::string& peer_host);
   // TLS's handshake, bounded by `deadline`; nothing for a plaintext stream.
-  // UNAUTHENTICATED when a certificate was refused (on either side).
+  // UNAUTHENTICATED when this side refused the peer's certificate. (In TLS
+  // 1.3 a client whose certificate the shard refuses learns it at its
+  // first read, as a closed connection.)
   absl::Status Handshake(absl::Time deadline, absl::string_view what);
   ~ByteStream();
   ByteStream(const ByteStream&) = delete;
@@ -74,11 +76,11 @@ class ByteStream {
   int fd() const { return socket_.fd(); }
   bool tls() const { return ssl_ != nullptr; }
 
-  // Sends every byte of `iov` (modified: consumed as it is sent).
+  // Sends every byte of `iov` (whose entries may be modified).
   absl::Status SendAll(absl::Span<iovec> iov, absl::Time deadline, absl::string_view what);
   // Plaintext only: sends what the socket takes now, without waiting.
   absl::StatusOr<size_t> SendSome(absl::Span<iovec> iov, absl::string_view what);
-  // Fills every byte of `iov` (modified likewise).
+  // Fills every byte of `iov` (likewise).
   absl::Status RecvAll(absl::Span<iovec> iov, absl::Time deadline, absl::string_view what);
   absl::Status RecvAll(void* data, size_t size, absl::Time deadline, absl::string_view what) {
     iovec one{data, size};

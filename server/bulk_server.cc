@@ -104,14 +104,10 @@ class BulkServer::Connection : public std::enable_shared_from_this<Connection> {
           hello.version, " (expected 0x", absl::Hex(bulk::kMagic), " version ",
           bulk::kVersion, ")")));
     }
+    ASSIGN_OR_RETURN(const std::string token, ReadToken(hello, hello_deadline));
+    // Answered only once the whole hello is read: closing on unread bytes
+    // would reset the connection, and the answer with it.
     if (!refusal.ok()) return Fatal(refusal);
-    if (hello.token_bytes > bulk::kMaxTokenBytes) {
-      return Fatal(absl::InvalidArgumentError(absl::StrCat("a bulk hello's token of ",
-                                                           hello.token_bytes, " bytes (at most ",
-                                                           bulk::kMaxTokenBytes, ")")));
-    }
-    std::string token(hello.token_bytes, '\0');
-    RETURN_IF_ERROR(stream_->RecvAll(token.data(), token.size(), hello_deadline, "bulk hello"));
     absl::Status ok = shard_.AuthenticateHello(
         token.empty() ? std::nullopt : std::optional<absl::string_view>(token));
     if (!ok.ok()) return Fatal(ok);
@@ -160,6 +156,19 @@ class BulkServer::Connection : public std::enable_shared_from_this<Connection> {
     }
   }
 
+  // The token that follows `hello`, read within `deadline`; a token too long
+  // to read is refused (answered, and the connection ended).
+  absl::StatusOr<std::string> ReadToken(const bulk::Hello& hello, absl::Time deadline) {
+    if (hello.token_bytes > bulk::kMaxTokenBytes) {
+      return Fatal(absl::InvalidArgumentError(absl::StrCat("a bulk hello's token of ",
+                                                           hello.token_bytes, " bytes (at most ",
+                                                           bulk::kMaxTokenBytes, ")")));
+    }
+    std::string token(hello.token_bytes, '\0');
+    RETURN_IF_ERROR(stream_->RecvAll(token.data(), token.size(), deadline, "bulk hello"));
+    return token;
+  }
+
   // A worker without TLS would wait for the handshake's answer until its
   // deadline: a connection that opens with a plaintext hello is told, in
   // plaintext (it learns nothing of the job), and ended.
@@ -170,14 +179,22 @@ class BulkServer::Connection : public std::enable_shared_from_this<Connection> {
     uint32_t magic = 0;
     std::memcpy(&magic, first, sizeof(magic));
     if (magic != bulk::kMagic) return absl::OkStatus();
+    // The hello and its token are read first (see Serve).
+    const absl::Time deadline = absl::Now() + kHandshakeTimeout;
+    char hello_bytes[bulk::Hello::kBytes];
+    RETURN_IF_ERROR(
+        cserps::RecvAll(stream_->fd(), hello_bytes, sizeof(hello_bytes), deadline, "bulk hello"));
+    const bulk::Hello hello = bulk::DecodeHello(hello_bytes);
+    std::string token(std::min(hello.token_bytes, bulk::kMaxTokenBytes), '\0');
+    RETURN_IF_ERROR(
+        cserps::RecvAll(stream_->fd(), token.data(), token.size(), deadline, "bulk hello"));
     const absl::Status refusal = absl::UnauthenticatedError(
         "this shard's bulk transport requires TLS: the worker's job config needs security "
         "{ ca_cert cert key } of the job");
     Outgoing out = Failure(0, refusal);
     char head[bulk::Reply::kBytes];
     iovec iov[3];
-    SendAll(stream_->fd(), Unsent(out, head, iov), absl::Now() + kHandshakeTimeout,
-            "bulk refusal")
+    SendAll(stream_->fd(), Unsent(out, head, iov), deadline, "bulk refusal")
         .IgnoreError();  // the connection ends either way
     return refusal;
   }

@@ -1,8 +1,9 @@
 // ByteStream over TLS on 127.0.0.1, with certificates from
 // tools/make_certs.sh: both ends sending and receiving at once get every
-// byte, headers and payloads alike; a shard's certificate is checked
-// against the host the worker dialled; a client certificate of another CA
-// is refused and counted; a silent peer and a closed one are named errors.
+// byte, headers and payloads alike; a peer gone is a send's error; a
+// shard's certificate is checked against the host the worker dialled; a
+// client certificate of another CA is refused and counted; a silent peer
+// and a closed one are named errors.
 #include "common/byte_stream.h"
 
 #include <unistd.h>
@@ -184,6 +185,29 @@ TEST_F(ByteStreamTest, BothEndsSendAndReceiveAtOnceAndGetEveryByte) {
   server.join();
   EXPECT_TRUE(sending.ok()) << sending;
   EXPECT_TRUE(echoed.ok()) << echoed;
+}
+
+// Writing to a connection its peer has closed is the send's error, not a
+// SIGPIPE that ends the process.
+TEST_F(ByteStreamTest, SendingToAPeerThatHasGoneIsUnavailable) {
+  auto server_tls = TlsContext::ForServer(Files("job", "server"), nullptr);
+  auto client_tls = TlsContext::ForClient(Files("job", "client"));
+  ASSERT_TRUE(server_tls.ok() && client_tls.ok());
+  std::thread server([&] {
+    absl::StatusOr<std::unique_ptr<ByteStream>> s = AcceptOne(**server_tls);
+    if (s.ok()) (*s)->Handshake(Soon(), "accept").IgnoreError();
+  });  // the shard's end closes here
+  absl::StatusOr<std::unique_ptr<ByteStream>> c = Dial(**client_tls);
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_TRUE((*c)->Handshake(Soon(), "connect").ok());
+  server.join();
+  Message m = MakeMessage(0, 1 << 20);
+  absl::Status sent;
+  // The first sends may still land in the socket's buffer; the peer's reset
+  // fails a later one.
+  for (int i = 0; i < 64 && sent.ok(); ++i) sent = Send(**c, m);
+  EXPECT_EQ(sent.code(), absl::StatusCode::kUnavailable) << sent;
+  EXPECT_THAT(sent.message(), HasSubstr("send"));
 }
 
 TEST_F(ByteStreamTest, AShardsCertificateNotValidForTheDialledHostIsRefused) {
