@@ -63,6 +63,14 @@ class ByteStreamTest : public ::testing::Test {
     ASSERT_TRUE(listener.ok()) << listener.status();
     listener_ = *std::move(listener);
     port_ = port;
+    absl::StatusOr<std::shared_ptr<TlsContext>> shard =
+        TlsContext::ForServer(Files("job", "server"), nullptr);
+    absl::StatusOr<std::shared_ptr<TlsContext>> worker =
+        TlsContext::ForClient(Files("job", "client"));
+    ASSERT_TRUE(shard.ok()) << shard.status();
+    ASSERT_TRUE(worker.ok()) << worker.status();
+    shard_tls_ = *std::move(shard);
+    worker_tls_ = *std::move(worker);
   }
 
   // The shard's end of the next connection, before its handshake.
@@ -81,6 +89,9 @@ class ByteStreamTest : public ::testing::Test {
   static fs::path root_;
   Socket listener_;
   int port_ = 0;
+  // The job's shard and worker.
+  std::shared_ptr<TlsContext> shard_tls_;
+  std::shared_ptr<TlsContext> worker_tls_;
 };
 
 fs::path ByteStreamTest::root_;
@@ -122,14 +133,10 @@ struct Progress {
 // larger than the sockets hold, so each side's writes wait while its reads
 // go on.
 TEST_F(ByteStreamTest, BothEndsSendAndReceiveAtOnceAndGetEveryByte) {
-  auto server_tls = TlsContext::ForServer(Files("job", "server"), nullptr);
-  auto client_tls = TlsContext::ForClient(Files("job", "client"));
-  ASSERT_TRUE(server_tls.ok()) << server_tls.status();
-  ASSERT_TRUE(client_tls.ok()) << client_tls.status();
   const std::vector<size_t> sizes = {0, 1, 16 << 10, (16 << 10) - 47, 3 << 20, 5 << 20};
   absl::Status echoed;
   std::thread server([&] {
-    absl::StatusOr<std::unique_ptr<ByteStream>> s = AcceptOne(**server_tls);
+    absl::StatusOr<std::unique_ptr<ByteStream>> s = AcceptOne(*shard_tls_);
     if (!s.ok()) {
       echoed = s.status();
       return;
@@ -160,7 +167,7 @@ TEST_F(ByteStreamTest, BothEndsSendAndReceiveAtOnceAndGetEveryByte) {
     }
     writer.join();
   });
-  absl::StatusOr<std::unique_ptr<ByteStream>> c = Dial(**client_tls);
+  absl::StatusOr<std::unique_ptr<ByteStream>> c = Dial(*worker_tls_);
   ASSERT_TRUE(c.ok()) << c.status();
   ASSERT_TRUE((*c)->Handshake(Soon(), "connect").ok());
   EXPECT_TRUE((*c)->tls());
@@ -190,14 +197,11 @@ TEST_F(ByteStreamTest, BothEndsSendAndReceiveAtOnceAndGetEveryByte) {
 // Writing to a connection its peer has closed is the send's error, not a
 // SIGPIPE that ends the process.
 TEST_F(ByteStreamTest, SendingToAPeerThatHasGoneIsUnavailable) {
-  auto server_tls = TlsContext::ForServer(Files("job", "server"), nullptr);
-  auto client_tls = TlsContext::ForClient(Files("job", "client"));
-  ASSERT_TRUE(server_tls.ok() && client_tls.ok());
   std::thread server([&] {
-    absl::StatusOr<std::unique_ptr<ByteStream>> s = AcceptOne(**server_tls);
+    absl::StatusOr<std::unique_ptr<ByteStream>> s = AcceptOne(*shard_tls_);
     if (s.ok()) (*s)->Handshake(Soon(), "accept").IgnoreError();
   });  // the shard's end closes here
-  absl::StatusOr<std::unique_ptr<ByteStream>> c = Dial(**client_tls);
+  absl::StatusOr<std::unique_ptr<ByteStream>> c = Dial(*worker_tls_);
   ASSERT_TRUE(c.ok()) << c.status();
   ASSERT_TRUE((*c)->Handshake(Soon(), "connect").ok());
   server.join();
@@ -211,14 +215,11 @@ TEST_F(ByteStreamTest, SendingToAPeerThatHasGoneIsUnavailable) {
 }
 
 TEST_F(ByteStreamTest, AShardsCertificateNotValidForTheDialledHostIsRefused) {
-  auto server_tls = TlsContext::ForServer(Files("job", "server"), nullptr);
-  auto client_tls = TlsContext::ForClient(Files("job", "client"));
-  ASSERT_TRUE(server_tls.ok() && client_tls.ok());
   std::thread server([&] {
-    absl::StatusOr<std::unique_ptr<ByteStream>> s = AcceptOne(**server_tls);
+    absl::StatusOr<std::unique_ptr<ByteStream>> s = AcceptOne(*shard_tls_);
     if (s.ok()) (*s)->Handshake(Soon(), "accept").IgnoreError();  // fails: the client gives up
   });
-  absl::StatusOr<std::unique_ptr<ByteStream>> c = Dial(**client_tls, "elsewhere.example");
+  absl::StatusOr<std::unique_ptr<ByteStream>> c = Dial(*worker_tls_, "elsewhere.example");
   ASSERT_TRUE(c.ok()) << c.status();
   const absl::Status handshake = (*c)->Handshake(Soon(), "connect");
   server.join();
@@ -253,10 +254,8 @@ TEST_F(ByteStreamTest, AClientCertificateOfAnotherCaIsRefusedAndCounted) {
 }
 
 TEST_F(ByteStreamTest, ASilentPeerIsADeadlineAndAClosedOneIsUnavailable) {
-  auto client_tls = TlsContext::ForClient(Files("job", "client"));
-  ASSERT_TRUE(client_tls.ok());
   // The listener's backlog completes the connection; nobody answers.
-  absl::StatusOr<std::unique_ptr<ByteStream>> silent = Dial(**client_tls);
+  absl::StatusOr<std::unique_ptr<ByteStream>> silent = Dial(*worker_tls_);
   ASSERT_TRUE(silent.ok()) << silent.status();
   const absl::Status waited =
       (*silent)->Handshake(absl::Now() + absl::Milliseconds(300), "silent shard");
