@@ -106,7 +106,8 @@ absl::Status Classify(SSL* ssl, int result, short* events, absl::string_view wha
   const long verified = SSL_get_verify_result(ssl);  // NOLINT(runtime/int): OpenSSL's type
   if (verified != X509_V_OK) {
     return absl::UnauthenticatedError(
-        absl::StrCat(reason, "; the peer's certificate: ", X509_verify_cert_error_string(verified)));
+        absl::StrCat(reason, "; the peer's certificate: ",
+                     X509_verify_cert_error_string(verified)));
   }
   return absl::UnavailableError(reason);
 }

@@ -172,7 +172,9 @@ TEST_F(ByteStreamTest, BothEndsSendAndReceiveAtOnceAndGetEveryByte) {
   ASSERT_TRUE((*c)->Handshake(Soon(), "connect").ok());
   EXPECT_TRUE((*c)->tls());
   std::vector<Message> sent;
-  for (size_t i = 0; i < sizes.size(); ++i) sent.push_back(MakeMessage(static_cast<int>(i), sizes[i]));
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    sent.push_back(MakeMessage(static_cast<int>(i), sizes[i]));
+  }
   absl::Status sending;
   std::thread writer([&] {
     for (Message& m : sent) {
