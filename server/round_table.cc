@@ -10,6 +10,43 @@
 
 namespace cserps {
 
+namespace {
+
+// out[i] = float(scale(base[i] + w v[i])); base[i] is 0 where base is null,
+// and stands alone where v is null.
+template <typename Scale>
+void WriteScaled(const double* base, double w, const float* v, Scale scale, float* out,
+                 size_t n) {
+  if (base == nullptr) {
+    for (size_t i = 0; i < n; ++i) {
+      out[i] = static_cast<float>(scale(0.0 + w * static_cast<double>(v[i])));
+    }
+  } else if (v == nullptr) {
+    for (size_t i = 0; i < n; ++i) out[i] = static_cast<float>(scale(base[i]));
+  } else {
+    for (size_t i = 0; i < n; ++i) {
+      out[i] = static_cast<float>(scale(base[i] + w * static_cast<double>(v[i])));
+    }
+  }
+}
+
+// out[i] = float((base[i] + w v[i]) / total): the double division the mean
+// is defined by. Where total is a power of two its reciprocal is exact, and
+// x * (1 / total) rounds the same exact value once: the same bits, without
+// a division per float.
+void WriteMean(const double* base, double w, const float* v, double total, float* out,
+               size_t n) {
+  int exponent = 0;
+  if (std::frexp(total, &exponent) == 0.5) {
+    const double inverse = 1.0 / total;
+    WriteScaled(base, w, v, [inverse](double x) { return x * inverse; }, out, n);
+  } else {
+    WriteScaled(base, w, v, [total](double x) { return x / total; }, out, n);
+  }
+}
+
+}  // namespace
+
 template class RoundLifecycle<WeightedSum>;
 static_assert(WeightedSum::kFullAverageStream == v1::CHECKPOINT);
 
@@ -29,19 +66,9 @@ void WeightedSum::Add(uint32_t /*rank*/, const Contribution& push) {
   if (added_ == world_size_) {
     // The round's last push: sum_i w_i v_i / sum_i w_i in one pass, the same
     // double operations in the same order as adding and then dividing.
-    const double total = weight_total_ + w;
-    weight_total_ = total;
+    weight_total_ += w;
     auto mean = std::make_shared<MeanValues>(size_);
-    float* out = mean->data();
-    if (first) {
-      for (size_t i = 0; i < size_; ++i) {
-        out[i] = static_cast<float>((0.0 + w * static_cast<double>(v[i])) / total);
-      }
-    } else {
-      for (size_t i = 0; i < size_; ++i) {
-        out[i] = static_cast<float>((sum[i] + w * static_cast<double>(v[i])) / total);
-      }
-    }
+    WriteMean(first ? nullptr : sum, w, v, weight_total_, mean->data(), size_);
     mean_ = std::move(mean);
     return;
   }
@@ -59,9 +86,7 @@ RoundMean WeightedSum::Mean() const {
   // An elastic round completed without some of the members it expected.
   CSERPS_CHECK(added_ > 0 && sum_ != nullptr);
   auto mean = std::make_shared<MeanValues>(size_);
-  for (size_t i = 0; i < size_; ++i) {
-    (*mean)[i] = static_cast<float>(sum_[i] / weight_total_);
-  }
+  WriteMean(sum_.get(), 0.0, nullptr, weight_total_, mean->data(), size_);
   return mean;
 }
 

@@ -2,6 +2,8 @@
 
 #include <atomic>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -12,6 +14,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "common/prng.h"
 
 namespace cserps {
 namespace {
@@ -91,6 +94,53 @@ TEST(RoundTableTest, WeightedMeanOfThreeRanks) {
   EXPECT_EQ(table.rounds_completed(), 1u);
   EXPECT_EQ(table.open_rounds(), 0u);
   EXPECT_EQ(table.newest_step(), 3u);
+}
+
+// The mean's bits, so that -0.0 and NaN compare too.
+std::vector<uint32_t> Bits(const std::vector<float>& v) {
+  std::vector<uint32_t> bits(v.size());
+  std::memcpy(bits.data(), v.data(), v.size() * sizeof(float));
+  return bits;
+}
+
+// A round's mean, pushed by one rank per weight.
+std::vector<float> RoundMeanOf(const std::vector<std::vector<float>>& values,
+                               const std::vector<float>& weights) {
+  const uint32_t ranks = static_cast<uint32_t>(weights.size());
+  RoundTable table(SmallOptions(ranks));
+  std::vector<Answer> answers(ranks);
+  for (uint32_t r = 0; r < ranks; ++r) {
+    table.Push({1, 0, 0}, r, weights[r], kLr, values[r], kT0, answers[r].Callback());
+  }
+  return answers[0].ok() ? answers[0].mean() : std::vector<float>{};
+}
+
+TEST(RoundTableTest, TheMeanIsTheDoubleQuotientBitForBitForEveryWeightTotal) {
+  CounterRng rng(11);
+  const float specials[] = {-0.0f, 0.0f, 1e-40f, -3e38f, 3e38f,
+                            std::numeric_limits<float>::infinity(),
+                            std::numeric_limits<float>::quiet_NaN()};
+  // Totals that are powers of two (1, 128, 1 from one rank) and that are not
+  // (65, 3.75).
+  for (const std::vector<float>& weights : std::vector<std::vector<float>>{
+           {0.5f, 0.25f, 0.25f}, {32.0f, 96.0f}, {1.0f}, {1.0f, 64.0f}, {0.5f, 3.0f, 0.25f}}) {
+    std::vector<std::vector<float>> values(weights.size());
+    for (std::vector<float>& v : values) {
+      for (float s : specials) v.push_back(s);
+      for (int i = 0; i < 4096; ++i) {
+        const float scale = std::ldexp(1.0f, static_cast<int>(rng.Below(80)) - 40);
+        v.push_back((rng.UniformFloat() - 0.5f) * scale);
+      }
+    }
+    if (weights.size() == 2 && weights[1] == 64.0f) {
+      // Where (v0 + 64 v1) * (1 / 65) rounds to another float than the
+      // quotient does.
+      values[0].insert(values[0].end(), {0x1.7ffffep-23f, -0x1.000004p-24f});
+      values[1].insert(values[1].end(), {0x1.f8d2fep+0f, 0x1.fd93b2p+0f});
+    }
+    EXPECT_EQ(Bits(RoundMeanOf(values, weights)), Bits(WeightedMean(values, weights)))
+        << "weights " << ::testing::PrintToString(weights);
+  }
 }
 
 TEST(RoundTableTest, OnCompleteCalledOnceBeforeWaiters) {

@@ -26,6 +26,9 @@
 ABSL_FLAG(int, members, 16, "Pushes per round.");
 ABSL_FLAG(int, floats, 262144, "Floats per push (the default chunk: 1 MiB).");
 ABSL_FLAG(int, rounds, 20, "Rounds timed per variant (median).");
+ABSL_FLAG(bool, equal_weights, false,
+          "Every push weighted 32, not 32, 33, 34: for 1, 2, 4, ... members the weight total "
+          "is then a power of two, which the server divides by with a multiply.");
 ABSL_FLAG(bool, server_heap, true, "Keep freed buffers in the heap, as cserps-server does.");
 
 namespace cserps {
@@ -99,7 +102,8 @@ int Run() {
   std::vector<float> weights(m);
   CounterRng rng(7);
   for (int i = 0; i < m; ++i) {
-    weights[i] = 32.0f + static_cast<float>(i % 3);  // batch sizes
+    weights[i] = absl::GetFlag(FLAGS_equal_weights) ? 32.0f
+                                                    : 32.0f + static_cast<float>(i % 3);
     // Gradient-like values: mostly small, a spread of magnitudes.
     for (float& x : pushes[i]) x = (rng.UniformFloat() - 0.5f) * (rng.UniformFloat() < 0.1f ? 10.0f : 0.01f);
   }
