@@ -4,8 +4,8 @@
 // cserps-server processes on 127.0.0.1, M member threads each with its own
 // PsClient, and times PushPull rounds (PsClient::AverageBlocks on the MODEL
 // stream), over the servers' bulk transport or, with --transport=GRPC, over
-// gRPC (with --certs, either with mutual TLS and the job's token). Then, in
-// the same run and with the same shape (M members each splitting the
+// gRPC (with --certs, either with mutual TLS and the job's token). Taking
+// turns with those rounds, with the same shape (M members each splitting the
 // round's payload over S peers, in parallel), it times a raw TCP exchange
 // and plain gRPC unary calls of the same bytes (tools/bench/wire_limits.h),
 // and prints the ratios.
@@ -61,6 +61,8 @@ ABSL_FLAG(int64_t, grbs_bytes, 4 << 20, "Model size of the GRBS cases, in bytes.
 ABSL_FLAG(int, block_size, 1024, "algorithm.block_size (floats).");
 ABSL_FLAG(double, seconds, 2.0, "Measured time per case, about (5 rounds at least).");
 ABSL_FLAG(int, max_rounds, 200, "Measured rounds per case at most.");
+ABSL_FLAG(int, slices, 4,
+          "Slices per case: cserps' rounds and the limits' take turns this many times.");
 ABSL_FLAG(std::string, server, "", "The cserps-server binary; default: beside this one.");
 ABSL_FLAG(std::string, transport, "AUTO",
           "cluster.transport of the members: AUTO (the servers' bulk transport) or GRPC.");
@@ -175,7 +177,19 @@ absl::Status RunRounds(std::vector<std::unique_ptr<PsClient>>& clients, const Ca
   return absl::OkStatus();
 }
 
-absl::StatusOr<Measured> MeasureCserps(const Case& c, const std::string& server) {
+// The limits' round times, and their connections, open across a case.
+struct Limits {
+  std::unique_ptr<LimitExchange> tcp_exchange, grpc_exchange;
+  std::vector<absl::Duration> tcp, grpc;
+};
+
+// Times the case's rounds in --slices slices, and after each the limits'
+// rounds, as many and of the slice's bytes: a drift of this machine's speed
+// reaches cserps and its limits alike.
+absl::StatusOr<Measured> MeasureCserps(const Case& c, const std::string& server,
+                                       Limits* limits) {
+  ASSIGN_OR_RETURN(limits->tcp_exchange, OpenRawTcp(c.shards, c.members));
+  ASSIGN_OR_RETURN(limits->grpc_exchange, OpenPlainGrpc(c.shards, c.members));
   const std::string path =
       (std::filesystem::temp_directory_path() / absl::StrCat("cserps-bench-wire-", getpid(),
                                                             ".textproto"))
@@ -204,12 +218,31 @@ absl::StatusOr<Measured> MeasureCserps(const Case& c, const std::string& server)
   Measured result;
   result.count = std::clamp(static_cast<int>(absl::GetFlag(FLAGS_seconds) / per_round), 5,
                             absl::GetFlag(FLAGS_max_rounds));
+  const int slices = std::clamp(absl::GetFlag(FLAGS_slices), 1, result.count);
   const TrafficCounts before = clients[0]->traffic(v1::MODEL);
-  const double server_before = servers->CpuSeconds();
-  const double client_before = SelfCpuSeconds();
-  RETURN_IF_ERROR(RunRounds(clients, c, kWarmupRounds, result.count, &result.rounds));
-  result.server_cpu = servers->CpuSeconds() - server_before;
-  result.client_cpu = SelfCpuSeconds() - client_before;
+  uint64_t done = 0;
+  for (int slice = 0; slice < slices; ++slice) {
+    const int count = result.count / slices + (slice < result.count % slices ? 1 : 0);
+    const TrafficCounts slice_before = clients[0]->traffic(v1::MODEL);
+    const double server_before = servers->CpuSeconds();
+    const double client_before = SelfCpuSeconds();
+    RETURN_IF_ERROR(RunRounds(clients, c, kWarmupRounds + done, count, &result.rounds));
+    result.server_cpu += servers->CpuSeconds() - server_before;
+    result.client_cpu += SelfCpuSeconds() - client_before;
+    done += count;
+    // A round's reply carries as many floats as its request.
+    const size_t payload =
+        4 * (clients[0]->traffic(v1::MODEL).request_floats - slice_before.request_floats) /
+        count;
+    // As many rounds as cserps': a small payload's limit over a few rounds
+    // moves by 3x.
+    ASSIGN_OR_RETURN(std::vector<absl::Duration> tcp,
+                     limits->tcp_exchange->Rounds(payload, kWarmupRounds, count));
+    ASSIGN_OR_RETURN(std::vector<absl::Duration> grpc,
+                     limits->grpc_exchange->Rounds(payload, kWarmupRounds, count));
+    limits->tcp.insert(limits->tcp.end(), tcp.begin(), tcp.end());
+    limits->grpc.insert(limits->grpc.end(), grpc.begin(), grpc.end());
+  }
   const TrafficCounts after = clients[0]->traffic(v1::MODEL);
   // Every byte each shard received and sent during the case (its servers'
   // cserps_server_bytes_in_total and _out_total).
@@ -231,22 +264,13 @@ absl::StatusOr<Measured> MeasureCserps(const Case& c, const std::string& server)
 }
 
 absl::Status RunCase(const Case& c, const std::string& server) {
-  ASSIGN_OR_RETURN(const Measured m, MeasureCserps(c, server));
-  ExchangeShape shape;
-  shape.peers = c.shards;
-  shape.members = c.members;
-  shape.payload_bytes = static_cast<size_t>(m.selected_bytes / 2);
-  // As many rounds as cserps ran: a limit measured over a few rounds of a
-  // small payload moves by 3x between runs.
-  shape.rounds = m.count;
-  shape.warmup = kWarmupRounds;
-  ASSIGN_OR_RETURN(const absl::Duration tcp, RawTcpRound(shape));
-  ASSIGN_OR_RETURN(const absl::Duration grpc, PlainGrpcRound(shape));
+  Limits limits;
+  ASSIGN_OR_RETURN(const Measured m, MeasureCserps(c, server, &limits));
   const double p50 = Percentile(m.rounds, 0.5);
   const double per_member = m.selected_bytes / p50 / 1e9;
   const double moved_gb = m.selected_bytes * c.members * m.count / 1e9;
-  const double tcp_rate = m.selected_bytes / Seconds(tcp) / 1e9;
-  const double grpc_rate = m.selected_bytes / Seconds(grpc) / 1e9;
+  const double tcp_rate = m.selected_bytes / Percentile(limits.tcp, 0.5) / 1e9;
+  const double grpc_rate = m.selected_bytes / Percentile(limits.grpc, 0.5) / 1e9;
   std::printf(
       "%dx%d %8s R=%-5u %8.3f %8.3f %8.3f %8.3f %7.3f %7.3f %7.4f %7.3f %8.3f %8.3f %6.2f %6.2f\n",
       c.shards, c.members, Bytes(c.bytes).c_str(), c.ratio, 1e3 * p50,

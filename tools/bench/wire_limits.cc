@@ -3,6 +3,9 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <thread>
@@ -20,8 +23,10 @@
 namespace cserps {
 namespace {
 
-// Every socket wait of the raw exchange is bounded by this.
+// Every socket wait of a raw round is bounded by this.
 constexpr int kSocketTimeoutS = 30;
+// A raw peer waits this long for the next slice (cserps' rounds run between).
+constexpr int kIdleTimeoutS = 600;
 
 absl::Duration Median(std::vector<absl::Duration> v) {
   if (v.empty()) return absl::ZeroDuration();
@@ -35,7 +40,6 @@ size_t Share(size_t bytes, int peers, int p) {
   return p + 1 == peers ? bytes - base * (peers - 1) : base;
 }
 
-// A socket wait of the raw exchange gives up after this.
 absl::Time SocketDeadline() { return absl::Now() + absl::Seconds(kSocketTimeoutS); }
 
 absl::Status Send(const Socket& s, const void* p, size_t n) {
@@ -43,86 +47,120 @@ absl::Status Send(const Socket& s, const void* p, size_t n) {
   return SendAll(s.fd(), absl::MakeSpan(&iov, 1), SocketDeadline(), "raw TCP");
 }
 
-// A peer's side of one connection: the share's size first, then every
-// share it receives sent back, until the member closes.
+// What a member tells its peer before a slice's rounds.
+struct SliceHeader {
+  uint64_t share = 0;   // bytes per round
+  uint64_t rounds = 0;  // warmup ones included
+};
+
+// A peer's side of one connection: per slice, the share and the rounds,
+// then every share it receives sent back; until the member closes.
 void Echo(Socket s) {
-  uint64_t size = 0;
-  if (!RecvAll(s.fd(), &size, sizeof(size), SocketDeadline(), "raw TCP").ok()) return;
-  std::vector<char> buffer(size);
-  while (size > 0 && RecvAll(s.fd(), buffer.data(), size, SocketDeadline(), "raw TCP").ok() &&
-         Send(s, buffer.data(), size).ok()) {
+  std::vector<char> buffer;
+  for (;;) {
+    SliceHeader slice;
+    if (!RecvAll(s.fd(), &slice, sizeof(slice), absl::Now() + absl::Seconds(kIdleTimeoutS),
+                 "raw TCP")
+             .ok()) {
+      return;
+    }
+    buffer.resize(slice.share);
+    for (uint64_t r = 0; r < slice.rounds; ++r) {
+      if (!RecvAll(s.fd(), buffer.data(), slice.share, SocketDeadline(), "raw TCP").ok() ||
+          !Send(s, buffer.data(), slice.share).ok()) {
+        return;
+      }
+    }
   }
 }
 
-// Runs member(m, &rounds) on M threads; the first error, or the median of
-// every member's measured rounds.
+// Runs member(m, &rounds) on `members` threads; the first error, or every
+// member's measured rounds.
 template <typename Member>
-absl::StatusOr<absl::Duration> OnMembers(const ExchangeShape& shape, Member member) {
-  std::vector<absl::Status> status(shape.members);
-  std::vector<std::vector<absl::Duration>> rounds(shape.members);
+absl::StatusOr<std::vector<absl::Duration>> OnMembers(int members, Member member) {
+  std::vector<absl::Status> status(members);
+  std::vector<std::vector<absl::Duration>> rounds(members);
   std::vector<std::thread> threads;
-  for (int m = 0; m < shape.members; ++m) {
+  for (int m = 0; m < members; ++m) {
     threads.emplace_back([&, m] { status[m] = member(m, &rounds[m]); });
   }
   for (std::thread& t : threads) t.join();
   std::vector<absl::Duration> all;
-  for (int m = 0; m < shape.members; ++m) {
+  for (int m = 0; m < members; ++m) {
     RETURN_IF_ERROR(status[m]);
     all.insert(all.end(), rounds[m].begin(), rounds[m].end());
   }
-  return Median(all);
+  return all;
 }
 
-}  // namespace
+class RawTcp final : public LimitExchange {
+ public:
+  RawTcp(int peers, int members) : peers_(peers), members_(members), sockets_(members) {}
+  // The members' sockets close first, which ends the peers' threads.
+  ~RawTcp() override {
+    sockets_.clear();
+    for (std::thread& t : echoes_) t.join();
+  }
 
-absl::StatusOr<absl::Duration> RawTcpRound(const ExchangeShape& shape) {
-  int port = 0;
-  ASSIGN_OR_RETURN(const Socket listener, ListenTcp("127.0.0.1", 0, &port));
-  const int connections = shape.peers * shape.members;
-  std::thread acceptor([&listener, connections] {
-    std::vector<std::thread> echoes;
-    for (int i = 0; i < connections; ++i) {
-      absl::StatusOr<Socket> s = AcceptTcp(listener);
-      if (!s.ok()) break;
-      echoes.emplace_back(Echo, *std::move(s));
+  absl::Status Open() {
+    int port = 0;
+    ASSIGN_OR_RETURN(const Socket listener, ListenTcp("127.0.0.1", 0, &port));
+    const int connections = peers_ * members_;
+    std::thread acceptor([&listener, connections, this] {
+      for (int i = 0; i < connections; ++i) {
+        absl::StatusOr<Socket> s = AcceptTcp(listener);
+        if (!s.ok()) break;
+        echoes_.emplace_back(Echo, *std::move(s));
+      }
+    });
+    absl::Status status;
+    for (int m = 0; m < members_ && status.ok(); ++m) {
+      for (int p = 0; p < peers_ && status.ok(); ++p) {
+        absl::StatusOr<Socket> s = ConnectTcp("127.0.0.1", port, SocketDeadline(), "raw TCP");
+        status = s.status();
+        if (s.ok()) sockets_[m].push_back(*std::move(s));
+      }
     }
-    for (std::thread& t : echoes) t.join();
-  });
-  absl::StatusOr<absl::Duration> median =
-      OnMembers(shape, [&](int, std::vector<absl::Duration>* rounds) -> absl::Status {
-        std::vector<Socket> peers;
-        for (int p = 0; p < shape.peers; ++p) {
-          ASSIGN_OR_RETURN(Socket s, ConnectTcp("127.0.0.1", port, SocketDeadline(), "raw TCP"));
-          const uint64_t size = Share(shape.payload_bytes, shape.peers, p);
-          RETURN_IF_ERROR(Send(s, &size, sizeof(size)));
-          peers.push_back(std::move(s));
-        }
-        std::vector<char> out(shape.payload_bytes, 1), in(shape.payload_bytes);
-        for (int r = 0; r < shape.warmup + shape.rounds; ++r) {
-          const absl::Time start = absl::Now();
-          size_t offset = 0;
-          for (int p = 0; p < shape.peers; ++p) {
-            const size_t n = Share(shape.payload_bytes, shape.peers, p);
-            RETURN_IF_ERROR(Send(peers[p], out.data() + offset, n));
-            offset += n;
-          }
-          offset = 0;
-          for (int p = 0; p < shape.peers; ++p) {
-            const size_t n = Share(shape.payload_bytes, shape.peers, p);
-            RETURN_IF_ERROR(RecvAll(peers[p].fd(), in.data() + offset, n, SocketDeadline(),
-                                    "raw TCP"));
-            offset += n;
-          }
-          if (r >= shape.warmup) rounds->push_back(absl::Now() - start);
-        }
-        return absl::OkStatus();
-      });
-  shutdown(listener.fd(), SHUT_RDWR);  // an acceptor still waiting gives up
-  acceptor.join();
-  return median;
-}
+    if (!status.ok()) shutdown(listener.fd(), SHUT_RDWR);  // the acceptor gives up
+    acceptor.join();
+    return status;
+  }
 
-namespace {
+  absl::StatusOr<std::vector<absl::Duration>> Rounds(size_t payload_bytes, int warmup,
+                                                     int rounds) override {
+    return OnMembers(members_, [&](int m, std::vector<absl::Duration>* times) -> absl::Status {
+      const std::vector<Socket>& peers = sockets_[m];
+      for (int p = 0; p < peers_; ++p) {
+        const SliceHeader slice{Share(payload_bytes, peers_, p), static_cast<uint64_t>(warmup + rounds)};
+        RETURN_IF_ERROR(Send(peers[p], &slice, sizeof(slice)));
+      }
+      std::vector<char> out(payload_bytes, 1), in(payload_bytes);
+      for (int r = 0; r < warmup + rounds; ++r) {
+        const absl::Time start = absl::Now();
+        size_t offset = 0;
+        for (int p = 0; p < peers_; ++p) {
+          const size_t n = Share(payload_bytes, peers_, p);
+          RETURN_IF_ERROR(Send(peers[p], out.data() + offset, n));
+          offset += n;
+        }
+        offset = 0;
+        for (int p = 0; p < peers_; ++p) {
+          const size_t n = Share(payload_bytes, peers_, p);
+          RETURN_IF_ERROR(
+              RecvAll(peers[p].fd(), in.data() + offset, n, SocketDeadline(), "raw TCP"));
+          offset += n;
+        }
+        if (r >= warmup) times->push_back(absl::Now() - start);
+      }
+      return absl::OkStatus();
+    });
+  }
+
+ private:
+  const int peers_, members_;
+  std::vector<std::vector<Socket>> sockets_;  // [member][peer]
+  std::vector<std::thread> echoes_;           // one per connection
+};
 
 // Answers every call with its request's bytes.
 class EchoReactor final : public grpc::ServerGenericBidiReactor {
@@ -147,77 +185,118 @@ class EchoService final : public grpc::CallbackGenericService {
   }
 };
 
+class PlainGrpc final : public LimitExchange {
+ public:
+  PlainGrpc(int peers, int members) : peers_(peers), members_(members), stubs_(members) {}
+  ~PlainGrpc() override {
+    stubs_.clear();
+    if (server_ != nullptr) {
+      server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    }
+  }
+
+  absl::Status Open() {
+    int port = 0;
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterCallbackGenericService(&service_);
+    builder.SetMaxReceiveMessageSize(-1);
+    builder.SetMaxSendMessageSize(-1);
+    server_ = builder.BuildAndStart();
+    if (server_ == nullptr || port == 0) return absl::InternalError("plain gRPC: no server");
+    for (int m = 0; m < members_; ++m) {
+      for (int p = 0; p < peers_; ++p) {
+        grpc::ChannelArguments args;
+        args.SetMaxReceiveMessageSize(-1);
+        args.SetMaxSendMessageSize(-1);
+        // A connection of its own per (member, peer), as cserps has.
+        args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+        args.SetString("cserps.bench.peer", absl::StrCat(m, ".", p));
+        stubs_[m].push_back(std::make_unique<grpc::GenericStub>(grpc::CreateCustomChannel(
+            absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials(), args)));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<std::vector<absl::Duration>> Rounds(size_t payload_bytes, int warmup,
+                                                     int rounds) override {
+    return OnMembers(members_, [&](int m, std::vector<absl::Duration>* times) -> absl::Status {
+      std::vector<char> out(payload_bytes, 1), in(payload_bytes);
+      for (int r = 0; r < warmup + rounds; ++r) {
+        const absl::Time start = absl::Now();
+        RETURN_IF_ERROR(Round(stubs_[m], out, &in));
+        if (r >= warmup) times->push_back(absl::Now() - start);
+      }
+      return absl::OkStatus();
+    });
+  }
+
+ private:
+  // One unary call per peer with its share of `out`, in parallel; the
+  // replies' bytes into `in`.
+  absl::Status Round(const std::vector<std::unique_ptr<grpc::GenericStub>>& stubs,
+                     const std::vector<char>& out, std::vector<char>* in) const {
+    std::vector<grpc::ClientContext> contexts(peers_);
+    std::vector<grpc::ByteBuffer> requests(peers_), replies(peers_);
+    absl::Mutex mu;
+    int pending = peers_;
+    grpc::Status failure;
+    size_t offset = 0;
+    for (int p = 0; p < peers_; ++p) {
+      const size_t n = Share(out.size(), peers_, p);
+      grpc::Slice slice(out.data() + offset, n);  // the request's copy
+      requests[p] = grpc::ByteBuffer(&slice, 1);
+      contexts[p].set_deadline(std::chrono::system_clock::now() +
+                               std::chrono::seconds(kSocketTimeoutS));
+      stubs[p]->UnaryCall(&contexts[p], "/cserps.bench.Echo/Echo", grpc::StubOptions(),
+                          &requests[p], &replies[p], [&](grpc::Status status) {
+                            absl::MutexLock lock(&mu);
+                            if (!status.ok()) failure = status;
+                            --pending;
+                          });
+      offset += n;
+    }
+    {
+      absl::MutexLock lock(&mu);
+      mu.Await(absl::Condition(+[](int* left) { return *left == 0; }, &pending));
+    }
+    if (!failure.ok()) {
+      return absl::UnavailableError(absl::StrCat("plain gRPC: ", failure.error_message()));
+    }
+    offset = 0;
+    for (int p = 0; p < peers_; ++p) {
+      std::vector<grpc::Slice> slices;
+      if (!replies[p].Dump(&slices).ok()) return absl::InternalError("plain gRPC: Dump");
+      for (const grpc::Slice& s : slices) {
+        std::memcpy(in->data() + offset, s.begin(), s.size());
+        offset += s.size();
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  const int peers_, members_;
+  EchoService service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::vector<std::vector<std::unique_ptr<grpc::GenericStub>>> stubs_;  // [member][peer]
+};
+
+template <typename Exchange>
+absl::StatusOr<std::unique_ptr<LimitExchange>> Open(int peers, int members) {
+  auto exchange = std::make_unique<Exchange>(peers, members);
+  RETURN_IF_ERROR(exchange->Open());
+  return exchange;
+}
+
 }  // namespace
 
-absl::StatusOr<absl::Duration> PlainGrpcRound(const ExchangeShape& shape) {
-  EchoService service;
-  int port = 0;
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  builder.RegisterCallbackGenericService(&service);
-  builder.SetMaxReceiveMessageSize(-1);
-  builder.SetMaxSendMessageSize(-1);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (server == nullptr || port == 0) return absl::InternalError("plain gRPC: no server");
-  absl::StatusOr<absl::Duration> median =
-      OnMembers(shape, [&](int m, std::vector<absl::Duration>* rounds) -> absl::Status {
-        std::vector<std::unique_ptr<grpc::GenericStub>> stubs;
-        for (int p = 0; p < shape.peers; ++p) {
-          grpc::ChannelArguments args;
-          args.SetMaxReceiveMessageSize(-1);
-          args.SetMaxSendMessageSize(-1);
-          // A connection of its own per (member, peer), as cserps has.
-          args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-          args.SetString("cserps.bench.peer", absl::StrCat(m, ".", p));
-          stubs.push_back(std::make_unique<grpc::GenericStub>(grpc::CreateCustomChannel(
-              absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials(), args)));
-        }
-        std::vector<char> out(shape.payload_bytes, 1), in(shape.payload_bytes);
-        for (int r = 0; r < shape.warmup + shape.rounds; ++r) {
-          const absl::Time start = absl::Now();
-          std::vector<grpc::ClientContext> contexts(shape.peers);
-          std::vector<grpc::ByteBuffer> requests(shape.peers), replies(shape.peers);
-          absl::Mutex mu;
-          int pending = shape.peers;
-          grpc::Status failure;
-          size_t offset = 0;
-          for (int p = 0; p < shape.peers; ++p) {
-            const size_t n = Share(shape.payload_bytes, shape.peers, p);
-            grpc::Slice slice(out.data() + offset, n);  // the request's copy
-            requests[p] = grpc::ByteBuffer(&slice, 1);
-            contexts[p].set_deadline(std::chrono::system_clock::now() +
-                                     std::chrono::seconds(kSocketTimeoutS));
-            stubs[p]->UnaryCall(&contexts[p], "/cserps.bench.Echo/Echo", grpc::StubOptions(),
-                                &requests[p], &replies[p], [&](grpc::Status status) {
-                                  absl::MutexLock lock(&mu);
-                                  if (!status.ok()) failure = status;
-                                  --pending;
-                                });
-            offset += n;
-          }
-          {
-            absl::MutexLock lock(&mu);
-            mu.Await(absl::Condition(+[](int* left) { return *left == 0; }, &pending));
-          }
-          if (!failure.ok()) {
-            return absl::UnavailableError(
-                absl::StrCat("plain gRPC: ", failure.error_message()));
-          }
-          offset = 0;
-          for (int p = 0; p < shape.peers; ++p) {
-            std::vector<grpc::Slice> slices;
-            if (!replies[p].Dump(&slices).ok()) return absl::InternalError("plain gRPC: Dump");
-            for (const grpc::Slice& s : slices) {
-              std::memcpy(in.data() + offset, s.begin(), s.size());
-              offset += s.size();
-            }
-          }
-          if (r >= shape.warmup) rounds->push_back(absl::Now() - start);
-        }
-        return absl::OkStatus();
-      });
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
-  return median;
+absl::StatusOr<std::unique_ptr<LimitExchange>> OpenRawTcp(int peers, int members) {
+  return Open<RawTcp>(peers, members);
+}
+
+absl::StatusOr<std::unique_ptr<LimitExchange>> OpenPlainGrpc(int peers, int members) {
+  return Open<PlainGrpc>(peers, members);
 }
 
 absl::Duration MemcpyTime(size_t bytes, int rounds) {

@@ -11,28 +11,32 @@
 //     service that answers each unary call with its request's bytes;
 //   memcpy: one thread copying a buffer of the payload's size.
 //
-// Each returns the median round (every member's rounds together), after
-// `warmup` rounds, of `rounds` rounds.
+// The exchanges keep their connections, and the peers' threads, open from
+// Open to destruction, as cserps keeps its own across a case's slices.
 #ifndef CSERPS_TOOLS_BENCH_WIRE_LIMITS_H_
 #define CSERPS_TOOLS_BENCH_WIRE_LIMITS_H_
 
 #include <cstddef>
+#include <memory>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 
 namespace cserps {
 
-struct ExchangeShape {
-  int peers = 1;    // S: shards
-  int members = 1;  // M
-  size_t payload_bytes = 0;  // per member, split evenly over the peers
-  int warmup = 2;
-  int rounds = 20;
+class LimitExchange {
+ public:
+  virtual ~LimitExchange() = default;
+  // `rounds` rounds, after `warmup` more, of `payload_bytes` per member split
+  // evenly over the peers, all members in parallel: every member's measured
+  // rounds.
+  virtual absl::StatusOr<std::vector<absl::Duration>> Rounds(size_t payload_bytes, int warmup,
+                                                             int rounds) = 0;
 };
 
-absl::StatusOr<absl::Duration> RawTcpRound(const ExchangeShape& shape);
-absl::StatusOr<absl::Duration> PlainGrpcRound(const ExchangeShape& shape);
+absl::StatusOr<std::unique_ptr<LimitExchange>> OpenRawTcp(int peers, int members);
+absl::StatusOr<std::unique_ptr<LimitExchange>> OpenPlainGrpc(int peers, int members);
 // The time of one memcpy of `bytes` (median of `rounds`).
 absl::Duration MemcpyTime(size_t bytes, int rounds);
 
