@@ -105,12 +105,15 @@ int Run() {
     weights[i] = absl::GetFlag(FLAGS_equal_weights) ? 32.0f
                                                     : 32.0f + static_cast<float>(i % 3);
     // Gradient-like values: mostly small, a spread of magnitudes.
-    for (float& x : pushes[i]) x = (rng.UniformFloat() - 0.5f) * (rng.UniformFloat() < 0.1f ? 10.0f : 0.01f);
+    for (float& x : pushes[i]) {
+      x = (rng.UniformFloat() - 0.5f) * (rng.UniformFloat() < 0.1f ? 10.0f : 0.01f);
+    }
   }
   const double floats = static_cast<double>(m) * n;
   const std::vector<float> reference = DoubleMean(pushes, weights, false);
   std::printf("%d members x %d floats, median of %d rounds\n", m, n, rounds);
-  std::printf("%-8s %12s %22s %24s\n", "variant", "ns/float", "differ from double", "change with order");
+  std::printf("%-8s %12s %22s %24s\n", "variant", "ns/float", "differ from double",
+              "change with order");
   auto report = [&](const char* name, auto mean_of) {
     const double ns = MedianNsPerFloat([&] { return mean_of(false); }, rounds, floats);
     const std::vector<float> forward = mean_of(false), backward = mean_of(true);

@@ -131,7 +131,8 @@ class RawTcp final : public LimitExchange {
     return OnMembers(members_, [&](int m, std::vector<absl::Duration>* times) -> absl::Status {
       const std::vector<Socket>& peers = sockets_[m];
       for (int p = 0; p < peers_; ++p) {
-        const SliceHeader slice{Share(payload_bytes, peers_, p), static_cast<uint64_t>(warmup + rounds)};
+        const SliceHeader slice{Share(payload_bytes, peers_, p),
+                                static_cast<uint64_t>(warmup + rounds)};
         RETURN_IF_ERROR(Send(peers[p], &slice, sizeof(slice)));
       }
       std::vector<char> out(payload_bytes, 1), in(payload_bytes);
