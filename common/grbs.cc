@@ -1,5 +1,6 @@
 #include "common/grbs.h"
 
+#include "absl/numeric/bits.h"
 #include "common/prng.h"
 #include "common/status.h"
 
@@ -33,13 +34,18 @@ std::vector<uint64_t> SelectBlocks(uint64_t job_seed, int stream, uint64_t step,
   // Floyd: for j = N-m .. N-1 draw t uniform in [0, j]; take t unless it is
   // taken already, else take j. Every m-subset is equally likely.
   CounterRng rng(GrbsKey(job_seed, stream, step));
-  std::vector<bool> taken(num_blocks, false);
+  // One bit per block, read back a word at a time: testing each block's bit
+  // cost far more than the m draws where m is small.
+  std::vector<uint64_t> taken((num_blocks + 63) / 64, 0);
   for (uint64_t j = num_blocks - m; j < num_blocks; ++j) {
     const uint64_t t = rng.Below(j + 1);
-    taken[taken[t] ? j : t] = true;
+    const uint64_t b = (taken[t / 64] >> (t % 64)) & 1 ? j : t;
+    taken[b / 64] |= uint64_t{1} << (b % 64);
   }
-  for (uint64_t b = 0; b < num_blocks; ++b) {
-    if (taken[b]) blocks.push_back(b);
+  for (uint64_t w = 0; w < taken.size(); ++w) {
+    for (uint64_t bits = taken[w]; bits != 0; bits &= bits - 1) {
+      blocks.push_back(w * 64 + static_cast<uint64_t>(absl::countr_zero(bits)));
+    }
   }
   return blocks;
 }

@@ -75,6 +75,8 @@ CASES = [
     (99, 2, 16, 16, 2000),
     (5, 1, 9, 2, 3),
     (5, 2, 9, 7, 7),
+    # a large model: the taken blocks lie far apart, in many words
+    (3, 1, 41, 4096, 70001),
 ]
 
 
