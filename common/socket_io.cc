@@ -22,6 +22,10 @@
 namespace cserps {
 namespace {
 
+// What a new connection's receive buffer holds at once: a request or reply
+// of a whole chunk (1 MiB by default) and its header.
+constexpr int kFrameWindowBytes = 2 << 20;
+
 absl::Status Errno(absl::string_view what, absl::string_view call) {
   return absl::UnavailableError(
       absl::StrCat(what, ": ", call, ": ", std::strerror(errno)));
@@ -36,6 +40,14 @@ absl::Status Configure(int fd, absl::string_view what) {
   // Frames are written whole (one sendmsg each); Nagle would only hold back
   // the last segment of every one.
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  // Linux starts a receive buffer at 128 KiB and grows it as it learns the
+  // rate: until then a frame near that size closed the window on every
+  // round, and waited for its reader to open it again. A low-water mark
+  // raises the buffer to hold that many bytes while leaving it free to grow
+  // (SO_RCVBUF would fix its size); the mark itself goes back to 1.
+  int mark = kFrameWindowBytes;
+  setsockopt(fd, SOL_SOCKET, SO_RCVLOWAT, &mark, sizeof(mark));
+  setsockopt(fd, SOL_SOCKET, SO_RCVLOWAT, &one, sizeof(one));
   return absl::OkStatus();
 }
 

@@ -1,6 +1,7 @@
 // TCP sockets for the bulk transport (common/bulk_wire.h): connect, listen
 // and whole-message I/O, every wait bounded by a deadline. Sockets are
-// non-blocking with TCP_NODELAY; each call moves all its bytes or fails:
+// non-blocking with TCP_NODELAY, and start with a receive buffer that holds
+// a whole frame of a chunk; each call moves all its bytes or fails:
 //   UNAVAILABLE        the peer closed the connection, or a socket error;
 //   DEADLINE_EXCEEDED  the deadline passed first.
 // Messages name `what` (e.g. "bulk connection to shard 1 at host:port").
