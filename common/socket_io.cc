@@ -31,6 +31,11 @@ absl::Status Errno(absl::string_view what, absl::string_view call) {
       absl::StrCat(what, ": ", call, ": ", std::strerror(errno)));
 }
 
+// Readable, for poll, once `bytes` are (or the peer has ended).
+void SetLowWaterMark(int fd, int bytes) {
+  setsockopt(fd, SOL_SOCKET, SO_RCVLOWAT, &bytes, sizeof(bytes));
+}
+
 absl::Status Configure(int fd, absl::string_view what) {
   const int flags = fcntl(fd, F_GETFL, 0);
   if (flags < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) < 0) {
@@ -45,9 +50,8 @@ absl::Status Configure(int fd, absl::string_view what) {
   // round, and waited for its reader to open it again. A low-water mark
   // raises the buffer to hold that many bytes while leaving it free to grow
   // (SO_RCVBUF would fix its size); the mark itself goes back to 1.
-  int mark = kFrameWindowBytes;
-  setsockopt(fd, SOL_SOCKET, SO_RCVLOWAT, &mark, sizeof(mark));
-  setsockopt(fd, SOL_SOCKET, SO_RCVLOWAT, &one, sizeof(one));
+  SetLowWaterMark(fd, kFrameWindowBytes);
+  SetLowWaterMark(fd, 1);
   return absl::OkStatus();
 }
 
@@ -299,16 +303,13 @@ absl::Status PeekAll(int fd, void* data, size_t size, absl::Time deadline,
     if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
       return Errno(what, "recv");
     }
-    // Fewer bytes than asked stay readable: wait for more without spinning.
-    if (n > 0) {
-      if (absl::Now() >= deadline) {
-        return absl::DeadlineExceededError(
-            absl::StrCat(what, ": deadline exceeded waiting for the peer"));
-      }
-      absl::SleepFor(absl::Milliseconds(1));
-      continue;
-    }
-    RETURN_IF_ERROR(WaitFor(fd, POLLIN, deadline, what));
+    // Fewer bytes than asked keep the socket readable: a low-water mark of
+    // `size` makes poll wait for the rest (or the peer's end).
+    const bool some = n > 0;
+    if (some) SetLowWaterMark(fd, static_cast<int>(size));
+    const absl::Status ready = WaitFor(fd, POLLIN, deadline, what);
+    if (some) SetLowWaterMark(fd, 1);
+    RETURN_IF_ERROR(ready);
   }
 }
 

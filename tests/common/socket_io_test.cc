@@ -1,17 +1,25 @@
 // The TCP sockets of the bulk transport, on 127.0.0.1: both ends of a new
 // connection can take a whole frame of a default chunk before their reader
-// runs, and still wake for a single byte.
+// runs, and still wake for a single byte; a peek waits for every byte it
+// asks for, or its deadline, and leaves the socket waking for one byte.
 #include "common/socket_io.h"
 
 #include <sys/socket.h>
 
+#include <cstring>
+#include <string>
+#include <thread>
+
 #include "absl/time/clock.h"
 #include "common/block_layout.h"
 #include "common/bulk_wire.h"
+#include "common/status.h"
 #include "gtest/gtest.h"
 
 namespace cserps {
 namespace {
+
+absl::Time Soon() { return absl::Now() + absl::Seconds(20); }
 
 int IntOption(int fd, int option) {
   int value = 0;
@@ -20,31 +28,69 @@ int IntOption(int fd, int option) {
   return value;
 }
 
-TEST(SocketIoTest, ANewConnectionHoldsAWholeChunkFrameAndWakesForOneByte) {
+// Both ends of one connection on 127.0.0.1.
+struct Pair {
+  Socket dialled;
+  Socket accepted;
+};
+
+absl::StatusOr<Pair> Connected() {
   int port = 0;
-  absl::StatusOr<Socket> listener = ListenTcp("127.0.0.1", 0, &port);
-  ASSERT_TRUE(listener.ok()) << listener.status();
-  absl::StatusOr<Socket> dialled =
-      ConnectTcp("127.0.0.1", port, absl::Now() + absl::Seconds(20), "dial");
-  ASSERT_TRUE(dialled.ok()) << dialled.status();
-  absl::StatusOr<Socket> accepted = AcceptTcp(*listener);
-  ASSERT_TRUE(accepted.ok()) << accepted.status();
+  ASSIGN_OR_RETURN(const Socket listener, ListenTcp("127.0.0.1", 0, &port));
+  Pair pair;
+  ASSIGN_OR_RETURN(pair.dialled, ConnectTcp("127.0.0.1", port, Soon(), "dial"));
+  ASSIGN_OR_RETURN(pair.accepted, AcceptTcp(listener));
+  return pair;
+}
+
+absl::Status SendText(const Socket& s, const char* text) {
+  iovec out{const_cast<char*>(text), std::strlen(text)};
+  return SendAll(s.fd(), absl::MakeSpan(&out, 1), Soon(), "send");
+}
+
+TEST(SocketIoTest, ANewConnectionHoldsAWholeChunkFrameAndWakesForOneByte) {
+  absl::StatusOr<Pair> pair = Connected();
+  ASSERT_TRUE(pair.ok()) << pair.status();
   const int frame = static_cast<int>(kDefaultChunkBytes + bulk::Request::kBytes);
-  for (const Socket* end : {&*dialled, &*accepted}) {
+  for (const Socket* end : {&pair->dialled, &pair->accepted}) {
     EXPECT_GE(IntOption(end->fd(), SO_RCVBUF), frame);
     EXPECT_EQ(IntOption(end->fd(), SO_RCVLOWAT), 1);
   }
-  char byte = 'x';
-  iovec out{&byte, 1};
-  ASSERT_TRUE(SendAll(dialled->fd(), absl::MakeSpan(&out, 1), absl::Now() + absl::Seconds(20),
-                      "send")
-                  .ok());
+  ASSERT_TRUE(SendText(pair->dialled, "x").ok());
   char got = 0;
-  iovec in{&got, 1};
-  const absl::Status received = RecvAll(accepted->fd(), absl::MakeSpan(&in, 1),
-                                        absl::Now() + absl::Seconds(20), "receive");
+  const absl::Status received = RecvAll(pair->accepted.fd(), &got, 1, Soon(), "receive");
   ASSERT_TRUE(received.ok()) << received;
   EXPECT_EQ(got, 'x');
+}
+
+TEST(SocketIoTest, APeekWaitsForEveryByteItAsksForAndLeavesThemToRead) {
+  absl::StatusOr<Pair> pair = Connected();
+  ASSERT_TRUE(pair.ok()) << pair.status();
+  ASSERT_TRUE(SendText(pair->dialled, "ab").ok());
+  char peeked[4] = {};
+  absl::Status status;
+  std::thread peek([&] {
+    status = PeekAll(pair->accepted.fd(), peeked, sizeof(peeked), Soon(), "peek");
+  });
+  ASSERT_TRUE(SendText(pair->dialled, "cd").ok());
+  peek.join();
+  ASSERT_TRUE(status.ok()) << status;
+  EXPECT_EQ(std::string(peeked, 4), "abcd");
+  EXPECT_EQ(IntOption(pair->accepted.fd(), SO_RCVLOWAT), 1);
+  char read[4] = {};
+  ASSERT_TRUE(RecvAll(pair->accepted.fd(), read, sizeof(read), Soon(), "read").ok());
+  EXPECT_EQ(std::string(read, 4), "abcd");
+}
+
+TEST(SocketIoTest, APeekShortOfItsBytesMeetsItsDeadline) {
+  absl::StatusOr<Pair> pair = Connected();
+  ASSERT_TRUE(pair.ok()) << pair.status();
+  ASSERT_TRUE(SendText(pair->dialled, "ab").ok());
+  char peeked[4] = {};
+  const absl::Status status = PeekAll(pair->accepted.fd(), peeked, sizeof(peeked),
+                                      absl::Now() + absl::Milliseconds(200), "the hello");
+  EXPECT_TRUE(absl::IsDeadlineExceeded(status)) << status;
+  EXPECT_EQ(IntOption(pair->accepted.fd(), SO_RCVLOWAT), 1);
 }
 
 }  // namespace
