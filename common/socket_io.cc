@@ -296,6 +296,7 @@ absl::Status RecvAll(int fd, absl::Span<iovec> iov, absl::Time deadline,
 
 absl::Status PeekAll(int fd, void* data, size_t size, absl::Time deadline,
                      absl::string_view what) {
+  ssize_t before_wait = -1;
   for (;;) {
     const ssize_t n = recv(fd, data, size, MSG_PEEK | MSG_DONTWAIT);
     if (n == static_cast<ssize_t>(size)) return absl::OkStatus();
@@ -303,6 +304,12 @@ absl::Status PeekAll(int fd, void* data, size_t size, absl::Time deadline,
     if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
       return Errno(what, "recv");
     }
+    // Woken with no more bytes than before: only the peer's end does that.
+    if (n > 0 && n == before_wait) {
+      return absl::UnavailableError(absl::StrCat(what, ": connection closed by the peer after ",
+                                                 n, " of ", size, " bytes"));
+    }
+    before_wait = n;
     // Fewer bytes than asked keep the socket readable: a low-water mark of
     // `size` makes poll wait for the rest (or the peer's end).
     const bool some = n > 0;

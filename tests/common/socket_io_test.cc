@@ -1,7 +1,8 @@
 // The TCP sockets of the bulk transport, on 127.0.0.1: both ends of a new
 // connection can take a whole frame of a default chunk before their reader
 // runs, and still wake for a single byte; a peek waits for every byte it
-// asks for, or its deadline, and leaves the socket waking for one byte.
+// asks for, its deadline or the peer's end, and leaves the socket waking
+// for one byte.
 #include "common/socket_io.h"
 
 #include <sys/socket.h>
@@ -90,6 +91,18 @@ TEST(SocketIoTest, APeekShortOfItsBytesMeetsItsDeadline) {
   const absl::Status status = PeekAll(pair->accepted.fd(), peeked, sizeof(peeked),
                                       absl::Now() + absl::Milliseconds(200), "the hello");
   EXPECT_TRUE(absl::IsDeadlineExceeded(status)) << status;
+  EXPECT_EQ(IntOption(pair->accepted.fd(), SO_RCVLOWAT), 1);
+}
+
+TEST(SocketIoTest, APeekWhosePeerEndsShortOfItsBytesIsUnavailable) {
+  absl::StatusOr<Pair> pair = Connected();
+  ASSERT_TRUE(pair.ok()) << pair.status();
+  ASSERT_TRUE(SendText(pair->dialled, "ab").ok());
+  pair->dialled = Socket();
+  char peeked[4] = {};
+  const absl::Status status =
+      PeekAll(pair->accepted.fd(), peeked, sizeof(peeked), Soon(), "the hello");
+  EXPECT_TRUE(absl::IsUnavailable(status)) << status;
   EXPECT_EQ(IntOption(pair->accepted.fd(), SO_RCVLOWAT), 1);
 }
 
