@@ -50,13 +50,18 @@ void Release(const void* addr) { __tsan_release(const_cast<void*>(addr)); }
 
 // A Condition is evaluated with the mutex held, but inside the library,
 // by the waiting thread or by whichever thread unlocks: each evaluation is
-// bracketed as if it took the lock itself.
+// bracketed as if it took the lock itself. The wrapper is a Condition of a
+// void* function, which the library stores and calls in its own
+// (uninstrumented) code; an evaluating thread acquires the Guarded first,
+// since it may have taken the lock before the waiter wrote and released it.
 struct Guarded {
   const absl::Condition* cond;
   absl::Mutex* mu;
 };
 
-bool EvalGuarded(Guarded* g) {
+bool EvalGuarded(void* arg) {
+  Acquire(arg);
+  const Guarded* g = static_cast<const Guarded*>(arg);
   Acquire(g->mu);
   const bool holds = g->cond->Eval();
   Release(g->mu);
@@ -76,9 +81,10 @@ template <typename R, typename... Params, typename... Args>
 R WithCondition(R (*real)(absl::Mutex*, const absl::Condition&, Params...), absl::Mutex* mu,
                 const absl::Condition& cond, Args... args) {
   Guarded g{&cond, mu};
+  Release(&g);
   Release(mu);
   AcquireOnExit acquire{mu};
-  return real(mu, absl::Condition(&EvalGuarded, &g), args...);
+  return real(mu, absl::Condition(&EvalGuarded, static_cast<void*>(&g)), args...);
 }
 
 // real(cv, mu, args...) for CondVar's waits, which unlock and relock `mu`.
