@@ -300,7 +300,9 @@ absl::Status PeekAll(int fd, void* data, size_t size, absl::Time deadline,
   for (;;) {
     const ssize_t n = recv(fd, data, size, MSG_PEEK | MSG_DONTWAIT);
     if (n == static_cast<ssize_t>(size)) return absl::OkStatus();
-    if (n == 0) return absl::UnavailableError(absl::StrCat(what, ": connection closed by the peer"));
+    if (n == 0) {
+      return absl::UnavailableError(absl::StrCat(what, ": connection closed by the peer"));
+    }
     if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
       return Errno(what, "recv");
     }
