@@ -103,17 +103,26 @@ if ! docker image inspect debian:bookworm >/dev/null 2>&1; then
   docker import --change 'CMD ["bash"]' "$CACHE/bookworm-minbase.tar" debian:bookworm >/dev/null
 fi
 
-# Ports for 2 servers, their metrics, 2 workers' metrics and Prometheus.
-read -r CHECK_SERVER_0 CHECK_SERVER_1 CHECK_SERVER_METRICS_0 CHECK_SERVER_METRICS_1 \
-  CHECK_WORKER_METRICS_0 CHECK_WORKER_METRICS_1 CHECK_PROMETHEUS < <(python3 -c '
-import socket
-socks = [socket.socket() for _ in range(7)]
-for s in socks: s.bind(("127.0.0.1", 0))
-print(*[s.getsockname()[1] for s in socks])')
+# Ports for 2 servers, their bulk transports and metrics, 2 workers' metrics
+# and Prometheus, below the kernel's ephemeral range (check.py's
+# free_port_range): a port the kernel hands out before its owner starts (a
+# listener on port 0, the own end of one of Prometheus' first scrapes) once
+# took a worker's metrics port here.
+read -r CHECK_SERVER_0 CHECK_SERVER_1 CHECK_BULK_0 CHECK_BULK_1 CHECK_SERVER_METRICS_0 \
+  CHECK_SERVER_METRICS_1 CHECK_WORKER_METRICS_0 CHECK_WORKER_METRICS_1 CHECK_PROMETHEUS \
+  < <(python3 -c '
+import sys
+sys.path.insert(0, "tools/prometheus")
+from check import free_port_range
+base = free_port_range(9)
+print(*range(base, base + 9))')
 CHECK_DIR=$WORK
 CHECK_JOB="cluster.servers=127.0.0.1:$CHECK_SERVER_0,127.0.0.1:$CHECK_SERVER_1;cluster.num_workers=2;epochs=2;log_every_steps=500"
-export CHECK_SERVER_0 CHECK_SERVER_1 CHECK_SERVER_METRICS_0 CHECK_SERVER_METRICS_1 \
-  CHECK_WORKER_METRICS_0 CHECK_WORKER_METRICS_1 CHECK_PROMETHEUS CHECK_DIR CHECK_JOB
+# As docker-compose.yml's workers: the client certificate, not the servers'.
+CHECK_WORKER_JOB="$CHECK_JOB;security.cert=/etc/cserps/certs/client.pem;security.key=/etc/cserps/certs/client.key"
+export CHECK_SERVER_0 CHECK_SERVER_1 CHECK_BULK_0 CHECK_BULK_1 CHECK_SERVER_METRICS_0 \
+  CHECK_SERVER_METRICS_1 CHECK_WORKER_METRICS_0 CHECK_WORKER_METRICS_1 CHECK_PROMETHEUS \
+  CHECK_DIR CHECK_JOB CHECK_WORKER_JOB
 mkdir -m 1777 "$WORK/out"
 cat >"$WORK/prometheus.yml" <<EOF
 global:
@@ -153,6 +162,15 @@ for service in worker-cpu worker-cpu-1; do
   fi
 done
 step "job finished in $((SECONDS - start)) s"
+# Secured rounds go over the bulk transport (TLS with the job's client
+# certificate); a worker refused there falls back to gRPC and says so.
+for service in worker-cpu worker-cpu-1; do
+  if fallback=$("${COMPOSE[@]}" logs --no-color "$service" | grep "rounds go over gRPC"); then
+    echo "compose_check: $service did not use the bulk transport:"
+    echo "$fallback"
+    exit 1
+  fi
+done
 
 python3 tools/prometheus/check.py --verify --port="$CHECK_PROMETHEUS" --out="$WORK/out" \
   --workers=2 --servers=2 --min-accuracy=0.75
