@@ -151,26 +151,32 @@ struct Measured {
   double balance = 0;                  // max / mean of the shards' bytes
 };
 
+// A member's client, model and mean; the buffers live as long as the case,
+// so that no slice's client CPU counts the page faults of making them.
+struct Member {
+  std::unique_ptr<PsClient> client;
+  std::vector<float> values, mean;
+};
+
 // Every member's rounds [first, first + count) on its own thread.
-absl::Status RunRounds(std::vector<std::unique_ptr<PsClient>>& clients, const Case& c,
-                       uint64_t first, int count, std::vector<absl::Duration>* times) {
-  const uint64_t d = c.bytes / 4;
-  std::vector<absl::Status> status(clients.size());
-  std::vector<std::vector<absl::Duration>> per(clients.size());
+absl::Status RunRounds(std::vector<Member>& members, const Case& c, uint64_t first, int count,
+                       std::vector<absl::Duration>* times) {
+  std::vector<absl::Status> status(members.size());
+  std::vector<std::vector<absl::Duration>> per(members.size());
   std::vector<std::thread> threads;
-  for (size_t m = 0; m < clients.size(); ++m) {
+  for (size_t m = 0; m < members.size(); ++m) {
     threads.emplace_back([&, m] {
-      std::vector<float> values(d, 1.0f + m), mean(d);
+      Member& member = members[m];
       for (int r = 0; r < count && status[m].ok(); ++r) {
         const absl::Time start = absl::Now();
-        status[m] = clients[m]->AverageBlocks(v1::MODEL, first + r, c.ratio, values, 1.0f,
-                                              0.0f, absl::MakeSpan(mean));
+        status[m] = member.client->AverageBlocks(v1::MODEL, first + r, c.ratio, member.values,
+                                                 1.0f, 0.0f, absl::MakeSpan(member.mean));
         per[m].push_back(absl::Now() - start);
       }
     });
   }
   for (std::thread& t : threads) t.join();
-  for (size_t m = 0; m < clients.size(); ++m) {
+  for (size_t m = 0; m < members.size(); ++m) {
     RETURN_IF_ERROR(status[m]);
     if (times != nullptr) times->insert(times->end(), per[m].begin(), per[m].end());
   }
@@ -206,33 +212,34 @@ absl::StatusOr<Measured> MeasureCserps(const Case& c, const std::string& server,
                                                   absl::StrJoin(servers->addresses(), ","))}));
   std::filesystem::remove(path);
   *config.mutable_security() = SecurityFiles("client");
-  std::vector<std::unique_ptr<PsClient>> clients;
+  const uint64_t d = c.bytes / 4;
+  std::vector<Member> members;
   for (int m = 0; m < c.members; ++m) {
-    ASSIGN_OR_RETURN(std::unique_ptr<PsClient> client, PsClient::Connect(config, c.bytes / 4));
+    ASSIGN_OR_RETURN(std::unique_ptr<PsClient> client, PsClient::Connect(config, d));
     RETURN_IF_ERROR(client->Register(m, absl::StrCat("bench-", m)).status());
-    clients.push_back(std::move(client));
+    members.push_back({std::move(client), std::vector<float>(d, 1.0f + m), std::vector<float>(d)});
   }
   const absl::Time warm = absl::Now();
-  RETURN_IF_ERROR(RunRounds(clients, c, 0, kWarmupRounds, nullptr));
+  RETURN_IF_ERROR(RunRounds(members, c, 0, kWarmupRounds, nullptr));
   const double per_round = Seconds(absl::Now() - warm) / kWarmupRounds;
   Measured result;
   result.count = std::clamp(static_cast<int>(absl::GetFlag(FLAGS_seconds) / per_round), 5,
                             absl::GetFlag(FLAGS_max_rounds));
   const int slices = std::clamp(absl::GetFlag(FLAGS_slices), 1, result.count);
-  const TrafficCounts before = clients[0]->traffic(v1::MODEL);
+  const TrafficCounts before = members[0].client->traffic(v1::MODEL);
   uint64_t done = 0;
   for (int slice = 0; slice < slices; ++slice) {
     const int count = result.count / slices + (slice < result.count % slices ? 1 : 0);
-    const TrafficCounts slice_before = clients[0]->traffic(v1::MODEL);
+    const TrafficCounts slice_before = members[0].client->traffic(v1::MODEL);
     const double server_before = servers->CpuSeconds();
     const double client_before = SelfCpuSeconds();
-    RETURN_IF_ERROR(RunRounds(clients, c, kWarmupRounds + done, count, &result.rounds));
+    RETURN_IF_ERROR(RunRounds(members, c, kWarmupRounds + done, count, &result.rounds));
     result.server_cpu += servers->CpuSeconds() - server_before;
     result.client_cpu += SelfCpuSeconds() - client_before;
     done += count;
     // A round's reply carries as many floats as its request.
     const size_t payload =
-        4 * (clients[0]->traffic(v1::MODEL).request_floats - slice_before.request_floats) /
+        4 * (members[0].client->traffic(v1::MODEL).request_floats - slice_before.request_floats) /
         count;
     // As many rounds as cserps': a small payload's limit over a few rounds
     // moves by 3x.
@@ -243,12 +250,12 @@ absl::StatusOr<Measured> MeasureCserps(const Case& c, const std::string& server,
     limits->tcp.insert(limits->tcp.end(), tcp.begin(), tcp.end());
     limits->grpc.insert(limits->grpc.end(), grpc.begin(), grpc.end());
   }
-  const TrafficCounts after = clients[0]->traffic(v1::MODEL);
+  const TrafficCounts after = members[0].client->traffic(v1::MODEL);
   // Every byte each shard received and sent during the case (its servers'
   // cserps_server_bytes_in_total and _out_total).
   double most = 0, total = 0;
   for (int s = 0; s < c.shards; ++s) {
-    ASSIGN_OR_RETURN(const v1::GetStatusResponse status, clients[0]->GetStatus(s));
+    ASSIGN_OR_RETURN(const v1::GetStatusResponse status, members[0].client->GetStatus(s));
     const double bytes = static_cast<double>(status.bytes_in() + status.bytes_out());
     most = std::max(most, bytes);
     total += bytes;

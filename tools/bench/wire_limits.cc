@@ -250,6 +250,9 @@ class PlainGrpc final : public LimitExchange {
       requests[p] = grpc::ByteBuffer(&slice, 1);
       contexts[p].set_deadline(std::chrono::system_clock::now() +
                                std::chrono::seconds(kSocketTimeoutS));
+      // As cserps' client's calls: a connection still being made (64 at
+      // once, on a loaded machine) is waited for, not a failed case.
+      contexts[p].set_wait_for_ready(true);
       stubs[p]->UnaryCall(&contexts[p], "/cserps.bench.Echo/Echo", grpc::StubOptions(),
                           &requests[p], &replies[p], [&](grpc::Status status) {
                             absl::MutexLock lock(&mu);
