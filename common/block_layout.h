@@ -94,7 +94,7 @@ inline constexpr uint32_t kMessageOverheadBytes = 1024;
 // message's other fields).
 uint64_t ChunkFloats(uint32_t max_message_bytes);
 // cluster.chunk_bytes when it is 0 (unset).
-inline constexpr uint32_t kDefaultChunkBytes = 512 * 1024;
+inline constexpr uint32_t kDefaultChunkBytes = 1024 * 1024;
 
 // Floats per chunk of a job: cluster.chunk_bytes / 4 (kDefaultChunkBytes
 // when unset), within the message limit's ChunkFloats.

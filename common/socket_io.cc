@@ -22,8 +22,8 @@
 namespace cserps {
 namespace {
 
-// What a new connection's receive buffer holds at once: requests or replies
-// of whole chunks (512 KiB by default) and their headers.
+// What a new connection's receive buffer holds at once: a request or reply
+// of a whole chunk (1 MiB by default) and its header.
 constexpr int kFrameWindowBytes = 2 << 20;
 
 absl::Status Errno(absl::string_view what, absl::string_view call) {

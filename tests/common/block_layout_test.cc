@@ -449,8 +449,8 @@ TEST(ChunkTest, AFullChunkRequestFitsTheMessageLimit) {
 TEST(ChunkTest, AJobsChunksAreItsChunkBytesWithinTheMessageLimit) {
   v1::ClusterConfig cluster;
   cluster.set_max_message_bytes(4u << 20);
-  // Unset: 512 KiB, an eighth of a 4 MiB message's room.
-  EXPECT_EQ(ChunkFloats(cluster), 131072u);
+  // Unset: 1 MiB, a quarter of a 4 MiB message's room.
+  EXPECT_EQ(ChunkFloats(cluster), 262144u);
   cluster.set_chunk_bytes(256u << 10);
   EXPECT_EQ(ChunkFloats(cluster), 65536u);
   // A limit smaller than the default chunk: the limit's, as before chunks
