@@ -1,8 +1,11 @@
 """Where a worker process is in its job, read from its launcher's environment.
 
 torchrun's contract comes first (RANK, WORLD_SIZE, LOCAL_RANK,
-LOCAL_WORLD_SIZE), then Slurm's (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID,
-SLURM_NTASKS_PER_NODE) where torchrun's is absent. Without either, the process
+LOCAL_WORLD_SIZE), then Slurm's where torchrun's is absent: SLURM_PROCID,
+SLURM_NTASKS, SLURM_LOCALID, and the tasks on this node from
+SLURM_STEP_TASKS_PER_NODE (else SLURM_TASKS_PER_NODE; "2(x3),1" lists each
+node's count in SLURM_NODEID order), else SLURM_NTASKS_PER_NODE, which srun
+sets only when given --ntasks-per-node. Without either launcher, the process
 is a worker whose rank the servers assign when it registers. MASTER_ADDR and
 MASTER_PORT are not needed: the servers are the job's meeting point.
 
@@ -14,6 +17,7 @@ RANK mod L of node RANK / L, and the node is the job's member.
 
 import dataclasses
 import os
+import re
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,12 +45,43 @@ def _integer(env, name, default=None, minimum=0):
 
 
 # Each launcher's names of (rank, world size, local rank, local world size),
-# in the order they are looked for.
+# in the order they are looked for; Slurm's local world size comes from one
+# of several variables (_slurm_local_world_size).
 _LAUNCHERS = (
     ("torchrun", ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")),
-    ("slurm", ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE")),
+    ("slurm", ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "the node's Slurm tasks")),
 )
 _NAMES = dict(_LAUNCHERS)
+_SLURM_NODE_COUNTS = ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE")
+
+
+def _node_counts(name, text):
+    """Slurm's tasks per node, "2(x3),1", as [2, 2, 2, 1]."""
+    counts = []
+    for piece in text.split(","):
+        match = re.fullmatch(r"\s*(\d+)\s*(?:\(x(\d+)\))?\s*", piece)
+        if match is None or int(match.group(1)) < 1 or match.group(2) == "0":
+            raise ValueError(f"{name}={text!r} is not a list of task counts "
+                             "such as '2(x3),1'")
+        counts += [int(match.group(1))] * int(match.group(2) or 1)
+    return counts
+
+
+def _slurm_local_world_size(env):
+    """The tasks on this node, from Slurm's per-node lists where one is set."""
+    for name in _SLURM_NODE_COUNTS:
+        text = env.get(name, "")
+        if text == "":
+            continue
+        counts = _node_counts(name, text)
+        if len(set(counts)) == 1:
+            return counts[0]
+        node = _integer(env, "SLURM_NODEID")
+        if node >= len(counts):
+            raise ValueError(f"SLURM_NODEID={node} but {name}={text!r} lists "
+                             f"{len(counts)} nodes")
+        return counts[node]
+    return _integer(env, "SLURM_NTASKS_PER_NODE", default=1, minimum=1)
 
 
 def from_environment(env=None):
@@ -57,11 +92,15 @@ def from_environment(env=None):
             break
     else:
         return Place(rank=-1, world_size=0, local_rank=0, local_world_size=1, source="none")
+    if source == "slurm":
+        local_world_size = _slurm_local_world_size(env)
+    else:
+        local_world_size = _integer(env, names[3], default=1, minimum=1)
     place = Place(
         rank=_integer(env, names[0]),
         world_size=_integer(env, names[1], minimum=1),
         local_rank=_integer(env, names[2], default=0),
-        local_world_size=_integer(env, names[3], default=1, minimum=1),
+        local_world_size=local_world_size,
         source=source,
     )
     if place.rank >= place.world_size:

@@ -32,6 +32,7 @@ def start_servers():
 def no_launcher_environment(monkeypatch):
     """Each test starts outside any launcher; those that need one set it."""
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "SLURM_PROCID",
-                 "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE", "CSERPS_JOB",
+                 "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE", "SLURM_NODEID",
+                 "SLURM_TASKS_PER_NODE", "SLURM_STEP_TASKS_PER_NODE", "CSERPS_JOB",
                  "CSERPS_SERVERS", "CSERPS_SET"):
         monkeypatch.delenv(name, raising=False)

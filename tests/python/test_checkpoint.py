@@ -122,8 +122,9 @@ def test_resumed_workers_take_the_same_steps(tmp_path, start_servers, algorithm,
         assert not torch.equal(results[0][1][0], results[1][1][0])
 
 
-def one_worker(tmp_path, start_servers, algorithm, fields="", block_size=64, name="job"):
-    model = mlp(0)
+def one_worker(tmp_path, start_servers, algorithm, fields="", block_size=64, name="job",
+               model=None):
+    model = mlp(0) if model is None else model
     job = cluster.write_job(tmp_path, cluster.job_text(
         sum(p.numel() for p in model.parameters()), servers=1, algorithm=algorithm,
         extra_algorithm=fields, block_size=block_size), name=f"{name}.textproto")
@@ -143,6 +144,16 @@ def test_a_state_of_another_job_is_refused(tmp_path, start_servers):
                            block_size=32, name="blocks")
     with pytest.raises(ValueError, match="the state is of block_size 64 but this worker's is 32"):
         blocks.load_state_dict(state)
+    # A model of another layout with as many floats (404).
+    _, other = one_worker(tmp_path, start_servers, "cser", "period: 4 ratio_c1: 2 ratio_c2: 8",
+                          name="other", model=torch.nn.Linear(100, 4))
+    with pytest.raises(ValueError, match="a model of 4 parameters but this worker's has 2"):
+        other.load_state_dict(state)
+    transposed = cser.state_dict()
+    transposed["cserps"]["shapes"][0] = [20, 16]
+    with pytest.raises(ValueError, match=r"parameter 0 has shape \(20, 16\) but this "
+                                         r"worker's has \(16, 20\)"):
+        cser.load_state_dict(transposed)
     smaller = cser.state_dict()
     smaller["cserps"]["num_params"] -= 1
     with pytest.raises(ValueError, match="the state is of num_params"):

@@ -32,6 +32,22 @@ def launch(job, nproc, out, *worker_args):
     return [torch.load(os.path.join(out, f"worker_{r}.pt")) for r in range(nproc)]
 
 
+def run_all(processes):
+    """Waits for every (command, env) to end, each within JOB_TIMEOUT_S, and
+    kills what is left; their (return codes, outputs)."""
+    started = [subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+               for command, env in processes]
+    try:
+        outputs = [p.communicate(timeout=JOB_TIMEOUT_S)[0] for p in started]
+    finally:
+        for p in started:
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=10)
+    return [p.returncode for p in started], outputs
+
+
 def test_two_ssgd_workers_stay_bit_identical(tmp_path):
     d = 20 * 16 + 16 + 16 * 4 + 4
     job = cluster.write_job(tmp_path, cluster.job_text(d, num_workers=2))
@@ -82,22 +98,37 @@ def test_a_dead_local_rank_fails_its_node_peer_at_once(tmp_path, start_servers):
     servers = start_servers(job, 2)
     common = dict(os.environ, WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", CSERPS_JOB=job,
                   CSERPS_SERVERS=servers.servers, OMP_NUM_THREADS="1")
-    processes = [subprocess.Popen(
-        [sys.executable, WORKER, f"--out={tmp_path}", "--steps=20",
-         *(["--die-after=3"] if r == 1 else [])],
-        env=dict(common, RANK=str(r), LOCAL_RANK=str(r)), stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True) for r in range(2)]
-    try:
-        outputs = [p.communicate(timeout=JOB_TIMEOUT_S)[0] for p in processes]
-    finally:
-        for p in processes:
-            if p.poll() is None:
-                p.kill()
-                p.wait(timeout=10)
-    assert processes[1].returncode == 3, outputs[1]
-    assert processes[0].returncode != 0, outputs[0]
+    codes, outputs = run_all(
+        ([sys.executable, WORKER, f"--out={tmp_path}", "--steps=20",
+          *(["--die-after=3"] if r == 1 else [])],
+         dict(common, RANK=str(r), LOCAL_RANK=str(r))) for r in range(2))
+    assert codes[1] == 3, outputs[1]
+    assert codes[0] != 0, outputs[0]
     assert "ConnectionError" in outputs[0], outputs[0]
     assert "local rank 1 (did its process end?)" in outputs[0], outputs[0]
+
+
+def test_workers_started_by_srun_take_their_ranks_from_slurm(tmp_path, start_servers):
+    # What `srun -n 2 python3 script.py` gives its tasks on one node: Slurm's
+    # variables and none of torchrun's, and no SLURM_NTASKS_PER_NODE (srun
+    # sets it only with --ntasks-per-node).
+    d = 20 * 16 + 16 + 16 * 4 + 4
+    job = cluster.write_job(tmp_path, cluster.job_text(d, num_workers=2))
+    servers = start_servers(job, 2)
+    common = dict(os.environ, SLURM_NTASKS="2", SLURM_NODEID="0", SLURM_TASKS_PER_NODE="2",
+                  SLURM_STEP_TASKS_PER_NODE="2", CSERPS_JOB=job,
+                  CSERPS_SERVERS=servers.servers, OMP_NUM_THREADS="1")
+    # Rank 1's process starts first: ranks are Slurm's, not the order of
+    # registration.
+    codes, outputs = run_all(
+        ([sys.executable, WORKER, f"--out={tmp_path}", "--steps=10"],
+         dict(common, SLURM_PROCID=str(r), SLURM_LOCALID=str(r))) for r in (1, 0))
+    assert codes == [0, 0], outputs
+    first, second = (torch.load(os.path.join(tmp_path, f"worker_{r}.pt")) for r in range(2))
+    assert (first["rank"], second["rank"]) == (0, 1)
+    for t, (a, b) in enumerate(zip(first["history"], second["history"])):
+        assert torch.equal(a, b), f"step {t}"
+    assert not torch.equal(first["history"][0], first["history"][-1])
 
 
 def test_cser_achieves_the_configured_compression(tmp_path):
@@ -115,6 +146,35 @@ def test_cser_achieves_the_configured_compression(tmp_path):
     # The final average leaves every worker with the servers' model.
     for result in results:
         assert torch.equal(result["final"], results[0]["servers"])
+
+
+def test_the_example_starts_its_own_job_with_the_algorithm_chosen(tmp_path):
+    # Outside any launcher, examples/torch/fashion_mnist.py starts the
+    # build's cserps-launch with its job and the algorithm's fields, which
+    # runs the script again as the job's 4 workers: m-cser at R_C = 256
+    # (and the NESTEROV momentum it needs) must reach servers and workers.
+    example = os.path.join(HERE, "..", "..", "examples", "torch", "fashion_mnist.py")
+    out = tmp_path / "result.json"
+    process = subprocess.Popen(
+        [sys.executable, example, "--algorithm=m-cser", "--max_steps=40", f"--out={out}"],
+        env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        output = process.communicate(timeout=JOB_TIMEOUT_S)[0]
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=10)
+    assert process.returncode == 0, output
+    assert "4 processes of" in output and "finished" in output, output
+    with open(out) as f:
+        result = json.load(f)
+    assert result["name"] == ("cserps m-cser (MODEL_BLOCKS): H=32, R_C1=16, R_C2=496 -> "
+                              "overall R_C = 256")
+    assert result["steps"] == 40
+    # 40 steps reach no period's end: every round is an R_C2 one.
+    assert result["achieved_compression"] > 256
+    assert result["test_accuracy"] > 0.6
 
 
 def evaluate(flat, hidden, images, labels):
@@ -146,24 +206,13 @@ output_dir: "{tmp_path}/out"
     steps = 2000 // (2 * 32)
     env = dict(os.environ, RANK="0", WORLD_SIZE="2", CSERPS_JOB=job,
                CSERPS_SERVERS=servers.servers, OMP_NUM_THREADS="1")
-    python_worker = subprocess.Popen(
-        [sys.executable, WORKER, f"--out={tmp_path}", f"--steps={steps}", "--batch=32",
-         f"--fashion-mnist={hidden}"], env=env, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True)
-    cpp_worker = subprocess.Popen(
-        [os.path.join(cluster.BIN_DIR, "cserps-worker"), f"--config={job}", "--rank=1",
-         f"--set=cluster.servers={servers.servers}"],
-        env=dict(os.environ, OPENBLAS_NUM_THREADS="1"), stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True)
-    try:
-        outputs = [p.communicate(timeout=JOB_TIMEOUT_S)[0] for p in (python_worker, cpp_worker)]
-    finally:
-        for p in (python_worker, cpp_worker):
-            if p.poll() is None:
-                p.kill()
-                p.wait(timeout=10)
-    assert python_worker.returncode == 0, outputs[0]
-    assert cpp_worker.returncode == 0, outputs[1]
+    codes, outputs = run_all([
+        ([sys.executable, WORKER, f"--out={tmp_path}", f"--steps={steps}", "--batch=32",
+          f"--fashion-mnist={hidden}"], env),
+        ([os.path.join(cluster.BIN_DIR, "cserps-worker"), f"--config={job}", "--rank=1",
+          f"--set=cluster.servers={servers.servers}"],
+         dict(os.environ, OPENBLAS_NUM_THREADS="1"))])
+    assert codes == [0, 0], outputs
     result = torch.load(os.path.join(tmp_path, "worker_0.pt"))
     assert torch.equal(result["final"], result["servers"])
     with open(os.path.join(tmp_path, "out", "worker_1.json")) as f:

@@ -104,6 +104,39 @@ def test_unknown_algorithm_lists_the_known_ones(tmp_path):
                                servers="127.0.0.1:1")
 
 
+def test_unknown_algorithm_parameter_lists_the_fields(tmp_path):
+    job = cluster.write_job(tmp_path, cluster.job_text(num_params(mlp(3))))
+    with pytest.raises(ValueError, match=r"unknown field \"algorithm.ratio_c3\"; fields of "
+                                         r"algorithm: .*ratio_c1, ratio_c2"):
+        cserps.torch.Optimizer(mlp(3).parameters(), algorithm="cser", ratio_c3=4, job=job,
+                               servers="127.0.0.1:1,127.0.0.1:2")
+    with pytest.raises(ValueError, match=r"algorithm.period: \"x\" is not a uint32"):
+        cserps.torch.Optimizer(mlp(3).parameters(), period="x", job=job,
+                               servers="127.0.0.1:1,127.0.0.1:2")
+
+
+def test_init_names_the_job_and_servers_and_arguments_still_win(tmp_path, start_servers):
+    model = mlp(3)
+    # The servers run lr 0.25; the workers' file says 0.05 and init's
+    # override makes it the servers' job.
+    servers = start_servers(cluster.write_job(
+        tmp_path, cluster.job_text(num_params(model), servers=1, lr=0.25), "servers.textproto"), 1)
+    job = cluster.write_job(tmp_path, cluster.job_text(num_params(model), servers=1, lr=0.05))
+    try:
+        cserps.torch.init(job=job, servers=[servers.servers], set="optimizer.lr=0.25")
+        optimizer = cserps.torch.Optimizer(model.parameters())
+        assert optimizer.param_groups[0]["lr"] == 0.25
+        assert optimizer.rank == 0
+        # The Optimizer's own arguments override init's.
+        with pytest.raises(ConnectionError, match="no answer from the servers within 1s"):
+            cserps.torch.Optimizer(mlp(3).parameters(), servers="127.0.0.1:1",
+                                   setup_timeout=1.0)
+    finally:
+        cserps.torch.init()
+    with pytest.raises(ValueError, match="no job config"):
+        cserps.torch.Optimizer(mlp(3).parameters())
+
+
 def test_model_of_another_size_names_both_and_the_fix(tmp_path):
     model = mlp(3)
     job = cluster.write_job(tmp_path, cluster.job_text(num_params(model) + 1))

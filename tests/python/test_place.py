@@ -20,6 +20,29 @@ def test_slurm_variables_where_torchrun_is_absent():
                               source="slurm")
 
 
+def slurm(procid, localid, nodeid, **more):
+    """What srun -n 8 on two nodes gives a task (no --ntasks-per-node, so no
+    SLURM_NTASKS_PER_NODE)."""
+    return dict({"SLURM_PROCID": str(procid), "SLURM_NTASKS": "8", "SLURM_LOCALID": str(localid),
+                 "SLURM_NODEID": str(nodeid)}, **more)
+
+
+@pytest.mark.parametrize("env,local_world_size", [
+    (slurm(5, 1, 1, SLURM_STEP_TASKS_PER_NODE="4(x2)"), 4),
+    (slurm(5, 1, 1, SLURM_TASKS_PER_NODE="4(x2)"), 4),
+    # The step's own list wins over the allocation's.
+    (slurm(5, 1, 1, SLURM_STEP_TASKS_PER_NODE="4(x2)", SLURM_TASKS_PER_NODE="8(x2)"), 4),
+    (slurm(6, 0, 1, SLURM_STEP_TASKS_PER_NODE="6,2"), 2),
+    (slurm(1, 1, 0, SLURM_STEP_TASKS_PER_NODE="6,2"), 6),
+    (slurm(7, 0, 3, SLURM_STEP_TASKS_PER_NODE="2(x2),3,1"), 1),
+])
+def test_slurm_tasks_per_node_come_from_its_per_node_lists(env, local_world_size):
+    got = place.from_environment(env)
+    assert (got.rank, got.local_rank, got.local_world_size) == (
+        int(env["SLURM_PROCID"]), int(env["SLURM_LOCALID"]), local_world_size)
+    assert place.member(got, num_workers=8, local_size=1) == (got.rank, -1)
+
+
 def test_no_launcher_leaves_the_rank_to_the_servers():
     assert place.from_environment({}).rank == -1
 
@@ -32,6 +55,14 @@ def test_no_launcher_leaves_the_rank_to_the_servers():
     ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "1"},
      "LOCAL_RANK=1 is not below LOCAL_WORLD_SIZE=1"),
     ({"SLURM_PROCID": "4", "SLURM_NTASKS": "4"}, "SLURM_PROCID=4 is not below SLURM_NTASKS=4"),
+    (slurm(1, 1, 0), "SLURM_LOCALID=1 is not below the node's Slurm tasks=1"),
+    (slurm(1, 1, 0, SLURM_STEP_TASKS_PER_NODE="4(x)"),
+     r"SLURM_STEP_TASKS_PER_NODE='4\(x\)' is not a list of task counts"),
+    (slurm(1, 1, 0, SLURM_TASKS_PER_NODE="0(x2)"), "SLURM_TASKS_PER_NODE='0"),
+    (slurm(1, 1, 2, SLURM_STEP_TASKS_PER_NODE="4,2"),
+     "SLURM_NODEID=2 but SLURM_STEP_TASKS_PER_NODE='4,2' lists 2 nodes"),
+    ({k: v for k, v in slurm(1, 1, 0, SLURM_STEP_TASKS_PER_NODE="4,2").items()
+      if k != "SLURM_NODEID"}, "SLURM_NODEID is not set"),
 ])
 def test_bad_values_name_the_variable(env, message):
     with pytest.raises(ValueError, match=message):

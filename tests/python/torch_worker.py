@@ -40,7 +40,7 @@ def main():
     parser.add_argument("--die-after", type=int, default=-1,
                         help="end the process abruptly after this many steps (a crash)")
     args = parser.parse_args()
-    rank = int(os.environ.get("RANK", "0"))
+    rank = int(os.environ.get("RANK") or os.environ.get("SLURM_PROCID") or "0")
     # Each rank starts from its own model: the Optimizer must replace it
     # with rank 0's.
     torch.manual_seed(100 + rank)

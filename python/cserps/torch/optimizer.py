@@ -264,6 +264,7 @@ class Optimizer(torch.optim.Optimizer):
             "algorithm": self._job.algorithm,
             "block_size": self._job.block_size,
             "num_params": self._num_params,
+            "shapes": [list(p.shape) for p in self._params],
             "rank": self.rank,
             "local_rank": self.local_rank,
             "step": self.steps,
@@ -275,7 +276,8 @@ class Optimizer(torch.optim.Optimizer):
 
     def load_state_dict(self, state_dict):
         """Resumes from a state_dict() of this rank in a job of the same
-        algorithm, block size and model; ValueError naming what differs."""
+        algorithm, block size and model (its size and parameter shapes);
+        ValueError naming what differs."""
         saved = state_dict.get("cserps") if isinstance(state_dict, dict) else None
         if not isinstance(saved, dict):
             raise ValueError("not the state of a cserps.torch.Optimizer: it has no "
@@ -290,6 +292,8 @@ class Optimizer(torch.optim.Optimizer):
             if saved.get(key, 0 if key == "local_rank" else None) != mine:
                 raise ValueError(f"the state is of {key} {saved.get(key)!r} but this "
                                  f"worker's is {mine!r}")
+        # States saved before shapes were kept have none to compare.
+        self._check_shapes(saved.get("shapes"))
         tensors = [saved["params"]] + list(saved["buffers"])
         for i, t in enumerate(tensors):
             if (not isinstance(t, torch.Tensor) or t.dtype != torch.float32
@@ -311,6 +315,20 @@ class Optimizer(torch.optim.Optimizer):
             self._flat.copy_(saved["params"])
         self._repoint()
         self._finished = bool(saved["finished"])
+
+    def _check_shapes(self, shapes):
+        """ValueError when `shapes` (a state's, or None) are not this model's
+        parameter shapes: a model of another layout but the same size."""
+        if shapes is None:
+            return
+        mine = [list(p.shape) for p in self._params]
+        if len(shapes) != len(mine):
+            raise ValueError(f"the state is of a model of {len(shapes)} parameters but this "
+                             f"worker's has {len(mine)}")
+        for i, (theirs, ours) in enumerate(zip(shapes, mine)):
+            if list(theirs) != ours:
+                raise ValueError(f"the state's parameter {i} has shape {tuple(theirs)} but "
+                                 f"this worker's has {tuple(ours)}")
 
     def add_param_group(self, param_group):
         if hasattr(self, "_trainer"):
