@@ -42,6 +42,7 @@ import socket
 import subprocess
 import sys
 import time
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -92,17 +93,25 @@ def train(args, job, rank, world, make_optimizer, finish=lambda: None, wrap=lamb
     torch.manual_seed(args.seed)  # the same initial model on every rank
     model = cnn()
     trained = wrap(model)
-    optimizer = make_optimizer(model)
+    optimizer = make_optimizer(model, steps_per_epoch)
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(
         optimizer, T_max=job.epochs * steps_per_epoch)
+    # A job resumed from its checkpoints (checkpoint.every_steps) goes on at
+    # the checkpoint's step, its schedule where it was.
+    done = getattr(optimizer, "steps", 0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "scheduler.step() before optimizer.step()"
+        for _ in range(done):
+            schedule.step()
     steps = job.epochs * steps_per_epoch
     if args.max_steps > 0:
         steps = min(steps, args.max_steps)
     step_seconds, loss = [], None
-    for epoch in range((steps + steps_per_epoch - 1) // steps_per_epoch):
+    for epoch in range(done // steps_per_epoch, (steps + steps_per_epoch - 1) // steps_per_epoch):
         shuffle = torch.Generator().manual_seed(args.seed * 1000 + epoch * 100 + rank)
         order = mine[torch.randperm(len(mine), generator=shuffle)]
-        for i in range(min(steps_per_epoch, steps - epoch * steps_per_epoch)):
+        first = done - epoch * steps_per_epoch if epoch == done // steps_per_epoch else 0
+        for i in range(first, min(steps_per_epoch, steps - epoch * steps_per_epoch)):
             batch = order[i * batch_size:(i + 1) * batch_size]
             start = time.perf_counter()
             optimizer.zero_grad()
@@ -191,19 +200,22 @@ def run_cserps(args):
     job = load_job(args)
     holder = {}
 
-    def make(model):
+    def make(model, steps_per_epoch):
         # The algorithm's fields as the job's overrides (what --algorithm and
         # --param chose), so that they reach the Optimizer as they reached
         # the servers.
         holder["optimizer"] = optimizer = cserps.torch.Optimizer(
-            model.parameters(), job=job_path(args), set=algorithm_fields(args))
+            model.parameters(), job=job_path(args), set=algorithm_fields(args),
+            steps_per_epoch=steps_per_epoch)
         holder["pushed"] = optimizer.bytes_pushed  # rank 0's initial model
+        holder["resumed_at"] = optimizer.steps
         return optimizer
 
     def finish():
         # The steps' traffic, without the final average.
         optimizer = holder["optimizer"]
-        holder["pushed"] = (optimizer.bytes_pushed - holder["pushed"]) / optimizer.steps
+        holder["pushed"] = ((optimizer.bytes_pushed - holder["pushed"])
+                            / (optimizer.steps - holder["resumed_at"]))
         optimizer.finish()
 
     model, seconds = train(args, job, rank, world, make, finish=finish)
@@ -226,9 +238,9 @@ def ddp_worker(rank, args, port):
                             world_size=job.num_workers, timeout=datetime.timedelta(seconds=300))
     model, seconds = train(
         args, job, rank, job.num_workers,
-        lambda m: torch.optim.SGD(m.parameters(), lr=job.lr, momentum=job.momentum,
-                                  nesterov=job.momentum_kind == "NESTEROV",
-                                  weight_decay=job.weight_decay),
+        lambda m, _: torch.optim.SGD(m.parameters(), lr=job.lr, momentum=job.momentum,
+                                     nesterov=job.momentum_kind == "NESTEROV",
+                                     weight_decay=job.weight_decay),
         wrap=torch.nn.parallel.DistributedDataParallel)
     if rank == 0:
         report(args, "ddp gloo", model, seconds, {})

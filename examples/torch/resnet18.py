@@ -8,9 +8,10 @@ itself.
       -- python3 examples/torch/resnet18.py [--steps=200] [--out=result.json]
 
 Another algorithm through the launcher's --set (servers and workers alike),
-e.g. CSER at R_C = 256:
+e.g. CSER at R_C = 256 (H = 32, R_C1 = 16, R_C2 = 496 in its default
+MODEL_BLOCKS variant):
 
-  --set='algorithm.name=cser;algorithm.period=32;algorithm.ratio_c1=16;algorithm.ratio_c2=512;algorithm.cser_variant=GRADIENT_BLOCKS'
+  --set='algorithm.name=cser;algorithm.period=32;algorithm.ratio_c1=16;algorithm.ratio_c2=496'
 
 BatchNorm's running statistics are buffers, not parameters: each worker keeps
 its own (DDP would broadcast rank 0's).

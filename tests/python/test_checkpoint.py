@@ -164,3 +164,15 @@ def test_a_state_of_another_job_is_refused(tmp_path, start_servers):
     broken["cserps"]["buffers"][0] = torch.zeros(3)
     with pytest.raises(ValueError, match=r"buffers\[0\] is not"):
         cser.load_state_dict(broken)
+
+
+def test_resuming_without_a_checkpoint_names_the_folder(tmp_path, start_servers):
+    model = mlp(0)
+    job = cluster.write_job(tmp_path, cluster.job_text(
+        sum(p.numel() for p in model.parameters()), servers=1) +
+        f'checkpoint {{ dir: "{tmp_path}/checkpoints" every_steps: 5 }}\n')
+    servers = start_servers(job, 1)
+    with pytest.raises(ValueError, match=rf"rank 0 cannot resume: no complete checkpoint of job "
+                                         rf"0x[0-9a-f]+ in {tmp_path}/checkpoints"):
+        cserps.torch.Optimizer(model.parameters(), job=job, servers=servers.servers,
+                               steps_per_epoch=20, set="checkpoint.resume=true")

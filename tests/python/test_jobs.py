@@ -21,15 +21,16 @@ WORKER = os.path.join(HERE, "torch_worker.py")
 JOB_TIMEOUT_S = 240
 
 
-def launch(job, nproc, out, *worker_args):
-    """cserps-launch with `nproc` torch_worker.py processes; their results."""
+def launch(job, nproc, out, *worker_args, launcher_args=()):
+    """cserps-launch with `nproc` torch_worker.py processes; their results and
+    the launcher's output."""
     command = [os.path.join(cluster.BIN_DIR, "cserps-launch"), f"--config={job}",
-               f"--nproc={nproc}", f"--timeout_s={JOB_TIMEOUT_S}", "--",
+               f"--nproc={nproc}", f"--timeout_s={JOB_TIMEOUT_S}", *launcher_args, "--",
                sys.executable, WORKER, f"--out={out}", *worker_args]
     done = subprocess.run(command, capture_output=True, text=True, timeout=JOB_TIMEOUT_S + 30)
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"{nproc} processes of {sys.executable} finished" in done.stdout
-    return [torch.load(os.path.join(out, f"worker_{r}.pt")) for r in range(nproc)]
+    return [torch.load(os.path.join(out, f"worker_{r}.pt")) for r in range(nproc)], done.stdout
 
 
 def run_all(processes):
@@ -51,7 +52,7 @@ def run_all(processes):
 def test_two_ssgd_workers_stay_bit_identical(tmp_path):
     d = 20 * 16 + 16 + 16 * 4 + 4
     job = cluster.write_job(tmp_path, cluster.job_text(d, num_workers=2))
-    first, second = launch(job, 2, tmp_path, "--steps=20")
+    (first, second), _ = launch(job, 2, tmp_path, "--steps=20")
     assert (first["rank"], second["rank"]) == (0, 1)
     for t, (a, b) in enumerate(zip(first["history"], second["history"])):
         assert torch.equal(a, b), f"step {t}"
@@ -66,8 +67,9 @@ def test_a_job_of_nodes_averages_each_nodes_processes_first(tmp_path):
     # same 4 processes (the same data, RANK for RANK) as 4 workers of their
     # own must train the same model, up to the order of float additions.
     d = 20 * 16 + 16 + 16 * 4 + 4
-    nodes = launch(cluster.write_job(tmp_path, cluster.job_text(d, num_workers=2, local_size=2),
-                                     "nodes.textproto"), 4, tmp_path, "--steps=20")
+    nodes, _ = launch(cluster.write_job(
+        tmp_path, cluster.job_text(d, num_workers=2, local_size=2), "nodes.textproto"), 4,
+        tmp_path, "--steps=20")
     assert [(r["rank"], r["local_rank"]) for r in nodes] == [(0, 0), (0, 1), (1, 0), (1, 1)]
     for t in range(20):
         for r in nodes[1:]:
@@ -75,8 +77,8 @@ def test_a_job_of_nodes_averages_each_nodes_processes_first(tmp_path):
     assert torch.equal(nodes[0]["final"], nodes[0]["servers"])
     flat_dir = tmp_path / "flat"
     flat_dir.mkdir()
-    flat = launch(cluster.write_job(tmp_path, cluster.job_text(d, num_workers=4),
-                                    "flat.textproto"), 4, flat_dir, "--steps=20")
+    flat, _ = launch(cluster.write_job(tmp_path, cluster.job_text(d, num_workers=4),
+                                       "flat.textproto"), 4, flat_dir, "--steps=20")
     assert torch.allclose(nodes[0]["final"], flat[0]["final"], rtol=1e-4, atol=1e-6)
     assert not torch.equal(flat[0]["history"][0], flat[0]["history"][-1])
     # A node's local ranks push between them what a flat worker of the same
@@ -131,13 +133,49 @@ def test_workers_started_by_srun_take_their_ranks_from_slurm(tmp_path, start_ser
     assert not torch.equal(first["history"][0], first["history"][-1])
 
 
+@pytest.mark.parametrize("algorithm,fields", [("cser", "period: 4 ratio_c1: 2 ratio_c2: 8"),
+                                               ("ef-sgd", "ratio: 4")])
+def test_a_job_with_checkpoints_survives_a_dead_worker_to_the_bit(tmp_path, algorithm, fields):
+    # Rank 1 dies after 12 steps; cserps-launch --max_restarts restarts the
+    # job from the checkpoint of step 10 (checkpoint.every_steps 5), whose
+    # files the PyTorch workers wrote as cserps-worker does, and it must end
+    # as the job that nothing interrupted.
+    d = 20 * 16 + 16 + 16 * 4 + 4
+    text = cluster.job_text(d, num_workers=2, algorithm=algorithm, extra_algorithm=fields)
+    runs = {}
+    for name, dying in (("whole", []), ("restarted", ["--die-after=12"])):
+        out = tmp_path / name
+        out.mkdir()
+        job = cluster.write_job(
+            out, text + f'checkpoint {{ dir: "{out}/checkpoints" every_steps: 5 }}\n')
+        runs[name] = launch(job, 2, out, "--steps=20", "--steps-per-epoch=20",
+                            *(dying and [*dying, f"--die-once={out}/died"]),
+                            launcher_args=["--max_restarts=1"])
+    whole, restarted = runs["whole"][0], runs["restarted"][0]
+    assert "restart 1 of 1" in runs["restarted"][1], runs["restarted"][1]
+    assert "restart" not in runs["whole"][1]
+    for rank in range(2):
+        # The restarted run's processes went on from step 10.
+        assert len(restarted[rank]["history"]) == 10
+        for t in range(10):
+            assert torch.equal(restarted[rank]["history"][t], whole[rank]["history"][10 + t]), \
+                f"rank {rank} step {10 + t}"
+        assert torch.equal(restarted[rank]["final"], whole[rank]["final"])
+    assert torch.equal(restarted[0]["servers"], whole[0]["servers"])
+    # Every checkpoint but the last step's was written, by both workers and
+    # both shards.
+    steps = sorted(os.listdir(tmp_path / "whole" / "checkpoints"))
+    assert steps and all(len(os.listdir(tmp_path / "whole" / "checkpoints" / s)) == 5
+                         for s in steps), steps
+
+
 def test_cser_achieves_the_configured_compression(tmp_path):
     # 63 -> 64 is 4096 floats, 256 blocks of 16: every GRBS round selects
     # exactly 1/R of them, so the ratio is the formula's.
     fields = "period: 4 ratio_c1: 2 ratio_c2: 8"
     job = cluster.write_job(tmp_path, cluster.job_text(4096, num_workers=2, algorithm="cser",
                                                        block_size=16, extra_algorithm=fields))
-    results = launch(job, 2, tmp_path, "--steps=20", "--model=63,64")
+    results, _ = launch(job, 2, tmp_path, "--steps=20", "--model=63,64")
     expected = _native.Job(job, ["cluster.servers=127.0.0.1:1,127.0.0.1:2"]).overall_ratio
     for result in results:
         assert result["compression"] == pytest.approx(expected, rel=1e-12)

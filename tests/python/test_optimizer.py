@@ -169,8 +169,8 @@ def test_bad_arguments_are_value_errors(tmp_path):
     checkpointed = cluster.write_job(
         tmp_path, cluster.job_text(num_params(model)) +
         f'checkpoint {{ dir: "{tmp_path}/ckpt" every_steps: 5 }}\n', name="checkpointed.textproto")
-    with pytest.raises(ValueError, match="checkpoint.every_steps is 5: the PyTorch front "
-                       "checkpoints through the optimizer's state_dict"):
+    with pytest.raises(ValueError, match=r"checkpoint.every_steps is 5: the trainer needs its "
+                       r"steps per epoch \(steps_per_epoch\)"):
         cserps.torch.Optimizer(model.parameters(), job=checkpointed, servers=nowhere)
     with pytest.raises(FileNotFoundError, match="no_such_job.textproto"):
         cserps.torch.Optimizer(model.parameters(), job=str(tmp_path / "no_such_job.textproto"))

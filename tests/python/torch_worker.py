@@ -1,12 +1,13 @@
 """A PyTorch worker of the tests, started by cserps-launch --nproc (or
 alone): trains a small MLP with cserps.torch.Optimizer and writes what the
 tests check to <out>/worker_<partition>.pt (partition: the process's index
-in the job): the flat parameters after every step, the achieved compression
-before finish(), the bytes pushed, the parameters after finish() and the
-servers' model.
+in the job): the flat parameters after every step (from the step a resumed
+job goes on at), the achieved compression before finish(), the bytes
+pushed, the parameters after finish() and the servers' model.
 
   torch_worker.py --out DIR --steps N [--model 20,16,4 | --fashion-mnist H]
-      [--algorithm NAME] [--param key=value ...]
+      [--algorithm NAME] [--param key=value ...] [--steps-per-epoch N]
+      [--die-after T [--die-once FILE]]
 """
 
 import argparse
@@ -39,6 +40,11 @@ def main():
     parser.add_argument("--param", action="append", default=[])
     parser.add_argument("--die-after", type=int, default=-1,
                         help="end the process abruptly after this many steps (a crash)")
+    parser.add_argument("--die-once", default="",
+                        help="with --die-after: only if this file does not exist yet (it is "
+                             "made first), so that a restarted process goes on")
+    parser.add_argument("--steps-per-epoch", type=int, default=0,
+                        help="the Optimizer's steps_per_epoch (a job with checkpoints needs it)")
     args = parser.parse_args()
     rank = int(os.environ.get("RANK") or os.environ.get("SLURM_PROCID") or "0")
     # Each rank starts from its own model: the Optimizer must replace it
@@ -54,10 +60,14 @@ def main():
         labels = torch.randint(0, widths[-1], (args.steps * args.batch,), generator=generator)
     model = mlp(widths)
     params = dict(p.split("=", 1) for p in args.param)
-    optimizer = cserps.torch.Optimizer(model.parameters(), algorithm=args.algorithm, **params)
+    optimizer = cserps.torch.Optimizer(model.parameters(), algorithm=args.algorithm,
+                                       steps_per_epoch=args.steps_per_epoch, **params)
     history = []
-    for t in range(args.steps):
-        if t == args.die_after:
+    # A job resumed from its checkpoints goes on at the checkpoint's step.
+    for t in range(optimizer.steps, args.steps):
+        if t == args.die_after and not (args.die_once and os.path.exists(args.die_once)):
+            if args.die_once:
+                open(args.die_once, "w").close()
             os._exit(3)
         at = (t * args.batch) % (len(images) - args.batch + 1)
         x, y = images[at:at + args.batch], labels[at:at + args.batch]

@@ -8,6 +8,7 @@
 #include "worker/algorithms/registry.h"
 #include "worker/ps/node_client.h"
 #include "worker/ps/worker_id.h"
+#include "worker/trainer/state_checkpoint.h"
 #include "worker/trainer/training_summary.h"
 
 namespace cserps {
@@ -21,13 +22,13 @@ absl::StatusOr<std::unique_ptr<ExternalTrainer>> ExternalTrainer::Create(
         "cluster.local_size is ", local_size,
         ": this process is one local rank of a node, which needs its node's group"));
   }
-  // Its workers would never join the checkpoints' averages that
-  // cserps-workers of the job wait in.
-  if (config.checkpoint().every_steps() > 0) {
+  // The job's last step takes no checkpoint (its workers' final average
+  // follows), which only the steps per epoch tell.
+  if (config.checkpoint().every_steps() > 0 && options.steps_per_epoch == 0) {
     return absl::FailedPreconditionError(absl::StrCat(
         "checkpoint.every_steps is ", config.checkpoint().every_steps(),
-        ": the PyTorch front checkpoints through the optimizer's state_dict (torch.save); the "
-        "job's checkpoint folder (docs/reliability.md) is cserps-worker's, so leave it unset"));
+        ": the trainer needs its steps per epoch (steps_per_epoch), since the job's last step, "
+        "epochs x steps per epoch, takes no checkpoint"));
   }
   if (config.cluster().admit_every_steps() > 0) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -69,8 +70,8 @@ absl::StatusOr<std::unique_ptr<ExternalTrainer>> ExternalTrainer::Create(
         rank.status().message()));
   }
   RETURN_IF_ERROR(rank.status());
-  std::unique_ptr<ExternalTrainer> trainer(
-      new ExternalTrainer(config, std::move(client), std::move(ops), std::move(group)));
+  std::unique_ptr<ExternalTrainer> trainer(new ExternalTrainer(
+      config, options.steps_per_epoch, std::move(client), std::move(ops), std::move(group)));
   ASSIGN_OR_RETURN(trainer->plan_, PlanPlace(config, trainer->link()));
   AlgorithmContext context;
   context.config = &trainer->config_;
@@ -83,10 +84,11 @@ absl::StatusOr<std::unique_ptr<ExternalTrainer>> ExternalTrainer::Create(
   return trainer;
 }
 
-ExternalTrainer::ExternalTrainer(const v1::JobConfig& config, std::unique_ptr<PsClient> client,
-                                 std::unique_ptr<DeviceOps> ops,
+ExternalTrainer::ExternalTrainer(const v1::JobConfig& config, uint64_t steps_per_epoch,
+                                 std::unique_ptr<PsClient> client, std::unique_ptr<DeviceOps> ops,
                                  std::unique_ptr<LocalGroup> group)
     : config_(config),
+      steps_per_epoch_(steps_per_epoch),
       client_(std::move(client)),
       ops_(std::move(ops)),
       group_(std::move(group)) {}
@@ -98,9 +100,26 @@ absl::Status ExternalTrainer::CheckSize(size_t size, const char* what) const {
                                                  num_params(), " (model.num_params)"));
 }
 
+absl::Status ExternalTrainer::Shared(const absl::Status& mine, absl::string_view what) {
+  if (group_ == nullptr) return mine;
+  return ShareStatus(*group_, mine, what);
+}
+
 absl::Status ExternalTrainer::InitializeModel(absl::Span<float> params) {
   RETURN_IF_ERROR(CheckSize(params.size(), "the model"));
   std::vector<float> model(num_params());
+  const bool restarted = config_.checkpoint().restart_on_failure();
+  if (config_.checkpoint().resume() || (restarted && client_->resumed_from_step() > 0)) {
+    // The losses are the caller's: the files of this front hold none.
+    absl::StatusOr<RankCheckpoint> loaded =
+        ResumeState(config_, *client_, plan_.partition, /*steps_per_epoch=*/0, *algorithm_,
+                    *ops_, plan_.log_prefix);
+    RETURN_IF_ERROR(Shared(loaded.status(), "checkpoint resume"));
+    step_ = first_step_ = loaded->step;
+    RETURN_IF_ERROR(cserps::PullModel(link(), absl::MakeSpan(model), /*wait_for_init=*/false));
+    return ops_->Upload(model, params.data());
+  }
+  if (restarted) RETURN_IF_ERROR(Shared(CheckServersStartedFresh(*client_), "restart"));
   if (rank() == 0) {
     RETURN_IF_ERROR(ops_->Download(params.data(), absl::MakeSpan(model)));
     RETURN_IF_ERROR(cserps::PushModel(link(), model));
@@ -115,7 +134,18 @@ absl::Status ExternalTrainer::Step(float lr, absl::Span<const float> grad,
   RETURN_IF_ERROR(CheckSize(params.size(), "the model"));
   RETURN_IF_ERROR(algorithm_->Step(step_, lr, grad.data(), params.data()));
   ++step_;
-  return absl::OkStatus();
+  return CheckpointIfDue(params);
+}
+
+absl::Status ExternalTrainer::CheckpointIfDue(absl::Span<float> params) {
+  const uint32_t every = config_.checkpoint().every_steps();
+  if (every == 0 || step_ % every != 0 || step_ >= uint64_t{config_.epochs()} * steps_per_epoch_) {
+    return absl::OkStatus();
+  }
+  RETURN_IF_ERROR(algorithm_->SettleForCheckpoint(params.data()));
+  RETURN_IF_ERROR(algorithm_->AverageForCheckpoint(step_, params.data()));
+  return WriteStateCheckpoint(config_, plan_.partition, step_, *algorithm_, *ops_,
+                              /*epoch_losses=*/{}, plan_.log_prefix);
 }
 
 absl::Status ExternalTrainer::Finish(absl::Span<float> params) {
@@ -168,7 +198,8 @@ absl::Status ExternalTrainer::LoadState(uint64_t step,
 
 double ExternalTrainer::achieved_compression() const {
   const uint64_t floats = training_floats_.value_or(TrainingFloatsPushed(*client_));
-  return floats == 0 ? 0.0 : static_cast<double>(step_) * plan_.shard_floats / floats;
+  return floats == 0 ? 0.0
+                     : static_cast<double>(step_ - first_step_) * plan_.shard_floats / floats;
 }
 
 }  // namespace cserps

@@ -16,6 +16,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "cserps/v1/config.pb.h"
@@ -53,9 +54,9 @@ class ExternalTrainer {
   // A local rank that fails or ends fails the others in their next
   // collective (at once with a SocketGroup, else at the group's timeout).
   // Errors: FAILED_PRECONDITION for cluster.local_size > 1 without a group
-  // or with one of another size, an algorithm field counted in epochs
-  // without steps_per_epoch, or checkpoint.every_steps (the front saves
-  // through state_dict); UNAVAILABLE for servers that
+  // or with one of another size, an algorithm field counted in epochs or
+  // checkpoint.every_steps without steps_per_epoch, or
+  // cluster.admit_every_steps; UNAVAILABLE for servers that
   // do not answer Register within setup_timeout; Register's (FAILED_PRECONDITION
   // naming the first field where the servers' job differs);
   // INVALID_ARGUMENT for a rank not below cluster.num_workers;
@@ -68,13 +69,22 @@ class ExternalTrainer {
 
   // Rank 0 pushes `params` as the job's initial model; every rank then
   // waits for it and pulls it into `params`, so all start alike. Waits for
-  // the ops.
+  // the ops. A job resuming from its checkpoints (checkpoint.resume, or
+  // checkpoint.restart_on_failure with servers that resumed) instead takes
+  // this process's state from the newest complete one in checkpoint.dir and
+  // the model from the servers, and step() is then that checkpoint's step,
+  // where the caller's training goes on (ResumeState's errors). A restarted
+  // worker whose servers did not resume fails (CheckServersStartedFresh).
   absl::Status InitializeModel(absl::Span<float> params);
   // Step step() of the algorithm at learning rate `lr`: `grad` is the
   // stochastic gradient at `params`, which the step updates in place. Both
   // are d floats and must stay where they are until Finish: an average
   // the algorithm leaves in flight lands in `params` at a later step. The
-  // update may still be queued on the ops' stream when it returns.
+  // update may still be queued on the ops' stream when it returns. With
+  // checkpoint.every_steps, a step that ends on a multiple of it (but the
+  // job's last, epochs x steps_per_epoch) is followed by the checkpoint's
+  // full average and this process's file of it (docs/reliability.md), as
+  // cserps-worker's steps are, so both kinds of worker can share a job.
   absl::Status Step(float lr, absl::Span<const float> grad, absl::Span<float> params);
   // After the last step: the algorithm's final average, after which every
   // worker's `params` and the servers hold the same global model.
@@ -107,25 +117,33 @@ class ExternalTrainer {
   float weight() const { return static_cast<float>(plan_.batch_size); }
   // Steps times the floats of this process's shards (all d when flat) over
   // the training floats it pushed so far (S-SGD: 1); after Finish, those of
-  // the steps alone, as cserps-worker's summary reports.
+  // the steps alone, as cserps-worker's summary reports. In a resumed job,
+  // of the steps since the resume.
   double achieved_compression() const;
   // This process's client: in a node, of this local rank's shards only.
   const PsClient& client() const { return *client_; }
 
  private:
-  ExternalTrainer(const v1::JobConfig& config, std::unique_ptr<PsClient> client,
-                  std::unique_ptr<DeviceOps> ops, std::unique_ptr<LocalGroup> group);
+  ExternalTrainer(const v1::JobConfig& config, uint64_t steps_per_epoch,
+                  std::unique_ptr<PsClient> client, std::unique_ptr<DeviceOps> ops,
+                  std::unique_ptr<LocalGroup> group);
   TrainerLink link() const { return {client_.get(), group_.get()}; }
+  // `mine`, or in a node every local rank's verdict (ShareStatus).
+  absl::Status Shared(const absl::Status& mine, absl::string_view what);
+  // The checkpoint after step step(), when one is due (Step).
+  absl::Status CheckpointIfDue(absl::Span<float> params);
   // `d` floats, or INVALID_ARGUMENT naming `what`.
   absl::Status CheckSize(size_t size, const char* what) const;
 
   const v1::JobConfig config_;
+  const uint64_t steps_per_epoch_;  // 0: not known (the job has no checkpoints)
   const std::unique_ptr<PsClient> client_;
   const std::unique_ptr<DeviceOps> ops_;
   const std::unique_ptr<LocalGroup> group_;  // null: a flat worker
   TrainerPlan plan_;
   std::unique_ptr<Algorithm> algorithm_;  // on ops_, client_ and group_
   uint64_t step_ = 0;
+  uint64_t first_step_ = 0;  // the checkpoint's step in a resumed job
   // The training floats pushed before Finish; unset until then.
   std::optional<uint64_t> training_floats_;
 };

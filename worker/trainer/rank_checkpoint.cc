@@ -75,14 +75,17 @@ absl::StatusOr<RankCheckpoint> LoadRankCheckpoint(const v1::JobConfig& config,
     checkpoint.state.push_back(std::move(state->values));
   }
   CheckpointSection* losses = find(kEpochLossesSection);
-  const uint64_t done = loaded->step % steps_per_epoch;
+  const uint64_t done = steps_per_epoch == 0 ? 0 : loaded->step % steps_per_epoch;
   if (losses == nullptr || losses->values.size() != done) {
     return absl::DataLossError(absl::StrCat(
         "checkpoint file ", checkpoint.file, ": section '", kEpochLossesSection, "' ",
         losses == nullptr ? std::string("is missing")
-                          : absl::StrCat("holds ", losses->values.size(), " losses, not the ",
-                                         done, " steps done of epoch ",
-                                         loaded->step / steps_per_epoch + 1)));
+        : steps_per_epoch == 0
+            ? absl::StrCat("holds ", losses->values.size(),
+                           " losses, but this worker (the PyTorch front) keeps none: the file "
+                           "is a cserps-worker's")
+            : absl::StrCat("holds ", losses->values.size(), " losses, not the ", done,
+                           " steps done of epoch ", loaded->step / steps_per_epoch + 1)));
   }
   checkpoint.epoch_losses = std::move(losses->values);
   return checkpoint;

@@ -33,7 +33,8 @@ struct RankCheckpoint {
 // Process `partition`'s file of the newest complete checkpoint of the job
 // in checkpoint.dir (every file of it checked, so that every process
 // settles on the same step), holding `state_buffers` buffers of `d` floats
-// and the losses of the steps done of its epoch (`steps_per_epoch`).
+// and the losses of the steps done of its epoch (`steps_per_epoch`; 0: a
+// worker that keeps no losses, the PyTorch front, whose files hold none).
 // Newer steps passed over are appended to `*passed_over`. Errors:
 // LoadNewestCheckpoint's, naming the process and what was passed over;
 // DATA_LOSS naming the file when its sections do not fit.

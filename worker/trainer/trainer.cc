@@ -13,7 +13,7 @@
 #include "spdlog/spdlog.h"
 #include "worker/algorithms/registry.h"
 #include "worker/device/host_backend.h"
-#include "worker/trainer/rank_checkpoint.h"
+#include "worker/trainer/state_checkpoint.h"
 #include "worker/trainer/rejoin.h"
 #include "worker/trainer/roll_back.h"
 
@@ -144,7 +144,7 @@ absl::Status Trainer::InitializeModel() {
   if (config_.checkpoint().resume()) return ResumeFromCheckpoint();
   if (config_.checkpoint().restart_on_failure()) {
     if (client_->resumed_from_step() > 0) return ResumeFromCheckpoint();
-    RETURN_IF_ERROR(Shared(CheckServersStartedFresh(), "restart"));
+    RETURN_IF_ERROR(Shared(CheckServersStartedFresh(*client_), "restart"));
   }
   std::vector<float> x(num_params_);
   if (plan_.rank == 0) {
@@ -158,32 +158,11 @@ absl::Status Trainer::InitializeModel() {
 
 absl::Status Trainer::ResumeFromCheckpoint() {
   auto load = [&]() -> absl::Status {
-    const std::vector<float*> buffers = algorithm_->StateBuffers();
-    std::vector<std::string> passed_over;
-    const absl::StatusOr<RankCheckpoint> loaded =
-        LoadRankCheckpoint(config_, plan_.partition, buffers.size(), num_params_,
-                           plan_.steps_per_epoch, &passed_over);
-    for (const std::string& reason : passed_over) {
-      spdlog::warn("{}passed over {}", plan_.log_prefix, reason);
-    }
-    if (!loaded.ok()) return loaded.status();
-    if (client_->resumed_from_step() != loaded->step) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "rank ", plan_.partition, " resumes from the checkpoint of step ", loaded->step, " in ",
-          config_.checkpoint().dir(), " but the servers ",
-          client_->resumed_from_step() == 0
-              ? std::string("started fresh")
-              : absl::StrCat("resumed from step ", client_->resumed_from_step()),
-          ": start every server of the job with --resume and the same checkpoint.dir"));
-    }
-    for (size_t i = 0; i < buffers.size(); ++i) {
-      RETURN_IF_ERROR(ops_.Upload(loaded->state[i], buffers[i]));
-    }
-    RETURN_IF_ERROR(algorithm_->ResumeAfter(loaded->step));
-    epoch_losses_ = loaded->epoch_losses;
-    step_ = first_step_ = resumed_from_ = loaded->step;
-    spdlog::info("{}resumed from the checkpoint of step {} ({})", plan_.log_prefix, step_,
-                 loaded->file);
+    ASSIGN_OR_RETURN(const RankCheckpoint loaded,
+                     ResumeState(config_, *client_, plan_.partition, plan_.steps_per_epoch,
+                                 *algorithm_, ops_, plan_.log_prefix));
+    epoch_losses_ = loaded.epoch_losses;
+    step_ = first_step_ = resumed_from_ = loaded.step;
     return absl::OkStatus();
   };
   RETURN_IF_ERROR(Shared(load(), "checkpoint resume"));
@@ -208,22 +187,6 @@ absl::Status Trainer::RejoinRunningJob() {
   return absl::OkStatus();
 }
 
-absl::Status Trainer::CheckServersStartedFresh() {
-  for (uint32_t s = 0; s < client_->layout().num_shards(); ++s) {
-    absl::StatusOr<v1::GetStatusResponse> status = client_->GetStatus(s);
-    if (absl::IsInvalidArgument(status.status())) continue;  // not this client's shard
-    if (!status.ok()) return status.status();
-    if (status->rounds_completed() > 0) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "shard ", s, " is in the middle of the job (newest step ", status->newest_step(),
-          ") and did not resume from a checkpoint: a restarted worker joins only servers "
-          "restarted with it (checkpoint.restart_on_failure); they restart once their rounds "
-          "fail"));
-    }
-  }
-  return absl::OkStatus();
-}
-
 absl::Status Trainer::FullAverageIfDue() {
   const uint32_t every = config_.checkpoint().every_steps();
   const uint32_t admit = config_.cluster().admit_every_steps();
@@ -235,23 +198,11 @@ absl::Status Trainer::FullAverageIfDue() {
   RETURN_IF_ERROR(algorithm_->SettleForCheckpoint(x_.data()));
   RETURN_IF_ERROR(algorithm_->AverageForCheckpoint(step_, x_.data()));
   if (!checkpoint) return absl::OkStatus();
-  const std::vector<float*> buffers = algorithm_->StateBuffers();
-  std::vector<std::vector<float>> state(buffers.size(), std::vector<float>(num_params_));
-  for (size_t i = 0; i < buffers.size(); ++i) {
-    RETURN_IF_ERROR(ops_.Download(buffers[i], absl::MakeSpan(state[i])));
-  }
   // A finished epoch's losses have been reported; the next one starts empty.
-  const absl::StatusOr<bool> completed = WriteRankCheckpoint(
-      config_, plan_.partition, step_, state,
-      step_ % plan_.steps_per_epoch == 0 ? absl::Span<const float>() : epoch_losses_);
-  if (!completed.ok()) {
-    spdlog::error("{}checkpoint of step {} not written: {}", plan_.log_prefix, step_,
-                  std::string(completed.status().message()));
-  } else {
-    spdlog::info("{}checkpoint of step {} written{}", plan_.log_prefix, step_,
-                 *completed ? " (step complete)" : "");
-  }
-  return absl::OkStatus();
+  return WriteStateCheckpoint(
+      config_, plan_.partition, step_, *algorithm_, ops_,
+      step_ % plan_.steps_per_epoch == 0 ? absl::Span<const float>() : epoch_losses_,
+      plan_.log_prefix);
 }
 
 absl::Status Trainer::Shared(const absl::Status& mine, absl::string_view what) {

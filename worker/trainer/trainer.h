@@ -71,10 +71,6 @@ class Trainer {
   // over; FAILED_PRECONDITION when the servers resumed from another step;
   // DATA_LOSS naming the file when its sections do not fit the algorithm.
   absl::Status ResumeFromCheckpoint();
-  // With checkpoint.restart_on_failure, servers that started fresh must
-  // not have completed a round yet: a restarted worker joins only servers
-  // restarted with it (FAILED_PRECONDITION naming the shard otherwise).
-  absl::Status CheckServersStartedFresh();
   // Runs the next step; returns its training loss.
   absl::StatusOr<float> Step();
   // After a step whose count is a multiple of checkpoint.every_steps or of

@@ -86,6 +86,15 @@ class Optimizer(torch.optim.Optimizer):
     count), so torch.save of it is this worker's checkpoint and
     load_state_dict() resumes from it to the bit. Each rank saves and loads
     its own: the workers' local states differ.
+
+    A job with checkpoints of its own (checkpoint.every_steps and dir,
+    docs/reliability.md; steps_per_epoch is then needed) takes them as
+    cserps-worker does: a step that ends on a multiple of every_steps is
+    followed by a full average and this worker's file of it. Resumed
+    (checkpoint.resume, which cserps-launch --resume and --max_restarts
+    set), construction takes this worker's state from the newest complete
+    checkpoint and the model from the servers, and `steps` is the step the
+    script goes on at.
     """
 
     def __init__(self, params, algorithm=None, lr=None, momentum=None, nesterov=None,

@@ -1,0 +1,50 @@
+// A worker's part of the job's checkpoints (docs/reliability.md), shared by
+// cserps-worker's trainer and the PyTorch front's: after a checkpoint's
+// average, this process's file with its algorithm's state; at a resume, that
+// state back into the algorithm, from the step the servers resumed from.
+#ifndef CSERPS_WORKER_TRAINER_STATE_CHECKPOINT_H_
+#define CSERPS_WORKER_TRAINER_STATE_CHECKPOINT_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "cserps/v1/config.pb.h"
+#include "worker/algorithms/algorithm.h"
+#include "worker/device/device_ops.h"
+#include "worker/ps/ps_client.h"
+#include "worker/trainer/rank_checkpoint.h"
+
+namespace cserps {
+
+// Writes process `partition`'s file of step `step`'s checkpoint, taken after
+// the checkpoint's average: `algorithm`'s state buffers (in `ops`' memory)
+// and `epoch_losses`. A file that cannot be written is logged and training
+// goes on (that step then never completes); only reading the buffers back
+// fails the call.
+absl::Status WriteStateCheckpoint(const v1::JobConfig& config, uint32_t partition,
+                                  uint64_t step, Algorithm& algorithm, DeviceOps& ops,
+                                  absl::Span<const float> epoch_losses,
+                                  const std::string& log_prefix);
+
+// Loads process `partition`'s file of the newest complete checkpoint in
+// checkpoint.dir (LoadRankCheckpoint, with `steps_per_epoch`), checks that
+// `client`'s servers resumed from the same step, and puts its state into
+// `algorithm`'s buffers (ResumeAfter its step). The model is the servers'
+// and is not loaded here. Errors: LoadRankCheckpoint's; FAILED_PRECONDITION
+// naming both steps when the servers resumed from another (or started
+// fresh).
+absl::StatusOr<RankCheckpoint> ResumeState(const v1::JobConfig& config, const PsClient& client,
+                                           uint32_t partition, uint64_t steps_per_epoch,
+                                           Algorithm& algorithm, DeviceOps& ops,
+                                           const std::string& log_prefix);
+
+// OK when none of `client`'s shards has completed a round: a worker that
+// restarted without a checkpoint joins only servers that restarted with it
+// (checkpoint.restart_on_failure). FAILED_PRECONDITION naming the shard.
+absl::Status CheckServersStartedFresh(PsClient& client);
+
+}  // namespace cserps
+
+#endif  // CSERPS_WORKER_TRAINER_STATE_CHECKPOINT_H_
