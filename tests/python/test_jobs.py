@@ -49,6 +49,20 @@ def run_all(processes):
     return [p.returncode for p in started], outputs
 
 
+def run_group(command, env):
+    """Runs `command` (a launcher) in a session of its own, killing all of it
+    if it outlives JOB_TIMEOUT_S; (return code, output)."""
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        output = process.communicate(timeout=JOB_TIMEOUT_S)[0]
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=10)
+    return process.returncode, output
+
+
 def test_two_ssgd_workers_stay_bit_identical(tmp_path):
     d = 20 * 16 + 16 + 16 * 4 + 4
     job = cluster.write_job(tmp_path, cluster.job_text(d, num_workers=2))
@@ -193,17 +207,10 @@ def test_the_example_starts_its_own_job_with_the_algorithm_chosen(tmp_path):
     # (and the NESTEROV momentum it needs) must reach servers and workers.
     example = os.path.join(HERE, "..", "..", "examples", "torch", "fashion_mnist.py")
     out = tmp_path / "result.json"
-    process = subprocess.Popen(
+    code, output = run_group(
         [sys.executable, example, "--algorithm=m-cser", "--max_steps=40", f"--out={out}"],
-        env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        output = process.communicate(timeout=JOB_TIMEOUT_S)[0]
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=10)
-    assert process.returncode == 0, output
+        dict(os.environ, OMP_NUM_THREADS="1"))
+    assert code == 0, output
     assert "4 processes of" in output and "finished" in output, output
     with open(out) as f:
         result = json.load(f)
@@ -277,16 +284,9 @@ def test_debian_torchrun_runs_the_workers_with_the_documented_work_around(tmp_pa
     command = [sys.executable, "-m", "torch.distributed.run", "--redirects=9:0", "--tee=9:0",
                "--nproc_per_node=2", "--master_addr=127.0.0.1", f"--master_port={port}",
                WORKER, f"--out={tmp_path}", "--steps=10"]
-    env = dict(os.environ, CSERPS_JOB=job, CSERPS_SERVERS=servers.servers, OMP_NUM_THREADS="1")
-    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        output = process.communicate(timeout=JOB_TIMEOUT_S)[0]
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=10)
-    assert process.returncode == 0, output
+    code, output = run_group(command, dict(os.environ, CSERPS_JOB=job,
+                                           CSERPS_SERVERS=servers.servers, OMP_NUM_THREADS="1"))
+    assert code == 0, output
     first, second = (torch.load(os.path.join(tmp_path, f"worker_{r}.pt")) for r in range(2))
     assert torch.equal(first["final"], second["final"])
     assert torch.equal(first["history"][-1], second["history"][-1])
