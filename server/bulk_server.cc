@@ -115,7 +115,6 @@ class BulkServer::Connection : public std::enable_shared_from_this<Connection> {
     if (!ok.ok()) return Fatal(ok);
     Enqueue(Outgoing{});  // the hello's OK
 
-    auto buffer = std::make_unique<float[]>(chunk_floats_);
     for (;;) {
       char head_bytes[bulk::Request::kBytes];
       RETURN_IF_ERROR(stream_->RecvAll(head_bytes, sizeof(head_bytes), absl::InfiniteFuture(),
@@ -130,6 +129,10 @@ class BulkServer::Connection : public std::enable_shared_from_this<Connection> {
             "bulk request ", request.request_id, " carries ", request.count,
             " floats; a chunk holds at most ", chunk_floats_)));
       }
+      // Each request's floats in a buffer of their own, allocated
+      // uninitialised, since its round may keep it (RoundTable::Push); the
+      // server's heap keeps freed buffers, so they cost no page faults.
+      std::shared_ptr<float[]> buffer(new float[request.count]);
       RETURN_IF_ERROR(stream_->RecvAll(buffer.get(), request.count * sizeof(float),
                                        absl::Now() + reply_timeout_, "bulk request values"));
       const absl::Time arrived = absl::Now();
@@ -149,10 +152,8 @@ class BulkServer::Connection : public std::enable_shared_from_this<Connection> {
         Enqueue(Failure(request.request_id, count.status()));
         continue;
       }
-      // The round reads the values during JoinRound only, so the buffer is
-      // free for the next request when it returns.
       JoinRound(head, request.request_id, absl::MakeConstSpan(buffer.get(), request.count),
-                bytes, arrived);
+                bytes, arrived, buffer);
     }
   }
 
@@ -200,7 +201,8 @@ class BulkServer::Connection : public std::enable_shared_from_this<Connection> {
   }
 
   void JoinRound(const ParameterServerService::PushPullHead& head, uint64_t request_id,
-                 absl::Span<const float> values, uint64_t bytes, absl::Time arrived) {
+                 absl::Span<const float> values, uint64_t bytes, absl::Time arrived,
+                 std::shared_ptr<const void> keep) {
     std::weak_ptr<Connection> weak = weak_from_this();
     service_.JoinRound(head, values, bytes, arrived,
                        [weak, request_id, stream = head.stream](absl::StatusOr<RoundMean> mean) {
@@ -217,7 +219,8 @@ class BulkServer::Connection : public std::enable_shared_from_this<Connection> {
                          out.mean = *std::move(mean);
                          out.stream = stream;
                          self->Enqueue(std::move(out));
-                       });
+                       },
+                       std::move(keep));
   }
 
   static Outgoing Failure(uint64_t request_id, const absl::Status& status) {

@@ -192,7 +192,7 @@ absl::StatusOr<size_t> ParameterServerService::AdmitPushPull(const PushPullHead&
 void ParameterServerService::JoinRound(const PushPullHead& head,
                                        absl::Span<const float> values,
                                        uint64_t request_bytes, absl::Time arrived,
-                                       RoundCallback done) {
+                                       RoundCallback done, std::shared_ptr<const void> keep) {
   stream_traffic_[head.stream].AddRequest(request_bytes, values.size());
   const RoundKey key{head.step, head.stream, head.chunk, head.ratio};
   if (absl::Status room = shard_.activity().CallStarted(head.rank, arrived); !room.ok()) {
@@ -207,7 +207,8 @@ void ParameterServerService::JoinRound(const PushPullHead& head,
                  } else {
                    done(std::move(mean));
                  }
-               });
+               },
+               std::move(keep));
 }
 
 void ParameterServerService::CountReply(int stream, uint64_t bytes) {

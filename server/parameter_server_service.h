@@ -99,10 +99,11 @@ class ParameterServerService final : public v1::ParameterServer::CallbackService
   // Admits `head`, arrived at `arrived`, and returns how many floats its
   // chunk carries; else the refusal, prefixed with CallName.
   absl::StatusOr<size_t> AdmitPushPull(const PushPullHead& head, absl::Time arrived);
-  // Adds the values of an admitted head to its round; `done` as
+  // Adds the values of an admitted head to its round; `done` and `keep` as
   // RoundTable::Push, errors prefixed with CallName.
   void JoinRound(const PushPullHead& head, absl::Span<const float> values,
-                 uint64_t request_bytes, absl::Time arrived, RoundCallback done);
+                 uint64_t request_bytes, absl::Time arrived, RoundCallback done,
+                 std::shared_ptr<const void> keep = nullptr);
   // The transports count every request, the refused ones, and the replies
   // of rounds.
   void CountRequest(uint64_t bytes) { traffic_.AddRequest(bytes); }

@@ -12,21 +12,34 @@ namespace cserps {
 
 namespace {
 
-// out[i] = float(scale(base[i] + w v[i])); base[i] is 0 where base is null,
-// and stands alone where v is null.
-template <typename Scale>
-void WriteScaled(const double* base, double w, const float* v, Scale scale, float* out,
-                 size_t n) {
-  if (base == nullptr) {
-    for (size_t i = 0; i < n; ++i) {
-      out[i] = static_cast<float>(scale(0.0 + w * static_cast<double>(v[i])));
+// What the sum of a round holds before a push is added: nothing (0), the
+// double sum, or a held first push h with its weight (0 + w_h h[i]).
+struct Base {
+  const double* sum = nullptr;
+  const float* held = nullptr;
+  double held_weight = 0.0;
+};
+
+// out[i] = store(base[i] + w v[i]); v null: store(base[i]). Every case is
+// its own loop, so that each vectorises.
+template <typename Out, typename Store>
+void WriteSum(const Base& base, double w, const float* v, Store store, Out* out, size_t n) {
+  if (base.held != nullptr) {
+    const double wh = base.held_weight;
+    const float* h = base.held;
+    if (v == nullptr) {
+      for (size_t i = 0; i < n; ++i) out[i] = store(0.0 + wh * static_cast<double>(h[i]));
+    } else {
+      for (size_t i = 0; i < n; ++i) {
+        out[i] = store((0.0 + wh * static_cast<double>(h[i])) + w * static_cast<double>(v[i]));
+      }
     }
+  } else if (base.sum == nullptr) {
+    for (size_t i = 0; i < n; ++i) out[i] = store(0.0 + w * static_cast<double>(v[i]));
   } else if (v == nullptr) {
-    for (size_t i = 0; i < n; ++i) out[i] = static_cast<float>(scale(base[i]));
+    for (size_t i = 0; i < n; ++i) out[i] = store(base.sum[i]);
   } else {
-    for (size_t i = 0; i < n; ++i) {
-      out[i] = static_cast<float>(scale(base[i] + w * static_cast<double>(v[i])));
-    }
+    for (size_t i = 0; i < n; ++i) out[i] = store(base.sum[i] + w * static_cast<double>(v[i]));
   }
 }
 
@@ -34,14 +47,15 @@ void WriteScaled(const double* base, double w, const float* v, Scale scale, floa
 // is defined by. Where total is a power of two its reciprocal is exact, and
 // x * (1 / total) rounds the same exact value once: the same bits, without
 // a division per float.
-void WriteMean(const double* base, double w, const float* v, double total, float* out,
+void WriteMean(const Base& base, double w, const float* v, double total, float* out,
                size_t n) {
   int exponent = 0;
   if (std::frexp(total, &exponent) == 0.5) {
     const double inverse = 1.0 / total;
-    WriteScaled(base, w, v, [inverse](double x) { return x * inverse; }, out, n);
+    WriteSum(base, w, v, [inverse](double x) { return static_cast<float>(x * inverse); }, out,
+             n);
   } else {
-    WriteScaled(base, w, v, [total](double x) { return x / total; }, out, n);
+    WriteSum(base, w, v, [total](double x) { return static_cast<float>(x / total); }, out, n);
   }
 }
 
@@ -51,42 +65,51 @@ template class RoundLifecycle<WeightedSum>;
 static_assert(WeightedSum::kFullAverageStream == v1::CHECKPOINT);
 
 WeightedSum::WeightedSum(const Contribution& first, uint32_t world_size)
-    : size_(first.values.size()), world_size_(world_size), lr_(first.lr) {
-  // The last push writes the mean, not the sum: a round of one member
-  // needs no sum at all.
-  if (world_size > 1) sum_.reset(new double[size_]);  // uninitialised: see Add
-}
+    : size_(first.values.size()), world_size_(world_size), lr_(first.lr) {}
 
 void WeightedSum::Add(uint32_t /*rank*/, const Contribution& push) {
   const double w = push.weight;
   const float* v = push.values.data();
-  double* sum = sum_.get();
   const bool first = added_ == 0;
   ++added_;
+  // 0.0 + x, not x, where a sum starts: a -0.0 sums to +0.0, as it did into
+  // a zeroed buffer.
+  const Base base{sum_.get(), held_.keep != nullptr ? held_.values.data() : nullptr,
+                  held_.weight};
   if (added_ == world_size_) {
     // The round's last push: sum_i w_i v_i / sum_i w_i in one pass, the same
     // double operations in the same order as adding and then dividing.
     weight_total_ += w;
     auto mean = std::make_shared<MeanValues>(size_);
-    WriteMean(first ? nullptr : sum, w, v, weight_total_, mean->data(), size_);
+    WriteMean(base, w, v, weight_total_, mean->data(), size_);
     mean_ = std::move(mean);
+    held_ = Contribution();
+    sum_.reset();
     return;
   }
-  if (first) {
-    // 0.0 + x, not x: a -0.0 sums to +0.0, as it did into a zeroed buffer.
-    for (size_t i = 0; i < size_; ++i) sum[i] = 0.0 + w * static_cast<double>(v[i]);
-  } else {
-    for (size_t i = 0; i < size_; ++i) sum[i] += w * static_cast<double>(v[i]);
-  }
   weight_total_ += w;
+  if (first && push.keep != nullptr) {
+    held_ = push;
+    return;
+  }
+  if (sum_ == nullptr) sum_.reset(new double[size_]);  // uninitialised: written here
+  double* sum = sum_.get();
+  if (base.sum != nullptr) {
+    for (size_t i = 0; i < size_; ++i) sum[i] += w * static_cast<double>(v[i]);
+  } else {
+    WriteSum(base, w, v, [](double x) { return x; }, sum, size_);
+  }
+  held_ = Contribution();
 }
 
 RoundMean WeightedSum::Mean() const {
   if (mean_ != nullptr) return mean_;
   // An elastic round completed without some of the members it expected.
-  CSERPS_CHECK(added_ > 0 && sum_ != nullptr);
+  CSERPS_CHECK(added_ > 0 && (sum_ != nullptr || held_.keep != nullptr));
   auto mean = std::make_shared<MeanValues>(size_);
-  WriteMean(sum_.get(), 0.0, nullptr, weight_total_, mean->data(), size_);
+  const Base base{sum_.get(), held_.keep != nullptr ? held_.values.data() : nullptr,
+                  held_.weight};
+  WriteMean(base, 0.0, nullptr, weight_total_, mean->data(), size_);
   return mean;
 }
 
@@ -134,9 +157,9 @@ RoundTable::RoundTable(Options options)
       on_latency_(std::move(options.on_latency)) {}
 
 void RoundTable::Push(const RoundKey& key, uint32_t rank, float weight, float lr,
-                      absl::Span<const float> values, absl::Time now,
-                      RoundCallback done) {
-  Contribute(key, rank, {weight, lr, values}, now, std::move(done));
+                      absl::Span<const float> values, absl::Time now, RoundCallback done,
+                      std::shared_ptr<const void> keep) {
+  Contribute(key, rank, {weight, lr, values, std::move(keep)}, now, std::move(done));
 }
 
 RoundMean RoundTable::Finish(const RoundKey& key, const WeightedSum& sum,

@@ -82,15 +82,23 @@ using RoundCallback = std::function<void(absl::StatusOr<RoundMean>)>;
 
 // What a dense round collects: sum_i w_i v_i per element and sum_i w_i, in
 // double, and the learning rate of its first push. The first push writes
-// the sum (0 + w_0 v_0), so the buffer is never zeroed first. The Aggregate of RoundLifecycle (round_lifecycle.h,
-// which lists what each member is for).
+// the sum (0 + w_0 v_0), so the buffer is never zeroed first; or, when its
+// values are kept alive for the round (Contribution::keep), it is not read
+// at all until the second, which writes 0 + w_0 v_0 + w_1 v_1 in one pass,
+// or, being the last, the mean: the same double operations in the same
+// order, so the same bits, with one pass over the floats fewer (a round of
+// two members writes no sum at all). The Aggregate of RoundLifecycle
+// (round_lifecycle.h, which lists what each member is for).
 class WeightedSum {
  public:
   using Key = RoundKey;
   struct Contribution {
     float weight = 1.0f;
     float lr = 0.0f;
-    absl::Span<const float> values;  // read during Add only
+    // Read during Add only, unless `keep` is set: then they stay valid, and
+    // unchanged, while the round holds `keep`.
+    absl::Span<const float> values;
+    std::shared_ptr<const void> keep;
   };
   using Shape = size_t;  // values per push
   using Result = RoundMean;
@@ -120,8 +128,11 @@ class WeightedSum {
   size_t size_ = 0;
   uint32_t world_size_ = 1;
   uint32_t added_ = 0;
-  // size_ values, written by the first Add; none when world_size_ is 1.
+  // size_ values, written by the first Add (the second when the first is
+  // held); none when world_size_ is 1 or only one push was added.
   std::unique_ptr<double[]> sum_;
+  // The first push, not yet read, while it is the only one (and kept).
+  Contribution held_;
   double weight_total_ = 0.0;
   RoundMean mean_;  // written by the last Add
   float lr_ = 0.0f;
@@ -167,10 +178,12 @@ class RoundTable : public RoundLifecycle<WeightedSum> {
   // answered from the retained mean. A retry with a different length is
   // INVALID_ARGUMENT like any other.
   // `lr` is kept with the round for on_complete (GRAD rounds apply
-  // x -= lr * mean); every member sends the same one.
+  // x -= lr * mean); every member sends the same one. `values` are read
+  // while Push runs, or, when `keep` is set, while the round holds it (the
+  // caller leaves them unchanged until `keep` is released).
   void Push(const RoundKey& key, uint32_t rank, float weight, float lr,
-            absl::Span<const float> values, absl::Time now,
-            RoundCallback done);
+            absl::Span<const float> values, absl::Time now, RoundCallback done,
+            std::shared_ptr<const void> keep = nullptr);
 
  private:
   RoundMean Finish(const RoundKey& key, const WeightedSum& sum,

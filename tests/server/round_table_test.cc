@@ -103,14 +103,17 @@ std::vector<uint32_t> Bits(const std::vector<float>& v) {
   return bits;
 }
 
-// A round's mean, pushed by one rank per weight.
+// A round's mean, pushed by one rank per weight; `kept`: each push's values
+// kept for the round (as the bulk transport's are), which must not change
+// a bit.
 std::vector<float> RoundMeanOf(const std::vector<std::vector<float>>& values,
-                               const std::vector<float>& weights) {
+                               const std::vector<float>& weights, bool kept = false) {
   const uint32_t ranks = static_cast<uint32_t>(weights.size());
   RoundTable table(SmallOptions(ranks));
   std::vector<Answer> answers(ranks);
   for (uint32_t r = 0; r < ranks; ++r) {
-    table.Push({1, 0, 0}, r, weights[r], kLr, values[r], kT0, answers[r].Callback());
+    table.Push({1, 0, 0}, r, weights[r], kLr, values[r], kT0, answers[r].Callback(),
+               kept ? std::make_shared<int>(r) : nullptr);
   }
   return answers[0].ok() ? answers[0].mean() : std::vector<float>{};
 }
@@ -138,9 +141,51 @@ TEST(RoundTableTest, TheMeanIsTheDoubleQuotientBitForBitForEveryWeightTotal) {
       values[0].insert(values[0].end(), {0x1.7ffffep-23f, -0x1.000004p-24f});
       values[1].insert(values[1].end(), {0x1.f8d2fep+0f, 0x1.fd93b2p+0f});
     }
-    EXPECT_EQ(Bits(RoundMeanOf(values, weights)), Bits(WeightedMean(values, weights)))
-        << "weights " << ::testing::PrintToString(weights);
+    for (bool kept : {false, true}) {
+      EXPECT_EQ(Bits(RoundMeanOf(values, weights, kept)), Bits(WeightedMean(values, weights)))
+          << "weights " << ::testing::PrintToString(weights) << (kept ? ", kept" : "");
+    }
   }
+}
+
+// A kept push is read when the round next needs it and released once the
+// round is done with it: when the second push has read it, or at the mean.
+TEST(RoundTableTest, AKeptPushIsReleasedOnceTheRoundHasReadIt) {
+  for (uint32_t ranks : {2u, 3u}) {
+    RoundTable table(SmallOptions(ranks));
+    std::vector<std::shared_ptr<int>> keep;
+    std::vector<Answer> answers(ranks);
+    const std::vector<std::vector<float>> values = {{1.0f, -0.0f}, {2.0f, -0.0f}, {4.0f, 8.0f}};
+    for (uint32_t r = 0; r < ranks; ++r) {
+      keep.push_back(std::make_shared<int>(r));
+      table.Push({1, 0, 0}, r, 1.0f, kLr, values[r], kT0, answers[r].Callback(), keep[r]);
+      if (r + 1 < ranks) {
+        EXPECT_EQ(keep[0].use_count(), r == 0 ? 2 : 1) << ranks << " ranks";
+      }
+    }
+    ASSERT_TRUE(answers[0].ok()) << answers[0].status();
+    for (uint32_t r = 0; r < ranks; ++r) EXPECT_EQ(keep[r].use_count(), 1) << "rank " << r;
+    EXPECT_EQ(Bits(answers[0].mean()),
+              Bits(WeightedMean({values.begin(), values.begin() + ranks},
+                                std::vector<float>(ranks, 1.0f))));
+  }
+}
+
+// An elastic round that completes with its one kept push: the mean of that
+// push alone.
+TEST(RoundTableTest, AnElasticRoundCompletesFromItsOneKeptPush) {
+  RoundTable::Options o = SmallOptions(3);
+  o.limits.timeout = absl::Seconds(10);
+  o.limits.elastic = true;
+  RoundTable table(o);
+  const std::vector<float> values = {3.0f, -0.0f, 1e-40f};
+  auto keep = std::make_shared<int>(0);
+  Answer a;
+  table.Push({4, 2, 0}, 0, 2.5f, kLr, values, kT0, a.Callback(), keep);
+  EXPECT_EQ(table.ExpireOverdue(kT0 + absl::Seconds(10)), 1);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(Bits(a.mean()), Bits(WeightedMean({values}, {2.5f})));
+  EXPECT_EQ(keep.use_count(), 1);
 }
 
 TEST(RoundTableTest, OnCompleteCalledOnceBeforeWaiters) {

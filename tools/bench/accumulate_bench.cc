@@ -2,6 +2,8 @@
 // what float accumulation would save. For M members' pushes of one chunk:
 //   double:  the server's WeightedSum (server/round_table.h): products and
 //            sums in double, the last push writing the mean;
+//   kept:    the same, with the pushes' values kept for the round, as the
+//            bulk transport's are: the first is read with the second;
 //   kahan:   float sums with Kahan compensation, then the division;
 //   float:   plain float sums, then the division.
 // Per variant: ns per pushed float, the floats of the mean that differ from
@@ -16,6 +18,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -36,12 +39,18 @@ namespace {
 
 using Pushes = std::vector<std::vector<float>>;
 
+// `kept`: every push's values stay valid for the round (Contribution::keep),
+// as the bulk transport's do, so the first is read with the second.
 std::vector<float> DoubleMean(const Pushes& pushes, const std::vector<float>& weights,
-                              bool reverse) {
+                              bool reverse, bool kept) {
   const uint32_t m = static_cast<uint32_t>(pushes.size());
   auto at = [&](uint32_t i) { return reverse ? m - 1 - i : i; };
-  WeightedSum sum({weights[at(0)], 0.0f, pushes[at(0)]}, m);
-  for (uint32_t i = 0; i < m; ++i) sum.Add(at(i), {weights[at(i)], 0.0f, pushes[at(i)]});
+  const std::shared_ptr<const void> keep =
+      kept ? std::make_shared<int>(0) : std::shared_ptr<const void>();
+  WeightedSum sum({weights[at(0)], 0.0f, pushes[at(0)], keep}, m);
+  for (uint32_t i = 0; i < m; ++i) {
+    sum.Add(at(i), {weights[at(i)], 0.0f, pushes[at(i)], keep});
+  }
   const RoundMean mean = sum.Mean();
   return std::vector<float>(mean->begin(), mean->end());
 }
@@ -110,7 +119,7 @@ int Run() {
     }
   }
   const double floats = static_cast<double>(m) * n;
-  const std::vector<float> reference = DoubleMean(pushes, weights, false);
+  const std::vector<float> reference = DoubleMean(pushes, weights, false, false);
   std::printf("%d members x %d floats, median of %d rounds\n", m, n, rounds);
   std::printf("%-8s %12s %22s %24s\n", "variant", "ns/float", "differ from double",
               "change with order");
@@ -121,7 +130,8 @@ int Run() {
                 100.0 * Differing(forward, reference) / n,
                 100.0 * Differing(forward, backward) / n);
   };
-  report("double", [&](bool reverse) { return DoubleMean(pushes, weights, reverse); });
+  report("double", [&](bool reverse) { return DoubleMean(pushes, weights, reverse, false); });
+  report("kept", [&](bool reverse) { return DoubleMean(pushes, weights, reverse, true); });
   report("kahan", [&](bool reverse) { return FloatMean(pushes, weights, reverse, true); });
   report("float", [&](bool reverse) { return FloatMean(pushes, weights, reverse, false); });
   return 0;
