@@ -20,8 +20,13 @@ struct Base {
   double held_weight = 0.0;
 };
 
+Base BaseOf(const double* sum, const WeightedSum::Contribution& held) {
+  return {sum, held.keep != nullptr ? held.values.data() : nullptr, held.weight};
+}
+
 // out[i] = store(base[i] + w v[i]); v null: store(base[i]). Every case is
-// its own loop, so that each vectorises.
+// its own loop, so that each vectorises. A sum starts from 0.0 + x, not x:
+// a -0.0 sums to +0.0, as it did into a zeroed buffer.
 template <typename Out, typename Store>
 void WriteSum(const Base& base, double w, const float* v, Store store, Out* out, size_t n) {
   if (base.held != nullptr) {
@@ -72,10 +77,7 @@ void WeightedSum::Add(uint32_t /*rank*/, const Contribution& push) {
   const float* v = push.values.data();
   const bool first = added_ == 0;
   ++added_;
-  // 0.0 + x, not x, where a sum starts: a -0.0 sums to +0.0, as it did into
-  // a zeroed buffer.
-  const Base base{sum_.get(), held_.keep != nullptr ? held_.values.data() : nullptr,
-                  held_.weight};
+  const Base base = BaseOf(sum_.get(), held_);
   if (added_ == world_size_) {
     // The round's last push: sum_i w_i v_i / sum_i w_i in one pass, the same
     // double operations in the same order as adding and then dividing.
@@ -107,9 +109,7 @@ RoundMean WeightedSum::Mean() const {
   // An elastic round completed without some of the members it expected.
   CSERPS_CHECK(added_ > 0 && (sum_ != nullptr || held_.keep != nullptr));
   auto mean = std::make_shared<MeanValues>(size_);
-  const Base base{sum_.get(), held_.keep != nullptr ? held_.values.data() : nullptr,
-                  held_.weight};
-  WriteMean(base, 0.0, nullptr, weight_total_, mean->data(), size_);
+  WriteMean(BaseOf(sum_.get(), held_), 0.0, nullptr, weight_total_, mean->data(), size_);
   return mean;
 }
 
