@@ -5,16 +5,21 @@
 // function of the parameters, computed on the host), and the parameters
 // after every step, the checkpoint's state buffers and the model after the
 // final average are the same bits (the device ops compute what the host
-// ops do, operation by operation). This is the C++ half of CUDA tensors in
-// cserps.torch, checked without a CUDA build of torch.
+// ops do, operation by operation); so are the files of a job's own
+// checkpoints. This is the C++ half of CUDA tensors in cserps.torch,
+// checked without a CUDA build of torch.
 #include <cmath>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/checkpoint_dir.h"
 #include "gtest/gtest.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tools/cluster/in_process_cluster.h"
@@ -122,6 +127,7 @@ absl::Status Train(InProcessCluster& cluster, int r, bool device, Record* record
   ExternalTrainerOptions options;
   options.requested_rank = r;
   options.worker_id = absl::StrCat("test-worker-", r);  // the cluster's, reclaimed
+  options.steps_per_epoch = kSteps;  // the job's one epoch
   ASSIGN_OR_RETURN(std::unique_ptr<ExternalTrainer> trainer,
                    ExternalTrainer::Create(cluster.config(), options, std::move(ops)));
   std::vector<float> initial(kD);
@@ -186,6 +192,50 @@ TEST_P(GpuExternalTrainerTest, DeviceBuffersTakeTheHostsStepsBitForBit) {
   // The workers trained: the model moved, and every worker ends with one.
   EXPECT_FALSE(SameBits(host[0].params.front(), host[0].final));
   EXPECT_TRUE(SameBits(host[0].final, host[1].final));
+}
+
+// A job with checkpoints of its own (checkpoint.every_steps): the device
+// buffers take the host's steps through the checkpoints' averages, and the
+// rank files (their state read back from the device) are the host's, byte
+// for byte.
+TEST(GpuExternalTrainerCheckpointTest, DeviceBuffersWriteTheHostsCheckpointFiles) {
+  CSERPS_SKIP_WITHOUT_GPU();
+  constexpr uint32_t kEvery = 3;
+  const std::filesystem::path root =
+      std::filesystem::path(::testing::TempDir()) / "gpu_external_trainer_checkpoints";
+  std::filesystem::remove_all(root);
+  std::vector<Record> records[2];  // host, device
+  for (bool device : {false, true}) {
+    v1::JobConfig config =
+        MakeConfig(R"pb(name: "cser" period: 2 ratio_c1: 2 ratio_c2: 4)pb", "HEAVY_BALL");
+    config.mutable_checkpoint()->set_dir((root / (device ? "device" : "host")).string());
+    config.mutable_checkpoint()->set_every_steps(kEvery);
+    std::vector<Record>& record = records[device ? 1 : 0];
+    record.resize(kWorkers);
+    CSERPS_ASSERT_OK_AND_ASSIGN(std::unique_ptr<InProcessCluster> cluster,
+                                InProcessCluster::Start(config, kD));
+    CSERPS_ASSERT_OK(cluster->OnEveryRank(
+        [&](int r) { return Train(*cluster, r, device, &record[r]); }));
+  }
+  for (int r = 0; r < kWorkers; ++r) {
+    for (size_t t = 0; t < records[0][r].params.size(); ++t) {
+      EXPECT_TRUE(SameBits(records[1][r].params[t], records[0][r].params[t]))
+          << "rank " << r << " step " << t;
+    }
+    for (uint64_t step = kEvery; step < kSteps; step += kEvery) {
+      const std::string name = CheckpointFileName(CheckpointRole::kRank, r);
+      std::string bytes[2];
+      for (int i = 0; i < 2; ++i) {
+        std::ifstream in(CheckpointStepDir((root / (i == 1 ? "device" : "host")).string(), step) +
+                             "/" + name,
+                         std::ios::binary);
+        ASSERT_TRUE(in) << name << " of step " << step;
+        bytes[i].assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+      }
+      EXPECT_FALSE(bytes[0].empty());
+      EXPECT_EQ(bytes[1], bytes[0]) << name << " of step " << step;
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(
