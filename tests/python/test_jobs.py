@@ -147,40 +147,49 @@ def test_workers_started_by_srun_take_their_ranks_from_slurm(tmp_path, start_ser
     assert not torch.equal(first["history"][0], first["history"][-1])
 
 
-@pytest.mark.parametrize("algorithm,fields", [("cser", "period: 4 ratio_c1: 2 ratio_c2: 8"),
-                                               ("ef-sgd", "ratio: 4")])
-def test_a_job_with_checkpoints_survives_a_dead_worker_to_the_bit(tmp_path, algorithm, fields):
-    # Rank 1 dies after 12 steps; cserps-launch --max_restarts restarts the
-    # job from the checkpoint of step 10 (checkpoint.every_steps 5), whose
-    # files the PyTorch workers wrote as cserps-worker does, and it must end
-    # as the job that nothing interrupted.
+@pytest.mark.parametrize("algorithm,fields,local_size", [
+    ("cser", "period: 4 ratio_c1: 2 ratio_c2: 8", 1),
+    ("ef-sgd", "ratio: 4", 1),
+    ("cser", "period: 4 ratio_c1: 2 ratio_c2: 8", 2),
+], ids=["cser", "ef-sgd", "cser-nodes"])
+def test_a_job_with_checkpoints_survives_a_dead_worker_to_the_bit(tmp_path, algorithm, fields,
+                                                                  local_size):
+    # A worker process dies after 12 steps (the first there; the marker file
+    # keeps it to once); cserps-launch --max_restarts restarts the job from
+    # the checkpoint of step 10 (checkpoint.every_steps 5), whose files the
+    # PyTorch workers wrote as cserps-worker does, and it must end as the
+    # job that nothing interrupted. With local_size 2 the processes are the
+    # local ranks of 2 nodes, which resume together.
     d = 20 * 16 + 16 + 16 * 4 + 4
-    text = cluster.job_text(d, num_workers=2, algorithm=algorithm, extra_algorithm=fields)
+    processes = 2 * local_size
+    text = cluster.job_text(d, num_workers=2, algorithm=algorithm, extra_algorithm=fields,
+                            local_size=local_size)
     runs = {}
     for name, dying in (("whole", []), ("restarted", ["--die-after=12"])):
         out = tmp_path / name
         out.mkdir()
         job = cluster.write_job(
             out, text + f'checkpoint {{ dir: "{out}/checkpoints" every_steps: 5 }}\n')
-        runs[name] = launch(job, 2, out, "--steps=20", "--steps-per-epoch=20",
+        runs[name] = launch(job, processes, out, "--steps=20", "--steps-per-epoch=20",
                             *(dying and [*dying, f"--die-once={out}/died"]),
                             launcher_args=["--max_restarts=1"])
     whole, restarted = runs["whole"][0], runs["restarted"][0]
     assert "restart 1 of 1" in runs["restarted"][1], runs["restarted"][1]
     assert "restart" not in runs["whole"][1]
-    for rank in range(2):
+    for p in range(processes):
         # The restarted run's processes went on from step 10.
-        assert len(restarted[rank]["history"]) == 10
+        assert len(restarted[p]["history"]) == 10
         for t in range(10):
-            assert torch.equal(restarted[rank]["history"][t], whole[rank]["history"][10 + t]), \
-                f"rank {rank} step {10 + t}"
-        assert torch.equal(restarted[rank]["final"], whole[rank]["final"])
+            assert torch.equal(restarted[p]["history"][t], whole[p]["history"][10 + t]), \
+                f"process {p} step {10 + t}"
+        assert torch.equal(restarted[p]["final"], whole[p]["final"])
     assert torch.equal(restarted[0]["servers"], whole[0]["servers"])
-    # Every checkpoint but the last step's was written, by both workers and
-    # both shards.
+    # Every checkpoint but the last step's was written, by every process and
+    # both shards, with its manifest.
     steps = sorted(os.listdir(tmp_path / "whole" / "checkpoints"))
-    assert steps and all(len(os.listdir(tmp_path / "whole" / "checkpoints" / s)) == 5
-                         for s in steps), steps
+    assert steps and all(
+        len(os.listdir(tmp_path / "whole" / "checkpoints" / s)) == processes + 2 + 1
+        for s in steps), steps
 
 
 def test_cser_achieves_the_configured_compression(tmp_path):
