@@ -100,26 +100,22 @@ absl::Status ExternalTrainer::CheckSize(size_t size, const char* what) const {
                                                  num_params(), " (model.num_params)"));
 }
 
-absl::Status ExternalTrainer::Shared(const absl::Status& mine, absl::string_view what) {
-  if (group_ == nullptr) return mine;
-  return ShareStatus(*group_, mine, what);
-}
-
 absl::Status ExternalTrainer::InitializeModel(absl::Span<float> params) {
   RETURN_IF_ERROR(CheckSize(params.size(), "the model"));
   std::vector<float> model(num_params());
-  const bool restarted = config_.checkpoint().restart_on_failure();
-  if (config_.checkpoint().resume() || (restarted && client_->resumed_from_step() > 0)) {
+  if (ResumesFromCheckpoint(config_, *client_)) {
     // The losses are the caller's: the files of this front hold none.
     absl::StatusOr<RankCheckpoint> loaded =
         ResumeState(config_, *client_, plan_.partition, /*steps_per_epoch=*/0, *algorithm_,
                     *ops_, plan_.log_prefix);
-    RETURN_IF_ERROR(Shared(loaded.status(), "checkpoint resume"));
+    RETURN_IF_ERROR(SharedStatus(link(), loaded.status(), "checkpoint resume"));
     step_ = first_step_ = loaded->step;
     RETURN_IF_ERROR(cserps::PullModel(link(), absl::MakeSpan(model), /*wait_for_init=*/false));
     return ops_->Upload(model, params.data());
   }
-  if (restarted) RETURN_IF_ERROR(Shared(CheckServersStartedFresh(*client_), "restart"));
+  if (config_.checkpoint().restart_on_failure()) {
+    RETURN_IF_ERROR(SharedStatus(link(), CheckServersStartedFresh(*client_), "restart"));
+  }
   if (rank() == 0) {
     RETURN_IF_ERROR(ops_->Download(params.data(), absl::MakeSpan(model)));
     RETURN_IF_ERROR(cserps::PushModel(link(), model));
@@ -138,8 +134,7 @@ absl::Status ExternalTrainer::Step(float lr, absl::Span<const float> grad,
 }
 
 absl::Status ExternalTrainer::CheckpointIfDue(absl::Span<float> params) {
-  const uint32_t every = config_.checkpoint().every_steps();
-  if (every == 0 || step_ % every != 0 || step_ >= uint64_t{config_.epochs()} * steps_per_epoch_) {
+  if (!CheckpointDue(config_, step_, uint64_t{config_.epochs()} * steps_per_epoch_)) {
     return absl::OkStatus();
   }
   RETURN_IF_ERROR(algorithm_->SettleForCheckpoint(params.data()));

@@ -16,7 +16,6 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "cserps/v1/config.pb.h"
@@ -128,8 +127,6 @@ class ExternalTrainer {
                   std::unique_ptr<PsClient> client, std::unique_ptr<DeviceOps> ops,
                   std::unique_ptr<LocalGroup> group);
   TrainerLink link() const { return {client_.get(), group_.get()}; }
-  // `mine`, or in a node every local rank's verdict (ShareStatus).
-  absl::Status Shared(const absl::Status& mine, absl::string_view what);
   // The checkpoint after step step(), when one is due (Step).
   absl::Status CheckpointIfDue(absl::Span<float> params);
   // `d` floats, or INVALID_ARGUMENT naming `what`.

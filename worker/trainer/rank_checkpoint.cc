@@ -77,15 +77,17 @@ absl::StatusOr<RankCheckpoint> LoadRankCheckpoint(const v1::JobConfig& config,
   CheckpointSection* losses = find(kEpochLossesSection);
   const uint64_t done = steps_per_epoch == 0 ? 0 : loaded->step % steps_per_epoch;
   if (losses == nullptr || losses->values.size() != done) {
-    return absl::DataLossError(absl::StrCat(
-        "checkpoint file ", checkpoint.file, ": section '", kEpochLossesSection, "' ",
-        losses == nullptr ? std::string("is missing")
-        : steps_per_epoch == 0
-            ? absl::StrCat("holds ", losses->values.size(),
-                           " losses, but this worker (the PyTorch front) keeps none: the file "
-                           "is a cserps-worker's")
-            : absl::StrCat("holds ", losses->values.size(), " losses, not the ", done,
-                           " steps done of epoch ", loaded->step / steps_per_epoch + 1)));
+    std::string what = "is missing";
+    if (losses != nullptr && steps_per_epoch == 0) {
+      what = absl::StrCat("holds ", losses->values.size(),
+                          " losses, but this worker (the PyTorch front) keeps none: the file "
+                          "is a cserps-worker's");
+    } else if (losses != nullptr) {
+      what = absl::StrCat("holds ", losses->values.size(), " losses, not the ", done,
+                          " steps done of epoch ", loaded->step / steps_per_epoch + 1);
+    }
+    return absl::DataLossError(absl::StrCat("checkpoint file ", checkpoint.file, ": section '",
+                                            kEpochLossesSection, "' ", what));
   }
   checkpoint.epoch_losses = std::move(losses->values);
   return checkpoint;

@@ -9,6 +9,16 @@
 
 namespace cserps {
 
+bool CheckpointDue(const v1::JobConfig& config, uint64_t step, uint64_t total_steps) {
+  const uint32_t every = config.checkpoint().every_steps();
+  return every != 0 && step % every == 0 && step < total_steps;
+}
+
+bool ResumesFromCheckpoint(const v1::JobConfig& config, const PsClient& client) {
+  return config.checkpoint().resume() ||
+         (config.checkpoint().restart_on_failure() && client.resumed_from_step() > 0);
+}
+
 absl::Status WriteStateCheckpoint(const v1::JobConfig& config, uint32_t partition,
                                   uint64_t step, Algorithm& algorithm, DeviceOps& ops,
                                   absl::Span<const float> epoch_losses,

@@ -18,6 +18,16 @@
 
 namespace cserps {
 
+// Whether the job takes a checkpoint after step `step`: a multiple of
+// checkpoint.every_steps, but not the last of `total_steps` (the workers'
+// final average follows it).
+bool CheckpointDue(const v1::JobConfig& config, uint64_t step, uint64_t total_steps);
+
+// Whether this process starts from the job's newest checkpoint:
+// checkpoint.resume, or a restart (checkpoint.restart_on_failure) whose
+// servers resumed from one.
+bool ResumesFromCheckpoint(const v1::JobConfig& config, const PsClient& client);
+
 // Writes process `partition`'s file of step `step`'s checkpoint, taken after
 // the checkpoint's average: `algorithm`'s state buffers (in `ops`' memory)
 // and `epoch_losses`. A file that cannot be written is logged and training

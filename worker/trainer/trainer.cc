@@ -99,7 +99,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
   std::unique_ptr<Trainer> trainer(
       new Trainer(config, link, std::move(plan), train, test, std::move(backend)));
   trainer->metrics_ = metrics;
-  RETURN_IF_ERROR(trainer->Shared(trainer->Init(), "trainer set-up"));
+  RETURN_IF_ERROR(SharedStatus(trainer->link_, trainer->Init(), "trainer set-up"));
   return trainer;
 }
 
@@ -141,10 +141,9 @@ absl::Status Trainer::InitializeModel() {
     ASSIGN_OR_RETURN(const bool under_way, JobUnderWay(*client_));
     if (under_way) return RejoinRunningJob();
   }
-  if (config_.checkpoint().resume()) return ResumeFromCheckpoint();
+  if (ResumesFromCheckpoint(config_, *client_)) return ResumeFromCheckpoint();
   if (config_.checkpoint().restart_on_failure()) {
-    if (client_->resumed_from_step() > 0) return ResumeFromCheckpoint();
-    RETURN_IF_ERROR(Shared(CheckServersStartedFresh(*client_), "restart"));
+    RETURN_IF_ERROR(SharedStatus(link_, CheckServersStartedFresh(*client_), "restart"));
   }
   std::vector<float> x(num_params_);
   if (plan_.rank == 0) {
@@ -165,7 +164,7 @@ absl::Status Trainer::ResumeFromCheckpoint() {
     step_ = first_step_ = resumed_from_ = loaded.step;
     return absl::OkStatus();
   };
-  RETURN_IF_ERROR(Shared(load(), "checkpoint resume"));
+  RETURN_IF_ERROR(SharedStatus(link_, load(), "checkpoint resume"));
   std::vector<float> x(num_params_);
   RETURN_IF_ERROR(PullModel(link_, absl::MakeSpan(x), /*wait_for_init=*/false));
   return ops_.Upload(x, x_.data());
@@ -188,11 +187,10 @@ absl::Status Trainer::RejoinRunningJob() {
 }
 
 absl::Status Trainer::FullAverageIfDue() {
-  const uint32_t every = config_.checkpoint().every_steps();
   const uint32_t admit = config_.cluster().admit_every_steps();
   const uint64_t total = uint64_t{config_.epochs()} * plan_.steps_per_epoch;
-  const bool checkpoint = every != 0 && step_ % every == 0;
-  if (!(checkpoint || (admit != 0 && step_ % admit == 0)) || step_ >= total) {
+  const bool checkpoint = CheckpointDue(config_, step_, total);
+  if (!checkpoint && !(admit != 0 && step_ % admit == 0 && step_ < total)) {
     return absl::OkStatus();
   }
   RETURN_IF_ERROR(algorithm_->SettleForCheckpoint(x_.data()));
@@ -205,11 +203,6 @@ absl::Status Trainer::FullAverageIfDue() {
       plan_.log_prefix);
 }
 
-absl::Status Trainer::Shared(const absl::Status& mine, absl::string_view what) {
-  if (link_.group == nullptr) return mine;
-  return ShareStatus(*link_.group, mine, what);
-}
-
 absl::Status Trainer::EndCompute(absl::Time compute_start, const absl::StatusOr<float>& loss) {
   absl::Status status = loss.status();
   if (status.ok() && slowdown_ > 1.0f) {
@@ -220,7 +213,7 @@ absl::Status Trainer::EndCompute(absl::Time compute_start, const absl::StatusOr<
                                               ": training loss is ", *loss,
                                               " (diverged: lower optimizer.lr?)"));
   }
-  return Shared(status, absl::StrCat("step ", step_));
+  return SharedStatus(link_, status, absl::StrCat("step ", step_));
 }
 
 absl::StatusOr<float> Trainer::Step() {
@@ -286,7 +279,7 @@ absl::StatusOr<EvalSums> Trainer::Evaluate(const float* params) {
 
 absl::StatusOr<EvalSums> Trainer::EvaluateTest() {
   const absl::StatusOr<EvalSums> evaluated = Evaluate(x_.data());
-  RETURN_IF_ERROR(Shared(evaluated.status(), "test evaluation"));
+  RETURN_IF_ERROR(SharedStatus(link_, evaluated.status(), "test evaluation"));
   const EvalSums sums = *evaluated;
   if (metrics_ != nullptr) metrics_->SetTestAccuracy(/*global=*/false, Accuracy(sums));
   return sums;

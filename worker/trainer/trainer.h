@@ -17,7 +17,6 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "absl/strings/string_view.h"
 #include "common/metrics.h"
 #include "cserps/v1/config.pb.h"
 #include "worker/algorithms/algorithm.h"
@@ -132,11 +131,6 @@ class Trainer {
   // more than 1, and refuses a diverged (non-finite) loss naming the rank
   // and step; passes on the backend's error.
   absl::Status EndCompute(absl::Time compute_start, const absl::StatusOr<float>& loss);
-  // `mine`, or in a node the verdict of every local rank (ShareStatus, a
-  // collective), so that the peers of a local rank that failed on its own
-  // fail with it at once instead of waiting for it in their next collective
-  // until the group's timeout.
-  absl::Status Shared(const absl::Status& mine, absl::string_view what);
   // The epochs' steps, progress lines and evaluations (Run), from step_.
   absl::Status RunEpochs(absl::Time start);
 

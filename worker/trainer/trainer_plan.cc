@@ -81,4 +81,10 @@ absl::Status PullModel(const TrainerLink& link, absl::Span<float> model, bool wa
   return PullNodeModel(*link.group, *link.client, model, wait_for_init);
 }
 
+absl::Status SharedStatus(const TrainerLink& link, const absl::Status& mine,
+                          absl::string_view what) {
+  if (link.group == nullptr) return mine;
+  return ShareStatus(*link.group, mine, what);
+}
+
 }  // namespace cserps

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "cserps/v1/config.pb.h"
 #include "worker/data/batcher.h"
@@ -73,6 +74,13 @@ uint32_t DataPartition(uint32_t rank, uint32_t local_rank, uint32_t local_size);
 // local rank calls them).
 absl::Status PushModel(const TrainerLink& link, absl::Span<const float> model);
 absl::Status PullModel(const TrainerLink& link, absl::Span<float> model, bool wait_for_init);
+
+// `mine` for a flat worker; in a node every local rank's verdict
+// (ShareStatus, a collective of the node), so that the peers of a local rank
+// that failed on its own fail with it at once instead of waiting for it in
+// their next collective until the group's timeout.
+absl::Status SharedStatus(const TrainerLink& link, const absl::Status& mine,
+                          absl::string_view what);
 
 }  // namespace cserps
 
