@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "common/vector_clones.h"
 #include "cserps/v1/parameter_server.pb.h"
 #include "server/round_lifecycle_impl.h"
 
@@ -26,9 +27,11 @@ Base BaseOf(const double* sum, const WeightedSum::Contribution& held) {
 
 // out[i] = store(base[i] + w v[i]); v null: store(base[i]). Every case is
 // its own loop, so that each vectorises. A sum starts from 0.0 + x, not x:
-// a -0.0 sums to +0.0, as it did into a zeroed buffer.
+// a -0.0 sums to +0.0, as it did into a zeroed buffer. Always inlined, so
+// that it is cloned with its callers (vector_clones.h).
 template <typename Out, typename Store>
-void WriteSum(const Base& base, double w, const float* v, Store store, Out* out, size_t n) {
+__attribute__((always_inline)) inline void WriteSum(const Base& base, double w, const float* v,
+                                                    Store store, Out* out, size_t n) {
   if (base.held != nullptr) {
     const double wh = base.held_weight;
     const float* h = base.held;
@@ -52,6 +55,7 @@ void WriteSum(const Base& base, double w, const float* v, Store store, Out* out,
 // is defined by. Where total is a power of two its reciprocal is exact, and
 // x * (1 / total) rounds the same exact value once: the same bits, without
 // a division per float.
+CSERPS_VECTOR_CLONES
 void WriteMean(const Base& base, double w, const float* v, double total, float* out,
                size_t n) {
   int exponent = 0;
@@ -62,6 +66,18 @@ void WriteMean(const Base& base, double w, const float* v, double total, float* 
   } else {
     WriteSum(base, w, v, [total](double x) { return static_cast<float>(x / total); }, out, n);
   }
+}
+
+// sum[i] += w v[i].
+CSERPS_VECTOR_CLONES
+void AddTo(double* sum, double w, const float* v, size_t n) {
+  for (size_t i = 0; i < n; ++i) sum[i] += w * static_cast<double>(v[i]);
+}
+
+// sum[i] = base[i] + w v[i].
+CSERPS_VECTOR_CLONES
+void WriteBaseSum(const Base& base, double w, const float* v, double* sum, size_t n) {
+  WriteSum(base, w, v, [](double x) { return x; }, sum, n);
 }
 
 }  // namespace
@@ -97,9 +113,9 @@ void WeightedSum::Add(uint32_t /*rank*/, const Contribution& push) {
   if (sum_ == nullptr) sum_.reset(new double[size_]);  // uninitialised: written here
   double* sum = sum_.get();
   if (base.sum != nullptr) {
-    for (size_t i = 0; i < size_; ++i) sum[i] += w * static_cast<double>(v[i]);
+    AddTo(sum, w, v, size_);
   } else {
-    WriteSum(base, w, v, [](double x) { return x; }, sum, size_);
+    WriteBaseSum(base, w, v, sum, size_);
   }
   held_ = Contribution();
 }
