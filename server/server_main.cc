@@ -11,6 +11,7 @@
 #include "absl/synchronization/notification.h"
 #include "common/config_load.h"
 #include "common/config_override.h"
+#include "common/lock_order_checks.h"
 #include "common/metrics.h"
 #include "common/open_file_limit.h"
 #include "common/signals.h"
@@ -40,6 +41,7 @@ ABSL_FLAG(std::string, metrics_address, "",
           "picks a free port); empty: no metrics.");
 
 int main(int argc, char** argv) {
+  cserps::SkipLockOrderChecksWithNdebug();
   absl::SetProgramUsageMessage(
       "cserps-server --config=job.textproto --shard=S [--listen=host:port]");
   absl::ParseCommandLine(argc, argv);

@@ -24,6 +24,7 @@
 #include "common/algorithm_catalog.h"
 #include "common/config_load.h"
 #include "common/config_override.h"
+#include "common/lock_order_checks.h"
 #include "common/metrics.h"
 #include "common/model_spec.h"
 #include "common/start_flags.h"
@@ -367,6 +368,7 @@ absl::Status RunWorker() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  cserps::SkipLockOrderChecksWithNdebug();
   absl::SetProgramUsageMessage(
       "cserps-worker --config=job.textproto [--rank=R] [--set='field=value;...'] "
       "[--backend=cpu|cuda] [--local_rank=J]");

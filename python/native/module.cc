@@ -27,6 +27,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "common/config_load.h"
+#include "common/lock_order_checks.h"
 #include "common/model_spec.h"
 #include "common/rank_batch_sizes.h"
 #include "common/status.h"
@@ -326,6 +327,7 @@ PYBIND11_MODULE(_native, m) {
   using cserps::Job;
   using cserps::Trainer;
   namespace v1 = cserps::v1;
+  cserps::SkipLockOrderChecksWithNdebug();
   m.doc() = "The cserps worker library (python/cserps uses it; not a public API).";
 #ifdef CSERPS_HAVE_CUDA
   m.attr("has_cuda") = true;

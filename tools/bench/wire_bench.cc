@@ -37,6 +37,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/config_load.h"
+#include "common/lock_order_checks.h"
 #include "common/status.h"
 #include "tools/bench/wire_limits.h"
 #include "tools/cluster/child_process.h"
@@ -347,6 +348,7 @@ absl::Status Run() {
 }  // namespace cserps
 
 int main(int argc, char** argv) {
+  cserps::SkipLockOrderChecksWithNdebug();
   absl::ParseCommandLine(argc, argv);
   const absl::Status status = cserps::Run();
   if (!status.ok()) {

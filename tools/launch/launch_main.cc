@@ -56,6 +56,7 @@
 #include "common/checkpoint_dir.h"
 #include "common/config_load.h"
 #include "common/config_override.h"
+#include "common/lock_order_checks.h"
 #include "tools/cluster/child_process.h"
 
 ABSL_FLAG(std::string, config, "", "Job config file (text-format cserps.v1.JobConfig).");
@@ -612,6 +613,7 @@ class Cluster {
 }  // namespace
 
 int main(int argc, char** argv) {
+  cserps::SkipLockOrderChecksWithNdebug();
   absl::SetProgramUsageMessage(
       "cserps-launch --config=configs/quickstart.textproto [--set='field=value;...']\n"
       "  cserps-launch --config=JOB --nproc=N [--set=...] -- python3 script.py [ARGS...]");
