@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Packs the GPU tests, cserps-bench-gpu and the three programs (with
-# Fashion-MNIST, for gpu_check.sh's main job), built here (nvcc needs no GPU),
-# with every shared library they load except the NVIDIA driver's and CUDA's
-# own, and with this machine's C library and loader, into .gpu-bundle/ (git
-# ignores it). A GPU machine that has CUDA but none of the Debian packages
-# the build needs then runs them with
+# Packs the GPU tests, cserps-bench-gpu, the wire and scale benches and the
+# three programs (with Fashion-MNIST, for gpu_check.sh's main job), built
+# here (nvcc needs no GPU), with every shared library they load except the
+# NVIDIA driver's and CUDA's own, and with this machine's C library and
+# loader, into .gpu-bundle/ (git ignores it). A GPU machine that has CUDA
+# but none of the Debian packages the build needs then runs them with
 #
 #   tools/gpu_check.sh --bundle .gpu-bundle
 #
@@ -27,13 +27,13 @@ cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DCSERPS_CUDA=ON \
 # the last build there must not come along. The current ones are relinked.
 rm -f "$BUILD_DIR"/bin/gpu_*_test
 cmake --build "$BUILD_DIR" -j"$(nproc)" --target cserps_gpu_tests cserps-bench-gpu \
-  cserps-launch cserps-server cserps-worker
+  cserps-launch cserps-server cserps-worker cserps-bench-wire cserps-bench-scale
 
 rm -rf "$BUNDLE"
 STAGE=$(mktemp -d)
 trap 'rm -rf "$STAGE"' EXIT
 mkdir -p "$STAGE/bin" "$STAGE/lib" "$STAGE/sys"
-binaries=("$BUILD_DIR"/bin/gpu_*_test "$BUILD_DIR/bin/cserps-bench-gpu"
+binaries=("$BUILD_DIR"/bin/gpu_*_test "$BUILD_DIR"/bin/cserps-bench-{gpu,wire,scale}
           "$BUILD_DIR"/bin/cserps-{launch,server,worker})
 for b in "${binaries[@]}"; do
   strip -o "$STAGE/bin/$(basename "$b")" "$b"

@@ -2,7 +2,9 @@
 # Checks the CUDA backend on a machine with a GPU, in one go (about a minute
 # on one H200): runs every GPU test binary, cserps-bench-gpu and the main job
 # (configs/quickstart.textproto through cserps-launch, --backend=cuda then
-# cpu) and ends with one summary table.
+# cpu), then, since such a machine has more cores than a development one,
+# the wire and scale benches (about two minutes more), and ends with one
+# summary table.
 #
 #   tools/gpu_check.sh                      build here (Release, -DCSERPS_CUDA=ON), then run
 #   tools/gpu_check.sh --bundle .gpu-bundle run what tools/gpu_bundle.sh packed
@@ -145,6 +147,40 @@ run_jobs() {
   job_result=${job_result%; }
 }
 
+# Sets wire_result: cserps-bench-wire and cserps-bench-scale from $1 on this
+# machine's cores (docs/results/wire.md and scale.md measure them on two),
+# short cases, each bench bounded in time.
+run_wire_benches() {
+  local bin=$1 env=() rc bench t0=$SECONDS
+  if [ -n "$BUNDLE" ]; then
+    if ! system_libc_will_do || [ ! -x "$bin/cserps-bench-wire" ]; then
+      wire_result="skipped (the bundle's benches start servers, which needs this machine's C library >= the bundle's)"
+      return
+    fi
+    env=(env "LD_LIBRARY_PATH=$BUNDLE/lib:$CUDA_PATH")
+  fi
+  wire_result=""
+  for bench in wire scale; do
+    echo "--- cserps-bench-$bench ($(nproc) CPUs)"
+    local args=(--server="$bin/cserps-server" --seconds=1)
+    if [ "$bench" = wire ]; then
+      args+=(--sizes=65536,4194304,67108864 --layouts=1x1,2x2,4x4 --grbs_ratios=256)
+    else
+      args+=(--sizes=4194304 --layouts=1x2,1x16,4x16 --grbs_ratios=)
+    fi
+    rc=0
+    timeout 240 "${env[@]}" "$bin/cserps-bench-$bench" "${args[@]}" >"$WORK/$bench.txt" 2>&1 || rc=$?
+    cat "$WORK/$bench.txt"
+    if [ "$rc" -ne 0 ]; then
+      wire_result+="$bench FAILED (exit $rc); "
+      failures+=("cserps-bench-$bench")
+    else
+      wire_result+="$bench ok; "
+    fi
+  done
+  wire_result="${wire_result%; } ($((SECONDS - t0)) s)"
+}
+
 # NCCL says why it cannot start (a sandbox without /sys, say) instead of
 # failing with a bare ncclSystemError.
 export NCCL_DEBUG=${NCCL_DEBUG:-WARN}
@@ -178,7 +214,7 @@ main() {
   elif cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DCSERPS_CUDA=ON \
          -DCMAKE_CUDA_ARCHITECTURES="$CUDA_ARCH" &&
        cmake --build "$BUILD_DIR" -j"$JOBS" --target cserps_gpu_tests cserps-bench-gpu \
-         cserps-launch cserps-server cserps-worker; then
+         cserps-launch cserps-server cserps-worker cserps-bench-wire cserps-bench-scale; then
     build_result="ok ($((SECONDS - t0)) s)"
     bin_dir=$BUILD_DIR/bin
   else
@@ -238,6 +274,12 @@ main() {
     run_jobs "$bin_dir"
   fi
 
+  # --- the wire path on this machine's cores -------------------------------
+  local wire_result="not run (no GPU listed)"
+  if [ ${#failures[@]} -eq 0 ] && [ "$have_gpu" = 1 ]; then
+    run_wire_benches "$bin_dir"
+  fi
+
   # --- summary -----------------------------------------------------------
   echo
   echo "== gpu_check summary"
@@ -246,6 +288,7 @@ main() {
   printf '| %-10s | %s\n' "gpu tests" "$tests_result"
   printf '| %-10s | %s\n' "benchmark" "$bench_result"
   printf '| %-10s | %s\n' "main job" "$job_result"
+  printf '| %-10s | %s\n' "wire" "$wire_result"
   if [ -f "$WORK/bench.txt" ] && grep -q '^|' "$WORK/bench.txt"; then
     echo
     grep '^|' "$WORK/bench.txt"
