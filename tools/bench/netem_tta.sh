@@ -53,14 +53,20 @@ method_set() {
     m-cser-32) echo "algorithm.name=m-cser;algorithm.period=16;algorithm.ratio_c1=4;algorithm.ratio_c2=64" ;;
     m-cser-256) echo "algorithm.name=m-cser;algorithm.period=32;algorithm.ratio_c1=16;algorithm.ratio_c2=512" ;;
     m-cser-1024) echo "algorithm.name=m-cser;algorithm.period=128;algorithm.ratio_c1=16;algorithm.ratio_c2=2048" ;;
+    cser-32) echo "algorithm.name=cser;algorithm.period=16;algorithm.ratio_c1=4;algorithm.ratio_c2=64" ;;
     cser-256) echo "algorithm.name=cser;algorithm.period=32;algorithm.ratio_c1=16;algorithm.ratio_c2=512" ;;
+    cser-1024) echo "algorithm.name=cser;algorithm.period=128;algorithm.ratio_c1=16;algorithm.ratio_c2=2048" ;;
     local-sgd-32) echo "algorithm.name=local-sgd;algorithm.period=32" ;;
     qsparse-256) echo "algorithm.name=qsparse-local-sgd;algorithm.period=16;algorithm.ratio=16" ;;
     cocod-sgd) echo "algorithm.name=cocod-sgd;algorithm.period=5" ;;
     gtopk-256) echo "algorithm.name=gtopk-ssgd;algorithm.density=0.00390625" ;;
-    *) echo "netem_tta.sh: unknown method $1" >&2; exit 2 ;;
+    *) echo "netem_tta.sh: unknown method $1 (known: ssgd, m-cser-32, m-cser-256, m-cser-1024, cser-32, cser-256, cser-1024, local-sgd-32, qsparse-256, cocod-sgd, gtopk-256)" >&2
+       return 2 ;;
   esac
 }
+# Every name checked before anything starts: a run takes its overrides from
+# a command substitution, whose failure would not stop the script.
+for method in ${METHODS//,/ }; do method_set "$method" > /dev/null || exit 2; done
 
 for program in ip tc "$BIN/cserps-server" "$BIN/cserps-worker"; do
   command -v "$program" > /dev/null || { echo "netem_tta.sh: $program not found" >&2; exit 2; }
