@@ -121,9 +121,12 @@ run_method() {
   local dir=$1 overrides=$2
   mkdir -p "$dir"
   local common="$overrides;epochs=$EPOCHS;evals_per_epoch=$EVALS;output_dir=$dir${EXTRA_SET:+;$EXTRA_SET}"
+  # Every worker reaches the servers at an address of its own veth pair, so
+  # they listen on all of the servers' namespace, which only this script's
+  # worker namespaces reach: --insecure (a plaintext non-loopback listener).
   for ((s = 0; s < SHARDS; s++)); do
     timeout "$MAX_SECONDS" ip netns exec "$SERVER_NS" "$BIN/cserps-server" --config="$JOB" --shard=$s \
-      --listen="0.0.0.0:$((17000 + s))" --set="$common" > "$dir/server_$s.log" 2>&1 &
+      --listen="0.0.0.0:$((17000 + s))" --insecure --set="$common" > "$dir/server_$s.log" 2>&1 &
     PIDS+=($!)
   done
   local workers=()
