@@ -279,12 +279,17 @@ absl::Status RunCase(const Case& c, const std::string& server) {
   const double moved_gb = m.selected_bytes * c.members * m.count / 1e9;
   const double tcp_rate = m.selected_bytes / Percentile(limits.tcp, 0.5) / 1e9;
   const double grpc_rate = m.selected_bytes / Percentile(limits.grpc, 0.5) / 1e9;
+  // One member's payload copied once by one thread.
+  const size_t payload = static_cast<size_t>(m.selected_bytes / 2);
+  const double memcpy_rate = payload / Seconds(MemcpyTime(payload, 10)) / 1e9;
   std::printf(
-      "%dx%d %8s R=%-5u %8.3f %8.3f %8.3f %8.3f %7.3f %7.3f %7.4f %7.3f %8.3f %8.3f %6.2f %6.2f\n",
+      "%dx%d %8s R=%-5u %8.3f %8.3f %8.3f %8.3f %7.3f %7.3f %7.4f %7.3f %8.3f %8.3f %6.2f %6.2f "
+      "%8.3f %6.3f\n",
       c.shards, c.members, Bytes(c.bytes).c_str(), c.ratio, 1e3 * p50,
       1e3 * Percentile(m.rounds, 0.99), per_member, per_member * c.members,
       m.server_cpu / moved_gb, m.client_cpu / moved_gb, m.wire_bytes / m.selected_bytes,
-      m.balance, tcp_rate, grpc_rate, per_member / tcp_rate, per_member / grpc_rate);
+      m.balance, tcp_rate, grpc_rate, per_member / tcp_rate, per_member / grpc_rate, memcpy_rate,
+      per_member / memcpy_rate);
   std::fflush(stdout);
   return absl::OkStatus();
 }
@@ -329,10 +334,11 @@ absl::Status Run() {
   }
   std::printf("GB/s: 2 x selected payload per round (push and pull); CPU in s per GB moved "
               "(all members); wire: serialised bytes / payload bytes; shards: max / mean of "
-              "the shards' bytes; x tcp, x grpc: cserps' GB/s per member over the limit's\n");
-  std::printf("%-3s %8s %-7s %8s %8s %8s %8s %7s %7s %7s %7s %8s %8s %6s %6s\n", "SxM", "model",
-              "ratio", "p50 ms", "p99 ms", "GB/s/m", "GB/s", "srv s/G", "cli s/G", "wire",
-              "shards", "tcp GB/s", "grpc", "x tcp", "x grpc");
+              "the shards' bytes; x tcp, x grpc, x mcpy: cserps' GB/s per member over the "
+              "limit's; mcpy: one thread copying one member's payload\n");
+  std::printf("%-3s %8s %-7s %8s %8s %8s %8s %7s %7s %7s %7s %8s %8s %6s %6s %8s %6s\n", "SxM",
+              "model", "ratio", "p50 ms", "p99 ms", "GB/s/m", "GB/s", "srv s/G", "cli s/G",
+              "wire", "shards", "tcp GB/s", "grpc", "x tcp", "x grpc", "mcpy", "x mcpy");
   for (const auto& [s, m] : layouts) {
     for (uint64_t bytes : sizes) RETURN_IF_ERROR(RunCase({s, m, bytes, 1}, server));
     for (uint64_t r : ratios) {
