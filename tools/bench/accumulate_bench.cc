@@ -5,7 +5,11 @@
 //   kept:    the same, with the pushes' values kept for the round, as the
 //            bulk transport's are: the first is read with the second;
 //   kahan:   float sums with Kahan compensation, then the division;
-//   float:   plain float sums, then the division.
+//   float:   plain float sums, then the division;
+//   pairwise: float sums in a tree over the ranks (0+1, 2+3, ..., then the
+//            pairs of those), then the division: independent of arrival
+//            order by construction, since every push is held until the last
+//            has arrived (its memory: each push's floats for the round).
 // Per variant: ns per pushed float, the floats of the mean that differ from
 // the double's, and those that change when the members arrive in reverse
 // order (each member's reply is one mean either way; this is whether the
@@ -24,6 +28,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "common/prng.h"
+#include "common/vector_clones.h"
 #include "server/round_table.h"
 
 ABSL_FLAG(int, members, 16, "Pushes per round.");
@@ -55,6 +60,8 @@ std::vector<float> DoubleMean(const Pushes& pushes, const std::vector<float>& we
   return std::vector<float>(mean->begin(), mean->end());
 }
 
+// The float variants compiled as the server's loops are (vector_clones.h).
+CSERPS_VECTOR_CLONES
 std::vector<float> FloatMean(const Pushes& pushes, const std::vector<float>& weights,
                              bool reverse, bool compensated) {
   const size_t n = pushes[0].size(), m = pushes.size();
@@ -77,6 +84,38 @@ std::vector<float> FloatMean(const Pushes& pushes, const std::vector<float>& wei
     total += w;
   }
   for (size_t j = 0; j < n; ++j) mean[j] = sum[j] / total;
+  return mean;
+}
+
+CSERPS_VECTOR_CLONES
+std::vector<float> PairwiseMean(const Pushes& pushes, const std::vector<float>& weights) {
+  const size_t n = pushes[0].size(), m = pushes.size();
+  // The tree's leaves, in rank order: w_i v_i, two of them summed at once.
+  std::vector<std::unique_ptr<float[]>> level((m + 1) / 2);
+  for (size_t k = 0; k < level.size(); ++k) {
+    level[k].reset(new float[n]);  // every float written below
+    float* out = level[k].get();
+    const float wa = weights[2 * k];
+    const float* a = pushes[2 * k].data();
+    if (2 * k + 1 < m) {
+      const float wb = weights[2 * k + 1];
+      const float* b = pushes[2 * k + 1].data();
+      for (size_t j = 0; j < n; ++j) out[j] = wa * a[j] + wb * b[j];
+    } else {
+      for (size_t j = 0; j < n; ++j) out[j] = wa * a[j];
+    }
+  }
+  for (size_t stride = 1; stride < level.size(); stride *= 2) {
+    for (size_t k = 0; k + stride < level.size(); k += 2 * stride) {
+      float* out = level[k].get();
+      const float* in = level[k + stride].get();
+      for (size_t j = 0; j < n; ++j) out[j] += in[j];
+    }
+  }
+  float total = 0.0f;
+  for (float w : weights) total += w;
+  std::vector<float> mean(n);
+  for (size_t j = 0; j < n; ++j) mean[j] = level[0][j] / total;
   return mean;
 }
 
@@ -134,6 +173,7 @@ int Run() {
   report("kept", [&](bool reverse) { return DoubleMean(pushes, weights, reverse, true); });
   report("kahan", [&](bool reverse) { return FloatMean(pushes, weights, reverse, true); });
   report("float", [&](bool reverse) { return FloatMean(pushes, weights, reverse, false); });
+  report("pairwise", [&](bool) { return PairwiseMean(pushes, weights); });
   return 0;
 }
 
