@@ -5,7 +5,7 @@ and data directory); afterwards Prometheus' HTTP API must show every worker's
 step and GRAD byte counters rising and agreeing with the worker's own JSON
 summary, and the servers' completed rounds; every metric the Grafana
 dashboard (deploy/grafana/dashboards/cserps.json) queries must exist in that
-scrape, and deploy/prometheus/prometheus.yml must pass promtool. Run by ctest
+scrape, its shard-balance query must agree with the shards' counters, and deploy/prometheus/prometheus.yml must pass promtool. Run by ctest
 (integration_prometheus); exits 77 (skipped) when prometheus is not
 installed. Every process it starts is stopped; every wait is bounded.
 
@@ -176,6 +176,33 @@ def verify_scrape(port, out, workers, servers):
     return problems
 
 
+def check_balance(port):
+    """The dashboard's "Shard balance" query (busiest shard's bytes over the
+    mean), over the whole job rather than its last minute (increase for
+    rate, the same ratio), against that ratio computed here from each
+    shard's last byte counters."""
+    path = os.path.join(ROOT, "deploy", "grafana", "dashboards", "cserps.json")
+    with open(path) as f:
+        panels = json.load(f)["panels"]
+    exprs = [t["expr"] for p in panels if p.get("title", "").startswith("Shard balance")
+             for t in p.get("targets", [])]
+    if len(exprs) != 1:
+        return [f"{path}: {len(exprs)} queries in a \"Shard balance\" panel, expected 1"]
+    whole_job = exprs[0].replace("rate(", "increase(").replace("[1m]", "[30m]")
+    got = list(query(port, whole_job).values())
+    last = by_label(query(port, "sum by (shard) (last_over_time(cserps_server_bytes_in_total[30m])"
+                          " + last_over_time(cserps_server_bytes_out_total[30m]))"), "shard")
+    if len(got) != 1 or len(last) < 2 or min(last.values()) <= 0:
+        return [f"shard balance: query gave {got}, shards' bytes {last}"]
+    expected = max(last.values()) / (sum(last.values()) / len(last))
+    # increase() extrapolates each series to the window's edges a little.
+    if not (got[0] >= 1 - 1e-9 and abs(got[0] - expected) <= 0.02 * expected):
+        return [f"shard balance: the dashboard's query gives {got[0]:.4f};"
+                f" the shards' bytes {last} give {expected:.4f}"]
+    print(f"shard balance {got[0]:.4f} (from the shards' counters: {expected:.4f})")
+    return []
+
+
 def check(bin_dir, work):
     out = os.path.join(work, "out")
     os.makedirs(out)
@@ -221,6 +248,7 @@ scrape_configs:
             raise RuntimeError("cserps-launch failed:\n" + launch.stdout[-3000:])
         problems = verify_scrape(port, out, workers=4, servers=2)
         problems += check_dashboard(port)
+        problems += check_balance(port)
         if problems:
             raise RuntimeError("\n".join(problems))
     finally:
