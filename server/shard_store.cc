@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/float_bytes.h"
 #include "common/status.h"
+#include "common/vector_clones.h"
 
 namespace cserps {
 namespace {
@@ -20,6 +21,12 @@ absl::Status CheckRange(uint64_t first, uint64_t size, uint64_t offset,
         first, ", ", first + size, ")"));
   }
   return absl::OkStatus();
+}
+
+// x[i] -= lr v[i]: float operations, the same in either clone.
+CSERPS_VECTOR_CLONES
+void SubtractScaled(float lr, const float* v, float* x, uint64_t n) {
+  for (uint64_t i = 0; i < n; ++i) x[i] -= lr * v[i];
 }
 
 }  // namespace
@@ -109,7 +116,7 @@ void ShardStore::ApplyMean(bool is_model_stream, const ShardPayload& payload,
       // reading the model's old lines first as a loop's stores do.
       std::memcpy(x, v, n * sizeof(float));
     } else {
-      for (uint64_t i = 0; i < n; ++i) x[i] -= lr * v[i];
+      SubtractScaled(lr, v, x, n);
     }
   });
 }

@@ -3,7 +3,7 @@
 // a payload of d floats, GRBS ratio R: 1 for a dense round) it starts S real
 // cserps-server processes on 127.0.0.1, M member threads each with its own
 // PsClient, and times PushPull rounds (PsClient::AverageBlocks on the MODEL
-// stream), over the servers' bulk transport or, with --transport=GRPC, over
+// stream, or with --grad the GRAD stream), over the servers' bulk transport or, with --transport=GRPC, over
 // gRPC (with --certs, either with mutual TLS and the job's token). Taking
 // turns with those rounds, with the same shape (M members each splitting the
 // round's payload over S peers, in parallel), it times a raw TCP exchange
@@ -70,6 +70,9 @@ ABSL_FLAG(std::string, transport, "AUTO",
 ABSL_FLAG(std::string, certs, "",
           "A directory made by tools/make_certs.sh: servers and members then use mutual TLS "
           "and the job's token, on either transport; the limits stay plaintext.");
+ABSL_FLAG(bool, grad, false,
+          "Rounds of the GRAD stream, as S-SGD's (the shard applies x -= lr * mean), instead "
+          "of MODEL (x = mean).");
 ABSL_FLAG(int64_t, chunk_bytes, 0, "cluster.chunk_bytes; 0: the default.");
 ABSL_FLAG(int64_t, max_message_bytes, 0,
           "cluster.max_message_bytes (the chunk size follows it); 0: the default.");
@@ -78,6 +81,9 @@ namespace cserps {
 namespace {
 
 constexpr int kWarmupRounds = 3;
+
+v1::Stream RoundStream() { return absl::GetFlag(FLAGS_grad) ? v1::GRAD : v1::MODEL; }
+float RoundLr() { return absl::GetFlag(FLAGS_grad) ? 1e-3f : 0.0f; }
 
 struct Case {
   int shards = 1;
@@ -170,8 +176,9 @@ absl::Status RunRounds(std::vector<Member>& members, const Case& c, uint64_t fir
       Member& member = members[m];
       for (int r = 0; r < count && status[m].ok(); ++r) {
         const absl::Time start = absl::Now();
-        status[m] = member.client->AverageBlocks(v1::MODEL, first + r, c.ratio, member.values,
-                                                 1.0f, 0.0f, absl::MakeSpan(member.mean));
+        status[m] = member.client->AverageBlocks(RoundStream(), first + r, c.ratio,
+                                                 member.values, 1.0f, RoundLr(),
+                                                 absl::MakeSpan(member.mean));
         per[m].push_back(absl::Now() - start);
       }
     });
@@ -227,11 +234,11 @@ absl::StatusOr<Measured> MeasureCserps(const Case& c, const std::string& server,
   result.count = std::clamp(static_cast<int>(absl::GetFlag(FLAGS_seconds) / per_round), 5,
                             absl::GetFlag(FLAGS_max_rounds));
   const int slices = std::clamp(absl::GetFlag(FLAGS_slices), 1, result.count);
-  const TrafficCounts before = members[0].client->traffic(v1::MODEL);
+  const TrafficCounts before = members[0].client->traffic(RoundStream());
   uint64_t done = 0;
   for (int slice = 0; slice < slices; ++slice) {
     const int count = result.count / slices + (slice < result.count % slices ? 1 : 0);
-    const TrafficCounts slice_before = members[0].client->traffic(v1::MODEL);
+    const TrafficCounts slice_before = members[0].client->traffic(RoundStream());
     const double server_before = servers->CpuSeconds();
     const double client_before = SelfCpuSeconds();
     RETURN_IF_ERROR(RunRounds(members, c, kWarmupRounds + done, count, &result.rounds));
@@ -240,7 +247,7 @@ absl::StatusOr<Measured> MeasureCserps(const Case& c, const std::string& server,
     done += count;
     // A round's reply carries as many floats as its request.
     const size_t payload =
-        4 * (members[0].client->traffic(v1::MODEL).request_floats - slice_before.request_floats) /
+        4 * (members[0].client->traffic(RoundStream()).request_floats - slice_before.request_floats) /
         count;
     // As many rounds as cserps': a small payload's limit over a few rounds
     // moves by 3x.
@@ -251,7 +258,7 @@ absl::StatusOr<Measured> MeasureCserps(const Case& c, const std::string& server,
     limits->tcp.insert(limits->tcp.end(), tcp.begin(), tcp.end());
     limits->grpc.insert(limits->grpc.end(), grpc.begin(), grpc.end());
   }
-  const TrafficCounts after = members[0].client->traffic(v1::MODEL);
+  const TrafficCounts after = members[0].client->traffic(RoundStream());
   // Every byte each shard received and sent during the case (its servers'
   // cserps_server_bytes_in_total and _out_total).
   double most = 0, total = 0;
