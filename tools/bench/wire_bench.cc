@@ -3,12 +3,13 @@
 // a payload of d floats, GRBS ratio R: 1 for a dense round) it starts S real
 // cserps-server processes on 127.0.0.1, M member threads each with its own
 // PsClient, and times PushPull rounds (PsClient::AverageBlocks on the MODEL
-// stream, or with --grad the GRAD stream), over the servers' bulk transport or, with --transport=GRPC, over
-// gRPC (with --certs, either with mutual TLS and the job's token). Taking
-// turns with those rounds, with the same shape (M members each splitting the
-// round's payload over S peers, in parallel), it times a raw TCP exchange
-// and plain gRPC unary calls of the same bytes (tools/bench/wire_limits.h),
-// and prints the ratios.
+// stream, or with --grad the GRAD stream), over the servers' bulk transport
+// or, with --transport=GRPC, over gRPC (with --certs, either with mutual TLS
+// and the job's token). Taking turns with those rounds, with the same shape
+// (M members each splitting the round's payload over S peers, in parallel),
+// it times a raw TCP exchange and plain gRPC unary calls of the same bytes
+// (tools/bench/wire_limits.h), and one thread's memcpy of a member's
+// payload, and prints the ratios.
 //
 // Per case: p50/p99 round latency (every member's rounds), payload GB/s per
 // member and in all (2 x selected payload / round: push and pull), server and
@@ -246,9 +247,10 @@ absl::StatusOr<Measured> MeasureCserps(const Case& c, const std::string& server,
     result.client_cpu += SelfCpuSeconds() - client_before;
     done += count;
     // A round's reply carries as many floats as its request.
-    const size_t payload =
-        4 * (members[0].client->traffic(RoundStream()).request_floats - slice_before.request_floats) /
-        count;
+    const size_t payload = 4 *
+                           (members[0].client->traffic(RoundStream()).request_floats -
+                            slice_before.request_floats) /
+                           count;
     // As many rounds as cserps': a small payload's limit over a few rounds
     // moves by 3x.
     ASSIGN_OR_RETURN(std::vector<absl::Duration> tcp,

@@ -5,7 +5,8 @@ and data directory); afterwards Prometheus' HTTP API must show every worker's
 step and GRAD byte counters rising and agreeing with the worker's own JSON
 summary, and the servers' completed rounds; every metric the Grafana
 dashboard (deploy/grafana/dashboards/cserps.json) queries must exist in that
-scrape, its shard-balance query must agree with the shards' counters, and deploy/prometheus/prometheus.yml must pass promtool. Run by ctest
+scrape, its shard-balance query must agree with the shards' counters, and
+deploy/prometheus/prometheus.yml must pass promtool. Run by ctest
 (integration_prometheus); exits 77 (skipped) when prometheus is not
 installed. Every process it starts is stopped; every wait is bounded.
 
