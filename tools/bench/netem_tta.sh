@@ -47,26 +47,26 @@ for arg in "$@"; do
 done
 
 # The methods' job overrides (docs/results/convergence*.md's settings).
-method_set() {
-  case "$1" in
-    ssgd) echo "algorithm.name=ssgd" ;;
-    m-cser-32) echo "algorithm.name=m-cser;algorithm.period=16;algorithm.ratio_c1=4;algorithm.ratio_c2=64" ;;
-    m-cser-256) echo "algorithm.name=m-cser;algorithm.period=32;algorithm.ratio_c1=16;algorithm.ratio_c2=512" ;;
-    m-cser-1024) echo "algorithm.name=m-cser;algorithm.period=128;algorithm.ratio_c1=16;algorithm.ratio_c2=2048" ;;
-    cser-32) echo "algorithm.name=cser;algorithm.period=16;algorithm.ratio_c1=4;algorithm.ratio_c2=64" ;;
-    cser-256) echo "algorithm.name=cser;algorithm.period=32;algorithm.ratio_c1=16;algorithm.ratio_c2=512" ;;
-    cser-1024) echo "algorithm.name=cser;algorithm.period=128;algorithm.ratio_c1=16;algorithm.ratio_c2=2048" ;;
-    local-sgd-32) echo "algorithm.name=local-sgd;algorithm.period=32" ;;
-    qsparse-256) echo "algorithm.name=qsparse-local-sgd;algorithm.period=16;algorithm.ratio=16" ;;
-    cocod-sgd) echo "algorithm.name=cocod-sgd;algorithm.period=5" ;;
-    gtopk-256) echo "algorithm.name=gtopk-ssgd;algorithm.density=0.00390625" ;;
-    *) echo "netem_tta.sh: unknown method $1 (known: ssgd, m-cser-32, m-cser-256, m-cser-1024, cser-32, cser-256, cser-1024, local-sgd-32, qsparse-256, cocod-sgd, gtopk-256)" >&2
-       return 2 ;;
-  esac
-}
-# Every name checked before anything starts: a run takes its overrides from
-# a command substitution, whose failure would not stop the script.
-for method in ${METHODS//,/ }; do method_set "$method" > /dev/null || exit 2; done
+declare -A METHOD_SET=(
+  [ssgd]="algorithm.name=ssgd"
+  [m-cser-32]="algorithm.name=m-cser;algorithm.period=16;algorithm.ratio_c1=4;algorithm.ratio_c2=64"
+  [m-cser-256]="algorithm.name=m-cser;algorithm.period=32;algorithm.ratio_c1=16;algorithm.ratio_c2=512"
+  [m-cser-1024]="algorithm.name=m-cser;algorithm.period=128;algorithm.ratio_c1=16;algorithm.ratio_c2=2048"
+  [cser-32]="algorithm.name=cser;algorithm.period=16;algorithm.ratio_c1=4;algorithm.ratio_c2=64"
+  [cser-256]="algorithm.name=cser;algorithm.period=32;algorithm.ratio_c1=16;algorithm.ratio_c2=512"
+  [cser-1024]="algorithm.name=cser;algorithm.period=128;algorithm.ratio_c1=16;algorithm.ratio_c2=2048"
+  [local-sgd-32]="algorithm.name=local-sgd;algorithm.period=32"
+  [qsparse-256]="algorithm.name=qsparse-local-sgd;algorithm.period=16;algorithm.ratio=16"
+  [cocod-sgd]="algorithm.name=cocod-sgd;algorithm.period=5"
+  [gtopk-256]="algorithm.name=gtopk-ssgd;algorithm.density=0.00390625"
+)
+# Every name checked before anything starts.
+for method in ${METHODS//,/ }; do
+  if [ -z "${METHOD_SET[$method]:-}" ]; then
+    echo "netem_tta.sh: unknown method $method (known: $(printf '%s\n' "${!METHOD_SET[@]}" | sort | paste -sd' '))" >&2
+    exit 2
+  fi
+done
 
 for program in ip tc "$BIN/cserps-server" "$BIN/cserps-worker"; do
   command -v "$program" > /dev/null || { echo "netem_tta.sh: $program not found" >&2; exit 2; }
@@ -182,7 +182,7 @@ for rate in ${RATES//,/ }; do
   for method in ${METHODS//,/ }; do
     dir="$OUT/$rate/$method"
     rm -rf "$dir"
-    run_method "$dir" "$(method_set "$method")"
+    run_method "$dir" "${METHOD_SET[$method]}"
     read -r reached accuracy seconds mb <<< "$(summarise "$dir")"
     [ "$method" = ssgd ] && ssgd_time=$reached
     speedup="-"

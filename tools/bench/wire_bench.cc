@@ -72,8 +72,9 @@ ABSL_FLAG(std::string, certs, "",
           "A directory made by tools/make_certs.sh: servers and members then use mutual TLS "
           "and the job's token, on either transport; the limits stay plaintext.");
 ABSL_FLAG(bool, grad, false,
-          "Rounds of the GRAD stream, as S-SGD's (the shard applies x -= lr * mean), instead "
-          "of MODEL (x = mean).");
+          "Dense rounds of the GRAD stream, as S-SGD's (the shard applies x -= lr * mean), "
+          "instead of MODEL (x = mean); the GRBS rounds stay on MODEL, the only stream the "
+          "bench's job (cser-pl) takes them on.");
 ABSL_FLAG(int64_t, chunk_bytes, 0, "cluster.chunk_bytes; 0: the default.");
 ABSL_FLAG(int64_t, max_message_bytes, 0,
           "cluster.max_message_bytes (the chunk size follows it); 0: the default.");
@@ -83,14 +84,13 @@ namespace {
 
 constexpr int kWarmupRounds = 3;
 
-v1::Stream RoundStream() { return absl::GetFlag(FLAGS_grad) ? v1::GRAD : v1::MODEL; }
-float RoundLr() { return absl::GetFlag(FLAGS_grad) ? 1e-3f : 0.0f; }
-
 struct Case {
   int shards = 1;
   int members = 1;
   uint64_t bytes = 0;  // the model's, d x 4
   uint32_t ratio = 1;  // 1: dense
+  v1::Stream stream = v1::MODEL;  // dense rounds: GRAD with --grad
+  float lr = 0.0f;
 };
 
 std::string Bytes(uint64_t b) {
@@ -177,9 +177,8 @@ absl::Status RunRounds(std::vector<Member>& members, const Case& c, uint64_t fir
       Member& member = members[m];
       for (int r = 0; r < count && status[m].ok(); ++r) {
         const absl::Time start = absl::Now();
-        status[m] = member.client->AverageBlocks(RoundStream(), first + r, c.ratio,
-                                                 member.values, 1.0f, RoundLr(),
-                                                 absl::MakeSpan(member.mean));
+        status[m] = member.client->AverageBlocks(c.stream, first + r, c.ratio, member.values,
+                                                 1.0f, c.lr, absl::MakeSpan(member.mean));
         per[m].push_back(absl::Now() - start);
       }
     });
@@ -235,11 +234,11 @@ absl::StatusOr<Measured> MeasureCserps(const Case& c, const std::string& server,
   result.count = std::clamp(static_cast<int>(absl::GetFlag(FLAGS_seconds) / per_round), 5,
                             absl::GetFlag(FLAGS_max_rounds));
   const int slices = std::clamp(absl::GetFlag(FLAGS_slices), 1, result.count);
-  const TrafficCounts before = members[0].client->traffic(RoundStream());
+  const TrafficCounts before = members[0].client->traffic(c.stream);
   uint64_t done = 0;
   for (int slice = 0; slice < slices; ++slice) {
     const int count = result.count / slices + (slice < result.count % slices ? 1 : 0);
-    const TrafficCounts slice_before = members[0].client->traffic(RoundStream());
+    const TrafficCounts slice_before = members[0].client->traffic(c.stream);
     const double server_before = servers->CpuSeconds();
     const double client_before = SelfCpuSeconds();
     RETURN_IF_ERROR(RunRounds(members, c, kWarmupRounds + done, count, &result.rounds));
@@ -248,7 +247,7 @@ absl::StatusOr<Measured> MeasureCserps(const Case& c, const std::string& server,
     done += count;
     // A round's reply carries as many floats as its request.
     const size_t payload = 4 *
-                           (members[0].client->traffic(RoundStream()).request_floats -
+                           (members[0].client->traffic(c.stream).request_floats -
                             slice_before.request_floats) /
                            count;
     // As many rounds as cserps': a small payload's limit over a few rounds
@@ -260,7 +259,7 @@ absl::StatusOr<Measured> MeasureCserps(const Case& c, const std::string& server,
     limits->tcp.insert(limits->tcp.end(), tcp.begin(), tcp.end());
     limits->grpc.insert(limits->grpc.end(), grpc.begin(), grpc.end());
   }
-  const TrafficCounts after = members[0].client->traffic(RoundStream());
+  const TrafficCounts after = members[0].client->traffic(c.stream);
   // Every byte each shard received and sent during the case (its servers'
   // cserps_server_bytes_in_total and _out_total).
   double most = 0, total = 0;
@@ -348,12 +347,14 @@ absl::Status Run() {
   std::printf("%-3s %8s %-7s %8s %8s %8s %8s %7s %7s %7s %7s %8s %8s %6s %6s %8s %6s\n", "SxM",
               "model", "ratio", "p50 ms", "p99 ms", "GB/s/m", "GB/s", "srv s/G", "cli s/G",
               "wire", "shards", "tcp GB/s", "grpc", "x tcp", "x grpc", "mcpy", "x mcpy");
+  const bool grad = absl::GetFlag(FLAGS_grad);
+  const v1::Stream stream = grad ? v1::GRAD : v1::MODEL;
+  const float lr = grad ? 1e-3f : 0.0f;
+  const uint64_t grbs_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_grbs_bytes));
   for (const auto& [s, m] : layouts) {
-    for (uint64_t bytes : sizes) RETURN_IF_ERROR(RunCase({s, m, bytes, 1}, server));
+    for (uint64_t bytes : sizes) RETURN_IF_ERROR(RunCase({s, m, bytes, 1, stream, lr}, server));
     for (uint64_t r : ratios) {
-      RETURN_IF_ERROR(RunCase(
-          {s, m, static_cast<uint64_t>(absl::GetFlag(FLAGS_grbs_bytes)), static_cast<uint32_t>(r)},
-          server));
+      RETURN_IF_ERROR(RunCase({s, m, grbs_bytes, static_cast<uint32_t>(r)}, server));
     }
   }
   return absl::OkStatus();
