@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <utility>
 
@@ -70,54 +71,68 @@ absl::StatusOr<SparseVector> ParseSparsePush(absl::string_view indices,
 
 SparseVector AggregateSparse(absl::Span<const SparseVector> pushes,
                               SparseSelection selection, uint64_t k) {
-  // (index, rank, position): sorting groups an index's contributions in rank
-  // order, so the double sum does not depend on the order pushes arrived in.
-  struct Item {
+  // Each push is ascending, so a merge of their heads, by (index, rank),
+  // meets an index's contributions in rank order: the double sum does not
+  // depend on the order pushes arrived in. O(N log P) for N entries of P
+  // members.
+  struct Head {
     uint32_t index;
     uint32_t rank;
-    float value;
   };
-  std::vector<Item> items;
+  auto later = [](const Head& a, const Head& b) {
+    return a.index != b.index ? a.index > b.index : a.rank > b.rank;
+  };
+  std::vector<Head> heads;
+  std::vector<size_t> next(pushes.size(), 0);
   size_t total = 0;
-  for (const SparseVector& p : pushes) total += p.indices.size();
-  items.reserve(total);
   for (uint32_t r = 0; r < pushes.size(); ++r) {
-    for (size_t i = 0; i < pushes[r].indices.size(); ++i) {
-      items.push_back({pushes[r].indices[i], r, pushes[r].values[i]});
-    }
+    total += pushes[r].indices.size();
+    if (!pushes[r].indices.empty()) heads.push_back({pushes[r].indices[0], r});
   }
-  std::sort(items.begin(), items.end(), [](const Item& a, const Item& b) {
-    return a.index != b.index ? a.index < b.index : a.rank < b.rank;
-  });
+  std::make_heap(heads.begin(), heads.end(), later);
   SparseVector sum;
-  for (size_t i = 0; i < items.size();) {
-    double acc = 0.0;
-    size_t j = i;
-    for (; j < items.size() && items[j].index == items[i].index; ++j) {
-      acc += static_cast<double>(items[j].value);
+  sum.indices.reserve(total);
+  sum.values.reserve(total);
+  double acc = 0.0;
+  while (!heads.empty()) {
+    std::pop_heap(heads.begin(), heads.end(), later);
+    Head& head = heads.back();
+    const SparseVector& push = pushes[head.rank];
+    if (sum.indices.empty() || sum.indices.back() != head.index) {
+      if (!sum.indices.empty()) sum.values.push_back(static_cast<float>(acc));
+      sum.indices.push_back(head.index);
+      acc = 0.0;
     }
-    sum.indices.push_back(items[i].index);
-    sum.values.push_back(static_cast<float>(acc));
-    i = j;
+    acc += static_cast<double>(push.values[next[head.rank]]);
+    if (++next[head.rank] < push.indices.size()) {
+      head.index = push.indices[next[head.rank]];
+      std::push_heap(heads.begin(), heads.end(), later);
+    } else {
+      heads.pop_back();
+    }
   }
+  if (!sum.indices.empty()) sum.values.push_back(static_cast<float>(acc));
   if (selection == SparseSelection::kUnion || sum.indices.size() <= k) return sum;
 
-  std::vector<uint32_t> order(sum.indices.size());
-  for (uint32_t i = 0; i < order.size(); ++i) order[i] = i;
-  // Positions are ascending by index, so the lower position is the lower index.
-  auto larger = [&](uint32_t a, uint32_t b) {
-    const float ma = Magnitude(sum.values[a]), mb = Magnitude(sum.values[b]);
-    return ma != mb ? ma > mb : a < b;
-  };
-  std::nth_element(order.begin(), order.begin() + k, order.end(), larger);
-  order.resize(k);
-  std::sort(order.begin(), order.end());
+  // The k entries first by (magnitude descending, index ascending): every
+  // one above the k-th largest magnitude t, then those equal to t from the
+  // lowest index on. O(U).
+  std::vector<float> magnitudes(sum.values.size());
+  for (size_t i = 0; i < magnitudes.size(); ++i) magnitudes[i] = Magnitude(sum.values[i]);
+  std::vector<float> ranked = magnitudes;
+  std::nth_element(ranked.begin(), ranked.begin() + (k - 1), ranked.end(), std::greater<>());
+  const float t = ranked[k - 1];
+  uint64_t at_t = k;  // the entries equal to t that are kept
+  for (float m : magnitudes) at_t -= m > t ? 1 : 0;
   SparseVector kept;
   kept.indices.reserve(k);
   kept.values.reserve(k);
-  for (uint32_t i : order) {
-    kept.indices.push_back(sum.indices[i]);
-    kept.values.push_back(sum.values[i]);
+  for (size_t i = 0; i < magnitudes.size(); ++i) {
+    if (magnitudes[i] > t || (magnitudes[i] == t && at_t > 0)) {
+      if (magnitudes[i] == t) --at_t;
+      kept.indices.push_back(sum.indices[i]);
+      kept.values.push_back(sum.values[i]);
+    }
   }
   return kept;
 }

@@ -41,8 +41,8 @@ absl::StatusOr<SparseVector> ParseSparsePush(absl::string_view indices,
 // rank order, rounded to float32 once. kUnion keeps every index; kGlobalTopK
 // the `k` entries of largest |float32 sum| (a NaN counts as infinite),
 // ties broken by the lower index, all of them when the union has
-// at most `k`. The result is ascending by index. O(U log U) for U entries
-// pushed in all.
+// at most `k`. The result is ascending by index. O(N log P + U) for N
+// entries pushed by P members, U of them distinct.
 SparseVector AggregateSparse(absl::Span<const SparseVector> pushes,
                               SparseSelection selection, uint64_t k);
 

@@ -16,7 +16,9 @@
 // client CPU seconds per GB moved (servers: /proc of their processes;
 // client: this process), the bytes PsClient sent and received against the payload
 // (selected floats x 4), the balance of the shards' bytes (max over mean),
-// and the limits' GB/s with cserps' share of them. Built a second time as
+// and the limits' GB/s with cserps' share of them. The gTop-k cases time
+// gtopk-ssgd's sparse exchange (PsClient::ExchangeSparse: each member's k
+// entries of index and value, the shard's k back). Built a second time as
 // cserps-bench-scale, whose defaults are many members against 1 to 8 shards.
 #include <sys/resource.h>
 #include <unistd.h>
@@ -25,7 +27,10 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <memory>
+#include <numeric>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -37,6 +42,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "common/algorithm_catalog.h"
 #include "common/config_load.h"
 #include "common/lock_order_checks.h"
 #include "common/status.h"
@@ -59,7 +65,10 @@ ABSL_FLAG(std::string, layouts, "1x1,2x2,4x4", "Shards x members.");
 ABSL_FLAG(std::string, grbs_ratios, "32,256,1024",
           "GRBS ratios R of the sparse cases (1/R of the blocks per round).");
 #endif
-ABSL_FLAG(int64_t, grbs_bytes, 4 << 20, "Model size of the GRBS cases, in bytes.");
+ABSL_FLAG(std::string, topk_ratios, "",
+          "Densities 1/K of the gTop-k cases (gtopk-ssgd's sparse exchange); none by "
+          "default.");
+ABSL_FLAG(int64_t, grbs_bytes, 4 << 20, "Model size of the GRBS and gTop-k cases, in bytes.");
 ABSL_FLAG(int, block_size, 1024, "algorithm.block_size (floats).");
 ABSL_FLAG(double, seconds, 2.0, "Measured time per case, about (5 rounds at least).");
 ABSL_FLAG(int, max_rounds, 200, "Measured rounds per case at most.");
@@ -88,9 +97,10 @@ struct Case {
   int shards = 1;
   int members = 1;
   uint64_t bytes = 0;  // the model's, d x 4
-  uint32_t ratio = 1;  // 1: dense
+  uint32_t ratio = 1;  // 1: dense; with gtopk the density's 1/ratio
   v1::Stream stream = v1::MODEL;  // dense rounds: GRAD with --grad
   float lr = 0.0f;
+  bool gtopk = false;  // gtopk-ssgd's sparse exchange
 };
 
 std::string Bytes(uint64_t b) {
@@ -142,9 +152,11 @@ std::string JobText(const Case& c, int block_size) {
                       "data { batch_size: 1 }\nepochs: 1\noptimizer { lr: 0.1 }\n",
                       // An algorithm whose rounds are the case's: every one
                       // may average the whole model (its final average).
-                      c.ratio == 1 ? "algorithm { name: \"ssgd\""
-                                   : absl::StrCat("algorithm { name: \"cser-pl\" period: 1 "
-                                                  "ratio_c1: ", c.ratio),
+                      c.gtopk        ? absl::StrCat("algorithm { name: \"gtopk-ssgd\" "
+                                                    "density: ", 1.0 / c.ratio)
+                      : c.ratio == 1 ? "algorithm { name: \"ssgd\""
+                                     : absl::StrCat("algorithm { name: \"cser-pl\" period: 1 "
+                                                    "ratio_c1: ", c.ratio),
                       " block_size: ", block_size, " }\n", "security {",
                       SecurityFiles("server").ShortDebugString(), "}\n");
 }
@@ -159,12 +171,33 @@ struct Measured {
   double balance = 0;                  // max / mean of the shards' bytes
 };
 
-// A member's client, model and mean; the buffers live as long as the case,
-// so that no slice's client CPU counts the page faults of making them.
+// A member's client, model and mean (gTop-k: its entries and the round's);
+// the buffers live as long as the case, so that no slice's client CPU counts
+// the page faults of making them.
 struct Member {
   std::unique_ptr<PsClient> client;
   std::vector<float> values, mean;
+  SparseVector local, global;
 };
+
+// Member `m`'s gTop-k entries: each shard's k_s indices, drawn at random
+// from the shard's floats (members' draws overlap as chance has it), with
+// values that make the shard's choice depend on every member.
+SparseVector LocalEntries(const BlockLayout& layout, const v1::AlgorithmConfig& algorithm,
+                          int m) {
+  const uint64_t d = layout.num_params();
+  const uint64_t k = SparseK(algorithm, d);
+  std::mt19937_64 prng(1000 + m);
+  SparseVector local;
+  for (uint32_t s = 0; s < layout.num_shards(); ++s) {
+    std::vector<uint32_t> all(layout.ShardSize(s));
+    std::iota(all.begin(), all.end(), static_cast<uint32_t>(layout.ShardFirstFloat(s)));
+    std::sample(all.begin(), all.end(), std::back_inserter(local.indices),
+                ShardSparseK(k, layout.ShardSize(s), d), prng);
+  }
+  for (uint32_t index : local.indices) local.values.push_back(0.5f + (index * 7919u + m) % 1000);
+  return local;
+}
 
 // Every member's rounds [first, first + count) on its own thread.
 absl::Status RunRounds(std::vector<Member>& members, const Case& c, uint64_t first, int count,
@@ -177,8 +210,11 @@ absl::Status RunRounds(std::vector<Member>& members, const Case& c, uint64_t fir
       Member& member = members[m];
       for (int r = 0; r < count && status[m].ok(); ++r) {
         const absl::Time start = absl::Now();
-        status[m] = member.client->AverageBlocks(c.stream, first + r, c.ratio, member.values,
-                                                 1.0f, c.lr, absl::MakeSpan(member.mean));
+        status[m] = c.gtopk ? member.client->ExchangeSparse(first + r, member.local,
+                                                            &member.global)
+                            : member.client->AverageBlocks(c.stream, first + r, c.ratio,
+                                                           member.values, 1.0f, c.lr,
+                                                           absl::MakeSpan(member.mean));
         per[m].push_back(absl::Now() - start);
       }
     });
@@ -225,8 +261,21 @@ absl::StatusOr<Measured> MeasureCserps(const Case& c, const std::string& server,
   for (int m = 0; m < c.members; ++m) {
     ASSIGN_OR_RETURN(std::unique_ptr<PsClient> client, PsClient::Connect(config, d));
     RETURN_IF_ERROR(client->Register(m, absl::StrCat("bench-", m)).status());
-    members.push_back({std::move(client), std::vector<float>(d, 1.0f + m), std::vector<float>(d)});
+    Member member;
+    member.client = std::move(client);
+    if (c.gtopk) {
+      member.local = LocalEntries(member.client->layout(), config.algorithm(), m);
+    } else {
+      member.values.assign(d, 1.0f + m);
+      member.mean.assign(d, 0.0f);
+    }
+    members.push_back(std::move(member));
   }
+  // What a round moved: gTop-k's entries are an index and a value each.
+  auto traffic = [&c](const PsClient& client) {
+    return c.gtopk ? client.sparse_traffic() : client.traffic(c.stream);
+  };
+  const int entry_bytes = c.gtopk ? 8 : 4;
   const absl::Time warm = absl::Now();
   RETURN_IF_ERROR(RunRounds(members, c, 0, kWarmupRounds, nullptr));
   const double per_round = Seconds(absl::Now() - warm) / kWarmupRounds;
@@ -234,20 +283,20 @@ absl::StatusOr<Measured> MeasureCserps(const Case& c, const std::string& server,
   result.count = std::clamp(static_cast<int>(absl::GetFlag(FLAGS_seconds) / per_round), 5,
                             absl::GetFlag(FLAGS_max_rounds));
   const int slices = std::clamp(absl::GetFlag(FLAGS_slices), 1, result.count);
-  const TrafficCounts before = members[0].client->traffic(c.stream);
+  const TrafficCounts before = traffic(*members[0].client);
   uint64_t done = 0;
   for (int slice = 0; slice < slices; ++slice) {
     const int count = result.count / slices + (slice < result.count % slices ? 1 : 0);
-    const TrafficCounts slice_before = members[0].client->traffic(c.stream);
+    const TrafficCounts slice_before = traffic(*members[0].client);
     const double server_before = servers->CpuSeconds();
     const double client_before = SelfCpuSeconds();
     RETURN_IF_ERROR(RunRounds(members, c, kWarmupRounds + done, count, &result.rounds));
     result.server_cpu += servers->CpuSeconds() - server_before;
     result.client_cpu += SelfCpuSeconds() - client_before;
     done += count;
-    // A round's reply carries as many floats as its request.
-    const size_t payload = 4 *
-                           (members[0].client->traffic(c.stream).request_floats -
+    // A round's reply carries as many floats (entries) as its request.
+    const size_t payload = entry_bytes *
+                           (traffic(*members[0].client).request_floats -
                             slice_before.request_floats) /
                            count;
     // As many rounds as cserps': a small payload's limit over a few rounds
@@ -259,7 +308,7 @@ absl::StatusOr<Measured> MeasureCserps(const Case& c, const std::string& server,
     limits->tcp.insert(limits->tcp.end(), tcp.begin(), tcp.end());
     limits->grpc.insert(limits->grpc.end(), grpc.begin(), grpc.end());
   }
-  const TrafficCounts after = members[0].client->traffic(c.stream);
+  const TrafficCounts after = traffic(*members[0].client);
   // Every byte each shard received and sent during the case (its servers'
   // cserps_server_bytes_in_total and _out_total).
   double most = 0, total = 0;
@@ -270,9 +319,8 @@ absl::StatusOr<Measured> MeasureCserps(const Case& c, const std::string& server,
     total += bytes;
   }
   result.balance = total > 0 ? most / (total / c.shards) : 0;
-  // A round's reply carries as many floats as its request.
   result.selected_bytes =
-      2.0 * 4 * (after.request_floats - before.request_floats) / result.count;
+      2.0 * entry_bytes * (after.request_floats - before.request_floats) / result.count;
   result.wire_bytes = static_cast<double>(after.request_bytes - before.request_bytes +
                                           after.reply_bytes - before.reply_bytes) /
                       result.count;
@@ -291,9 +339,9 @@ absl::Status RunCase(const Case& c, const std::string& server) {
   const size_t payload = static_cast<size_t>(m.selected_bytes / 2);
   const double memcpy_rate = payload / Seconds(MemcpyTime(payload, 10)) / 1e9;
   std::printf(
-      "%dx%d %8s R=%-5u %8.3f %8.3f %8.3f %8.3f %7.3f %7.3f %7.4f %7.3f %8.3f %8.3f %6.2f %6.2f "
+      "%dx%d %8s %c=%-5u %8.3f %8.3f %8.3f %8.3f %7.3f %7.3f %7.4f %7.3f %8.3f %8.3f %6.2f %6.2f "
       "%8.3f %6.3f\n",
-      c.shards, c.members, Bytes(c.bytes).c_str(), c.ratio, 1e3 * p50,
+      c.shards, c.members, Bytes(c.bytes).c_str(), c.gtopk ? 'K' : 'R', c.ratio, 1e3 * p50,
       1e3 * Percentile(m.rounds, 0.99), per_member, per_member * c.members,
       m.server_cpu / moved_gb, m.client_cpu / moved_gb, m.wire_bytes / m.selected_bytes,
       m.balance, tcp_rate, grpc_rate, per_member / tcp_rate, per_member / grpc_rate, memcpy_rate,
@@ -324,6 +372,8 @@ absl::Status Run() {
   ASSIGN_OR_RETURN(const std::vector<uint64_t> sizes, Numbers("sizes", absl::GetFlag(FLAGS_sizes)));
   ASSIGN_OR_RETURN(const std::vector<uint64_t> ratios,
                    Numbers("grbs_ratios", absl::GetFlag(FLAGS_grbs_ratios)));
+  ASSIGN_OR_RETURN(const std::vector<uint64_t> topk_ratios,
+                   Numbers("topk_ratios", absl::GetFlag(FLAGS_topk_ratios)));
   std::vector<std::pair<int, int>> layouts;
   for (absl::string_view piece :
        absl::StrSplit(absl::GetFlag(FLAGS_layouts), ',', absl::SkipEmpty())) {
@@ -340,6 +390,7 @@ absl::Status Run() {
   if (const std::string dir = absl::GetFlag(FLAGS_certs); !dir.empty()) {
     std::printf("cserps rounds: mutual TLS and the job's token (%s)\n", dir.c_str());
   }
+  std::printf("R: GRBS ratio (1: dense); K: gTop-k at density 1/K, 8 bytes an entry\n");
   std::printf("GB/s: 2 x selected payload per round (push and pull); CPU in s per GB moved "
               "(all members); wire: serialised bytes / payload bytes; shards: max / mean of "
               "the shards' bytes; x tcp, x grpc, x mcpy: cserps' GB/s per member over the "
@@ -355,6 +406,12 @@ absl::Status Run() {
     for (uint64_t bytes : sizes) RETURN_IF_ERROR(RunCase({s, m, bytes, 1, stream, lr}, server));
     for (uint64_t r : ratios) {
       RETURN_IF_ERROR(RunCase({s, m, grbs_bytes, static_cast<uint32_t>(r)}, server));
+    }
+    for (uint64_t r : topk_ratios) {
+      RETURN_IF_ERROR(RunCase(
+          {.shards = s, .members = m, .bytes = grbs_bytes, .ratio = static_cast<uint32_t>(r),
+           .gtopk = true},
+          server));
     }
   }
   return absl::OkStatus();
