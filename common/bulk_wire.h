@@ -1,7 +1,8 @@
-// The bulk transport's frames (docs/protocol.md 17): PushPull rounds over a
-// plain TCP connection per shard, the payload's floats written and read in
-// place, next to gRPC, which keeps every other call. Fixed little-endian
-// headers; the payload is the float32 bytes of docs/protocol.md 3.
+// The bulk transport's frames (docs/protocol.md 17): PushPull and
+// SparsePushPull rounds over a plain TCP connection per shard, the payload
+// written and read in place, next to gRPC, which keeps every other call.
+// Fixed little-endian headers; the payload is the float32 bytes of
+// docs/protocol.md 3 (a sparse one: its uint32 indices, then its values).
 //
 //   client -> server  Hello once (with the job's token, if it has one),
 //                     then Requests;
@@ -22,8 +23,9 @@ static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
 // "CSB1": the first four bytes of a connection.
 inline constexpr uint32_t kMagic = 0x31425343;
 inline constexpr uint32_t kVersion = 1;
-// Request kinds.
+// Request kinds, the first u32 of every request.
 inline constexpr uint32_t kPushPull = 1;
+inline constexpr uint32_t kSparsePushPull = 2;
 // Longest error message a reply carries; longer ones are cut.
 inline constexpr uint32_t kMaxMessageBytes = 4096;
 // Longest token a hello may carry.
@@ -53,9 +55,21 @@ struct Request {
   float lr = 0;
 };
 
-// The answer to a Hello (request_id 0) or a Request: a status code (gRPC's
-// numbering), then `message_bytes` of its message (code != 0) or `count`
-// floats of the mean (code 0).
+// One SparsePushPull (docs/protocol.md 14): `count` entries follow, their
+// uint32 indices, then their float32 values. As long as a Request.
+struct SparseRequest {
+  static constexpr size_t kBytes = 48;
+  uint32_t kind = kSparsePushPull;
+  uint32_t count = 0;
+  uint64_t request_id = 0;
+  uint64_t step = 0;
+  uint32_t k = 0;  // the shard's k_s
+};
+
+// The answer to a Hello (request_id 0) or a request: a status code (gRPC's
+// numbering), then `message_bytes` of its message (code != 0), or `count`
+// floats of the mean (code 0; a SparsePushPull's: `count` entries, indices
+// then values).
 struct Reply {
   static constexpr size_t kBytes = 24;
   uint32_t code = 0;
@@ -111,6 +125,21 @@ inline Request DecodeRequest(const char* in) {
   return {Get<uint32_t>(in, 0), Get<uint32_t>(in, 4),  Get<uint64_t>(in, 8),
           Get<uint64_t>(in, 16), Get<uint32_t>(in, 24), Get<uint32_t>(in, 28),
           Get<uint32_t>(in, 32), Get<float>(in, 36),    Get<float>(in, 40)};
+}
+
+inline void Encode(const SparseRequest& r, char* out) {
+  using internal::Put;
+  std::memset(out, 0, SparseRequest::kBytes);
+  Put(out, 0, r.kind);
+  Put(out, 4, r.count);
+  Put(out, 8, r.request_id);
+  Put(out, 16, r.step);
+  Put(out, 24, r.k);
+}
+inline SparseRequest DecodeSparseRequest(const char* in) {
+  using internal::Get;
+  return {Get<uint32_t>(in, 0), Get<uint32_t>(in, 4), Get<uint64_t>(in, 8),
+          Get<uint64_t>(in, 16), Get<uint32_t>(in, 24)};
 }
 
 inline void Encode(const Reply& r, char* out) {

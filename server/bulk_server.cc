@@ -32,10 +32,11 @@ constexpr size_t kDirectReplyBytes = 256 << 10;
 class BulkServer::Connection : public std::enable_shared_from_this<Connection> {
  public:
   Connection(std::unique_ptr<ByteStream> stream, ShardContext* shard,
-             ParameterServerService* service)
+             ParameterServerService* service, SparseExchangeService* sparse)
       : stream_(std::move(stream)),
         shard_(*shard),
         service_(*service),
+        sparse_(*sparse),
         chunk_floats_(shard->chunk_floats()),
         reply_timeout_(absl::Seconds(shard->config().cluster().round_timeout_s())) {}
 
@@ -73,7 +74,8 @@ class BulkServer::Connection : public std::enable_shared_from_this<Connection> {
   struct Outgoing {
     bulk::Reply head;
     std::string message;
-    RoundMean mean;  // code 0
+    RoundMean mean;           // code 0, a PushPull's
+    SparseRoundReply sparse;  // code 0, a SparsePushPull's
     int stream = 0;
     size_t sent = 0;  // bytes of the frame already written
   };
@@ -120,9 +122,14 @@ class BulkServer::Connection : public std::enable_shared_from_this<Connection> {
       RETURN_IF_ERROR(stream_->RecvAll(head_bytes, sizeof(head_bytes), absl::InfiniteFuture(),
                                        "bulk request"));
       const bulk::Request request = bulk::DecodeRequest(head_bytes);
+      if (request.kind == bulk::kSparsePushPull) {
+        RETURN_IF_ERROR(ServeSparse(hello, bulk::DecodeSparseRequest(head_bytes)));
+        continue;
+      }
       if (request.kind != bulk::kPushPull) {
-        return Fatal(absl::InvalidArgumentError(
-            absl::StrCat("unknown bulk request kind ", request.kind, " (known: 1, PushPull)")));
+        return Fatal(absl::InvalidArgumentError(absl::StrCat(
+            "unknown bulk request kind ", request.kind,
+            " (known: 1, PushPull; 2, SparsePushPull)")));
       }
       if (request.count > chunk_floats_) {
         return Fatal(absl::InvalidArgumentError(absl::StrCat(
@@ -155,6 +162,44 @@ class BulkServer::Connection : public std::enable_shared_from_this<Connection> {
       JoinRound(head, request.request_id, absl::MakeConstSpan(buffer.get(), request.count),
                 bytes, arrived, buffer);
     }
+  }
+
+  // Reads a SparsePushPull's entries and hands them to the sparse exchange,
+  // whose reply (or refusal) is queued. An error ends the connection.
+  absl::Status ServeSparse(const bulk::Hello& hello, const bulk::SparseRequest& request) {
+    // As many entries as a gRPC message may carry (docs/protocol.md 14.3).
+    if (request.count > chunk_floats_ / 2) {
+      return Fatal(absl::InvalidArgumentError(absl::StrCat(
+          "bulk request ", request.request_id, " carries ", request.count,
+          " sparse entries; a request holds at most ", chunk_floats_ / 2)));
+    }
+    SparseVector entries;
+    entries.indices.resize(request.count);
+    entries.values.resize(request.count);
+    iovec iov[2] = {{entries.indices.data(), request.count * sizeof(uint32_t)},
+                    {entries.values.data(), request.count * sizeof(float)}};
+    RETURN_IF_ERROR(stream_->RecvAll(absl::MakeSpan(iov), absl::Now() + reply_timeout_,
+                                     "bulk request entries"));
+    const uint64_t bytes =
+        bulk::SparseRequest::kBytes + uint64_t{request.count} * (sizeof(uint32_t) + sizeof(float));
+    std::weak_ptr<Connection> weak = weak_from_this();
+    sparse_.Push({hello.fingerprint, hello.rank, request.step, request.k}, std::move(entries),
+                 bytes, bulk::Reply::kBytes,
+                 [weak, request_id = request.request_id](absl::StatusOr<SparseRoundReply> reply) {
+                   std::shared_ptr<Connection> self = weak.lock();
+                   if (self == nullptr) return;
+                   if (!reply.ok()) {
+                     self->Enqueue(Failure(request_id, reply.status()));
+                     return;
+                   }
+                   Outgoing out;
+                   out.head.request_id = request_id;
+                   out.head.count =
+                       static_cast<uint32_t>((*reply)->indices.size() / sizeof(uint32_t));
+                   out.sparse = *std::move(reply);
+                   self->Enqueue(std::move(out));
+                 });
+    return absl::OkStatus();
   }
 
   // The token that follows `hello`, read within `deadline`; a token too long
@@ -194,7 +239,7 @@ class BulkServer::Connection : public std::enable_shared_from_this<Connection> {
         "{ ca_cert cert key } of the job");
     Outgoing out = Failure(0, refusal);
     char head[bulk::Reply::kBytes];
-    iovec iov[3];
+    iovec iov[4];
     SendAll(stream_->fd(), Unsent(out, head, iov), deadline, "bulk refusal")
         .IgnoreError();  // the connection ends either way
     return refusal;
@@ -239,20 +284,26 @@ class BulkServer::Connection : public std::enable_shared_from_this<Connection> {
   }
 
   // The frame's bytes not yet sent, as iovecs into `iov`.
-  static absl::Span<iovec> Unsent(Outgoing& out, char* head, iovec (&iov)[3]) {
+  static absl::Span<iovec> Unsent(Outgoing& out, char* head, iovec (&iov)[4]) {
     bulk::Encode(out.head, head);
     iov[0] = {head, bulk::Reply::kBytes};
     iov[1] = {out.message.data(), out.message.size()};
     iov[2] = {nullptr, 0};
+    iov[3] = {nullptr, 0};
     if (out.mean != nullptr) {
       iov[2] = {const_cast<float*>(out.mean->data()), out.mean->size() * sizeof(float)};
+    }
+    if (out.sparse != nullptr) {
+      iov[2] = {const_cast<char*>(out.sparse->indices.data()), out.sparse->indices.size()};
+      iov[3] = {const_cast<char*>(out.sparse->values.data()), out.sparse->values.size()};
     }
     return SkipBytes(absl::MakeSpan(iov), out.sent);
   }
 
   static size_t FrameBytes(const Outgoing& out) {
     return bulk::Reply::kBytes + out.message.size() +
-           (out.mean != nullptr ? out.mean->size() * sizeof(float) : 0);
+           (out.mean != nullptr ? out.mean->size() * sizeof(float) : 0) +
+           (out.sparse != nullptr ? out.sparse->indices.size() + out.sparse->values.size() : 0);
   }
 
   // The connection's refusal, after which nothing more is sent.
@@ -281,7 +332,7 @@ class BulkServer::Connection : public std::enable_shared_from_this<Connection> {
       writing_ = true;
     }
     char head[bulk::Reply::kBytes];
-    iovec iov[3];
+    iovec iov[4];
     absl::StatusOr<size_t> sent = stream_->SendSome(Unsent(out, head, iov), "bulk reply");
     if (sent.ok()) out.sent += *sent;
     const bool whole = sent.ok() && out.sent == FrameBytes(out);
@@ -307,7 +358,7 @@ class BulkServer::Connection : public std::enable_shared_from_this<Connection> {
         writing_ = true;
       }
       char head[bulk::Reply::kBytes];
-      iovec iov[3];
+      iovec iov[4];
       // A member that reads nothing for a round's timeout is dropped.
       absl::Status sent = stream_->SendAll(Unsent(out, head, iov),
                                            absl::Now() + reply_timeout_, "bulk reply");
@@ -332,6 +383,7 @@ class BulkServer::Connection : public std::enable_shared_from_this<Connection> {
   const std::unique_ptr<ByteStream> stream_;
   ShardContext& shard_;
   ParameterServerService& service_;
+  SparseExchangeService& sparse_;
   const uint64_t chunk_floats_;
   const absl::Duration reply_timeout_;
   mutable absl::Mutex mu_;
@@ -346,6 +398,7 @@ class BulkServer::Connection : public std::enable_shared_from_this<Connection> {
 
 absl::StatusOr<std::unique_ptr<BulkServer>> BulkServer::Start(ShardContext* shard,
                                                               ParameterServerService* service,
+                                                              SparseExchangeService* sparse,
                                                               const std::string& host,
                                                               int port) {
   std::shared_ptr<TlsContext> tls;
@@ -360,15 +413,17 @@ absl::StatusOr<std::unique_ptr<BulkServer>> BulkServer::Start(ShardContext* shar
         absl::StrCat("bulk transport: ", listener.status().message()));
   }
   std::unique_ptr<BulkServer> server(
-      new BulkServer(shard, service, std::move(tls), *std::move(listener), bound));
+      new BulkServer(shard, service, sparse, std::move(tls), *std::move(listener), bound));
   server->acceptor_ = std::thread([s = server.get()] { s->AcceptLoop(); });
   return server;
 }
 
 BulkServer::BulkServer(ShardContext* shard, ParameterServerService* service,
-                       std::shared_ptr<TlsContext> tls, Socket listener, int port)
+                       SparseExchangeService* sparse, std::shared_ptr<TlsContext> tls,
+                       Socket listener, int port)
     : shard_(*shard),
       service_(*service),
+      sparse_(*sparse),
       tls_(std::move(tls)),
       listener_(std::move(listener)),
       port_(port),
@@ -412,7 +467,7 @@ void BulkServer::AcceptLoop() {
       }
       stream = *std::move(secured);
     }
-    auto connection = std::make_shared<Connection>(std::move(stream), &shard_, &service_);
+    auto connection = std::make_shared<Connection>(std::move(stream), &shard_, &service_, &sparse_);
     connection->Start(std::move(refusal));
     connections_.push_back(std::move(connection));
   }

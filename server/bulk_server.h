@@ -1,8 +1,9 @@
-// The bulk transport of one shard (docs/protocol.md 17): PushPull rounds
-// over TCP, with TLS when the job has it, next to the gRPC service, into the same RoundTable, so a
-// round may mix members of both. A connection's floats are read into one
-// buffer it keeps and added to the round from there; each reply is written
-// from the round's mean, which every member's reply shares.
+// The bulk transport of one shard (docs/protocol.md 17): PushPull and
+// SparsePushPull rounds over TCP, with TLS when the job has it, next to the
+// gRPC services, into the same rounds, so a round may mix members of both.
+// A request's payload is read into a buffer of its own and added to the
+// round from there; each reply is written from the round's mean (or sparse
+// reply), which every member's reply shares.
 //
 // Threads: an acceptor, and per connection a reader (requests, into the
 // rounds) and a writer (replies, in the order rounds complete), so a member
@@ -23,6 +24,7 @@
 #include "common/socket_io.h"
 #include "server/parameter_server_service.h"
 #include "server/shard_context.h"
+#include "server/sparse_exchange_service.h"
 
 namespace cserps {
 
@@ -32,10 +34,11 @@ class BulkServer {
   // shard; a restarted worker's new one may overlap its old one's end).
   static constexpr uint32_t kConnectionsPerMember = 4;
 
-  // Listens on host:port (port 0 picks a free one). `shard` and `service`
-  // outlive the server.
+  // Listens on host:port (port 0 picks a free one). `shard` and the
+  // services outlive the server.
   static absl::StatusOr<std::unique_ptr<BulkServer>> Start(ShardContext* shard,
                                                            ParameterServerService* service,
+                                                           SparseExchangeService* sparse,
                                                            const std::string& host,
                                                            int port);
   ~BulkServer();
@@ -52,13 +55,15 @@ class BulkServer {
  private:
   class Connection;
   BulkServer(ShardContext* shard, ParameterServerService* service,
-             std::shared_ptr<TlsContext> tls, Socket listener, int port);
+             SparseExchangeService* sparse, std::shared_ptr<TlsContext> tls, Socket listener,
+             int port);
   void AcceptLoop();
   // Joins and drops the connections whose threads have ended.
   void Reap() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   ShardContext& shard_;
   ParameterServerService& service_;
+  SparseExchangeService& sparse_;
   const std::shared_ptr<TlsContext> tls_;  // null: plaintext
   Socket listener_;
   const int port_;

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/status.h"
 
 namespace cserps {
 namespace {
@@ -40,16 +41,23 @@ absl::StatusOr<SparseVector> ParseSparsePush(absl::string_view indices,
     return absl::InvalidArgumentError(absl::StrCat(
         "indices has ", n, " entries but values has ", values.size() / 4));
   }
-  if (n != k) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("push has ", n, " entries; k is ", k));
-  }
   SparseVector entries;
   entries.indices.resize(n);
   entries.values.resize(n);
   if (n > 0) {
     std::memcpy(entries.indices.data(), indices.data(), indices.size());
     std::memcpy(entries.values.data(), values.data(), values.size());
+  }
+  RETURN_IF_ERROR(CheckSparseEntries(entries, k, first, end));
+  return entries;
+}
+
+absl::Status CheckSparseEntries(const SparseVector& entries, uint64_t k, uint64_t first,
+                                uint64_t end) {
+  const uint64_t n = entries.indices.size();
+  if (n != k) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("push has ", n, " entries; k is ", k));
   }
   for (uint64_t i = 0; i < n; ++i) {
     const uint32_t index = entries.indices[i];
@@ -66,52 +74,74 @@ absl::StatusOr<SparseVector> ParseSparsePush(absl::string_view indices,
           " index ", entries.indices[i - 1], " at position ", i - 1));
     }
   }
-  return entries;
+  return absl::OkStatus();
 }
 
 SparseVector AggregateSparse(absl::Span<const SparseVector> pushes,
                               SparseSelection selection, uint64_t k) {
-  // Each push is ascending, so a merge of their heads, by (index, rank),
-  // meets an index's contributions in rank order: the double sum does not
-  // depend on the order pushes arrived in. O(N log P) for N entries of P
+  // Each push is ascending, so a merge of their heads by key (the index in
+  // the high 32 bits, the rank in the low) meets an index's contributions
+  // in rank order: the double sum does not depend on the order pushes
+  // arrived in. A min-heap of the heads: O(N log P) for N entries of P
   // members.
-  struct Head {
-    uint32_t index;
-    uint32_t rank;
-  };
-  auto later = [](const Head& a, const Head& b) {
-    return a.index != b.index ? a.index > b.index : a.rank > b.rank;
-  };
-  std::vector<Head> heads;
+  std::vector<uint64_t> heap;
   std::vector<size_t> next(pushes.size(), 0);
   size_t total = 0;
   for (uint32_t r = 0; r < pushes.size(); ++r) {
     total += pushes[r].indices.size();
-    if (!pushes[r].indices.empty()) heads.push_back({pushes[r].indices[0], r});
+    if (!pushes[r].indices.empty()) heap.push_back(uint64_t{pushes[r].indices[0]} << 32 | r);
   }
-  std::make_heap(heads.begin(), heads.end(), later);
+  std::make_heap(heap.begin(), heap.end(), std::greater<>());
+  // The top replaced, then moved down to its place.
+  auto sift_down = [&heap] {
+    const size_t n = heap.size();
+    const uint64_t moving = heap[0];
+    size_t at = 0;
+    for (size_t child = 1; child < n; child = 2 * at + 1) {
+      if (child + 1 < n && heap[child + 1] < heap[child]) ++child;
+      if (moving <= heap[child]) break;
+      heap[at] = heap[child];
+      at = child;
+    }
+    heap[at] = moving;
+  };
   SparseVector sum;
-  sum.indices.reserve(total);
-  sum.values.reserve(total);
+  sum.indices.resize(total);
+  sum.values.resize(total);
+  size_t u = 0;  // distinct indices so far
   double acc = 0.0;
-  while (!heads.empty()) {
-    std::pop_heap(heads.begin(), heads.end(), later);
-    Head& head = heads.back();
-    const SparseVector& push = pushes[head.rank];
-    if (sum.indices.empty() || sum.indices.back() != head.index) {
-      if (!sum.indices.empty()) sum.values.push_back(static_cast<float>(acc));
-      sum.indices.push_back(head.index);
-      acc = 0.0;
-    }
-    acc += static_cast<double>(push.values[next[head.rank]]);
-    if (++next[head.rank] < push.indices.size()) {
-      head.index = push.indices[next[head.rank]];
-      std::push_heap(heads.begin(), heads.end(), later);
+  while (!heap.empty()) {
+    const uint32_t r = static_cast<uint32_t>(heap[0]);
+    const SparseVector& push = pushes[r];
+    // The smallest head of the others: the top's entries below it come
+    // first, without the heap.
+    uint64_t bound = std::numeric_limits<uint64_t>::max();
+    if (heap.size() > 1) bound = heap[1];
+    if (heap.size() > 2) bound = std::min(bound, heap[2]);
+    const size_t n = push.indices.size();
+    size_t i = next[r];
+    do {
+      const uint32_t index = push.indices[i];
+      if (u == 0 || sum.indices[u - 1] != index) {
+        if (u > 0) sum.values[u - 1] = static_cast<float>(acc);
+        sum.indices[u++] = index;
+        acc = 0.0;
+      }
+      acc += static_cast<double>(push.values[i]);
+      ++i;
+    } while (i < n && (uint64_t{push.indices[i]} << 32 | r) < bound);
+    next[r] = i;
+    if (i < n) {
+      heap[0] = uint64_t{push.indices[i]} << 32 | r;
     } else {
-      heads.pop_back();
+      heap[0] = heap.back();
+      heap.pop_back();
     }
+    if (!heap.empty()) sift_down();
   }
-  if (!sum.indices.empty()) sum.values.push_back(static_cast<float>(acc));
+  if (u > 0) sum.values[u - 1] = static_cast<float>(acc);
+  sum.indices.resize(u);
+  sum.values.resize(u);
   if (selection == SparseSelection::kUnion || sum.indices.size() <= k) return sum;
 
   // The k entries first by (magnitude descending, index ascending): every

@@ -36,6 +36,11 @@ absl::StatusOr<SparseVector> ParseSparsePush(absl::string_view indices,
                                               absl::string_view values,
                                               uint64_t k, uint64_t first,
                                               uint64_t end);
+// The checks of ParseSparsePush past the byte lengths, on entries already
+// decoded (as the bulk transport reads them, as many values as indices): as
+// many as `k`, inside [first, end), strictly ascending.
+absl::Status CheckSparseEntries(const SparseVector& entries, uint64_t k, uint64_t first,
+                                uint64_t end);
 
 // Sums `pushes` (one per member, in rank order) per index: in double, in
 // rank order, rounded to float32 once. kUnion keeps every index; kGlobalTopK

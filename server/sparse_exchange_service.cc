@@ -176,61 +176,113 @@ SparseReply SparseExchangeService::CompleteRound(std::vector<SparseVector> pushe
   return EncodeSparse(selected);
 }
 
+std::string SparseExchangeService::CallName(const PushHead& head) const {
+  return absl::StrCat("SparsePushPull (step ", head.step, ") from rank ", head.rank,
+                      " to shard ", shard_.shard());
+}
+
+absl::Status SparseExchangeService::Admit(const PushHead& head, absl::Time arrived) {
+  RETURN_IF_ERROR(shard_.Admit(head.fingerprint, head.rank, arrived));
+  if (!sparse_job_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "algorithm ", shard_.config().algorithm().name(),
+        " does not use the sparse exchange (only gtopk-ssgd and topk-ssgd do)"));
+  }
+  if (k_s_ == 0) {
+    return absl::FailedPreconditionError("this shard owns no floats; workers send it nothing");
+  }
+  if (head.k != k_s_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "k ", head.k, " is not this shard's k_s ", k_s_,
+        " (docs/protocol.md 14.2: round(k * shard size / d))"));
+  }
+  return absl::OkStatus();
+}
+
+void SparseExchangeService::JoinRound(const PushHead& head, SparseVector entries,
+                                      absl::Time arrived, uint64_t request_bytes,
+                                      std::string name, SparseRoundCallback done) {
+  const uint32_t rank = head.rank;
+  if (absl::Status room = shard_.activity().CallStarted(rank, arrived); !room.ok()) {
+    traffic_.refused.AddRequest(request_bytes);
+    done(shard_.Refusal(Prefixed(name, room)));
+    return;
+  }
+  traffic_.handled.AddRequest(request_bytes);
+  rounds_.Push(head.step, rank, std::move(entries), arrived,
+               [this, rank, name = std::move(name),
+                done = std::move(done)](absl::StatusOr<SparseRoundReply> reply) {
+                 shard_.activity().CallEnded(rank, options_.now());
+                 if (!reply.ok()) {
+                   done(Prefixed(name, reply.status()));
+                   return;
+                 }
+                 done(*std::move(reply));
+               });
+}
+
+void SparseExchangeService::Push(const PushHead& head, SparseVector entries,
+                                 uint64_t request_bytes, uint64_t reply_overhead,
+                                 SparseRoundCallback done) {
+  std::string name = CallName(head);
+  const absl::Time arrived = options_.now();
+  absl::Status ok = Admit(head, arrived);
+  if (ok.ok()) {
+    const BlockLayout& layout = shard_.layout();
+    ok = CheckSparseEntries(entries, k_s_, layout.ShardFirstFloat(shard_.shard()),
+                            layout.ShardEndFloat(shard_.shard()));
+  }
+  if (!ok.ok()) {
+    traffic_.refused.AddRequest(request_bytes);
+    done(shard_.Refusal(Prefixed(name, ok)));
+    return;
+  }
+  JoinRound(head, std::move(entries), arrived, request_bytes, std::move(name),
+            [this, reply_overhead, done = std::move(done)](absl::StatusOr<SparseRoundReply> reply) {
+              if (reply.ok()) {
+                traffic_.handled.AddReply(reply_overhead + (*reply)->indices.size() +
+                                          (*reply)->values.size());
+              }
+              done(std::move(reply));
+            });
+}
+
 grpc::ServerUnaryReactor* SparseExchangeService::SparsePushPull(
     grpc::CallbackServerContext* context, const v1::SparsePushPullRequest* request,
     v1::SparsePushPullResponse* response) {
   if (absl::Status caller = shard_.Authenticate(*context); !caller.ok()) {
     return FinishWith(context, Prefixed("SparsePushPull", caller));
   }
-  const std::string name =
-      absl::StrCat("SparsePushPull (step ", request->step(), ") from rank ",
-                   request->rank(), " to shard ", shard_.shard());
-  auto refuse = [&](const absl::Status& status) {
-    traffic_.refused.AddRequest(request->ByteSizeLong());
-    return FinishWith(context, shard_.Refusal(Prefixed(name, status)));
-  };
+  const PushHead head{request->fingerprint(), request->rank(), request->step(), request->k()};
+  std::string name = CallName(head);
+  const uint64_t request_bytes = request->ByteSizeLong();
   const absl::Time arrived = options_.now();
-  absl::Status ok = shard_.Admit(request->fingerprint(), request->rank(), arrived);
-  if (!ok.ok()) return refuse(ok);
-  if (!sparse_job_) {
-    return refuse(absl::FailedPreconditionError(absl::StrCat(
-        "algorithm ", shard_.config().algorithm().name(),
-        " does not use the sparse exchange (only gtopk-ssgd and topk-ssgd do)")));
+  absl::Status ok = Admit(head, arrived);
+  absl::StatusOr<SparseVector> entries = absl::UnknownError("unparsed");
+  if (ok.ok()) {
+    const BlockLayout& layout = shard_.layout();
+    entries = ParseSparsePush(request->indices(), request->values(), k_s_,
+                              layout.ShardFirstFloat(shard_.shard()),
+                              layout.ShardEndFloat(shard_.shard()));
+    ok = entries.status();
   }
-  if (k_s_ == 0) {
-    return refuse(absl::FailedPreconditionError(
-        "this shard owns no floats; workers send it nothing"));
+  if (!ok.ok()) {
+    traffic_.refused.AddRequest(request_bytes);
+    return FinishWith(context, shard_.Refusal(Prefixed(name, ok)));
   }
-  if (request->k() != k_s_) {
-    return refuse(absl::InvalidArgumentError(absl::StrCat(
-        "k ", request->k(), " is not this shard's k_s ", k_s_,
-        " (docs/protocol.md 14.2: round(k * shard size / d))")));
-  }
-  const BlockLayout& layout = shard_.layout();
-  absl::StatusOr<SparseVector> entries = ParseSparsePush(
-      request->indices(), request->values(), k_s_,
-      layout.ShardFirstFloat(shard_.shard()), layout.ShardEndFloat(shard_.shard()));
-  if (!entries.ok()) return refuse(entries.status());
-
-  const uint32_t rank = request->rank();
-  if (absl::Status room = shard_.activity().CallStarted(rank, arrived); !room.ok()) {
-    return refuse(room);
-  }
-  traffic_.handled.AddRequest(request->ByteSizeLong());
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   response->set_step(request->step());
-  rounds_.Push(request->step(), rank, *std::move(entries), arrived,
-               [this, reactor, response, name, rank](absl::StatusOr<SparseRoundReply> reply) {
-                 shard_.activity().CallEnded(rank, options_.now());
-                 if (!reply.ok()) {
-                   reactor->Finish(ToGrpcStatus(Prefixed(name, reply.status())));
-                   return;
-                 }
-                 response->set_indices((*reply)->indices);
-                 response->set_values((*reply)->values);
-                 traffic_.handled.AddReply(response->ByteSizeLong());
-                 reactor->Finish(grpc::Status::OK);
-               });
+  JoinRound(head, *std::move(entries), arrived, request_bytes, std::move(name),
+            [this, reactor, response](absl::StatusOr<SparseRoundReply> reply) {
+              if (!reply.ok()) {
+                reactor->Finish(ToGrpcStatus(reply.status()));
+                return;
+              }
+              response->set_indices((*reply)->indices);
+              response->set_values((*reply)->values);
+              traffic_.handled.AddReply(response->ByteSizeLong());
+              reactor->Finish(grpc::Status::OK);
+            });
   return reactor;
 }
 

@@ -93,9 +93,33 @@ class SparseExchangeService final : public v1::SparseExchange::CallbackService {
                                            const v1::SparsePushPullRequest* request,
                                            v1::SparsePushPullResponse* response) override;
 
+  // A push that came over the bulk transport (docs/protocol.md 17), whose
+  // connection's hello authenticated it: SparsePushPull's checks, messages
+  // and round. `done` is called once, with the round's reply or the
+  // refusal. `request_bytes`, and a reply's entries plus `reply_overhead`,
+  // count as the service's traffic.
+  struct PushHead {
+    uint64_t fingerprint = 0;
+    uint32_t rank = 0;
+    uint64_t step = 0;
+    uint64_t k = 0;
+  };
+  void Push(const PushHead& head, SparseVector entries, uint64_t request_bytes,
+            uint64_t reply_overhead, SparseRoundCallback done);
+
  private:
   SparseExchangeService(ShardContext* shard, Options options, bool sparse_job,
                         uint64_t k_s);
+
+  // "SparsePushPull (step T) from rank R to shard S", the prefix of every
+  // refusal of the push.
+  std::string CallName(const PushHead& head) const;
+  // The checks before a push's entries (docs/protocol.md 14.4).
+  absl::Status Admit(const PushHead& head, absl::Time arrived);
+  // Adds admitted, checked entries to their round; `done` gets the reply or
+  // the round's error, prefixed with `name`.
+  void JoinRound(const PushHead& head, SparseVector entries, absl::Time arrived,
+                 uint64_t request_bytes, std::string name, SparseRoundCallback done);
 
   // Sums and selects, applies the result to the model, encodes the reply.
   SparseReply CompleteRound(std::vector<SparseVector> pushes);

@@ -94,32 +94,74 @@ absl::StatusOr<uint64_t> BulkChannel::Send(bulk::Request request,
                                                    " floats pushed, ", mean_count,
                                                    " floats of mean"));
   }
-  {
-    absl::MutexLock lock(&mu_);
-    if (!broken_.ok()) return broken_;
-    request.request_id = next_id_++;
-    pending_[request.request_id] = Pending{std::move(mean), count, false, absl::OkStatus()};
-  }
   request.count = static_cast<uint32_t>(count);
   char head[bulk::Request::kBytes];
-  bulk::Encode(request, head);
   std::vector<iovec> iov;
   iov.reserve(values.size() + 1);
   iov.push_back({head, sizeof(head)});
   for (const auto& v : values) {
     iov.push_back({const_cast<float*>(v.data()), v.size() * sizeof(float)});
   }
+  Pending pending;
+  pending.mean = std::move(mean);
+  pending.count = count;
+  return SendFrame(std::move(pending), absl::MakeSpan(iov),
+                   [&](uint64_t id) {
+                     request.request_id = id;
+                     bulk::Encode(request, head);
+                   },
+                   deadline);
+}
+
+absl::StatusOr<uint64_t> BulkChannel::SendSparse(uint64_t step, uint32_t k,
+                                                 absl::Span<const uint32_t> indices,
+                                                 absl::Span<const float> values,
+                                                 SparseVector* result, uint64_t max_entries,
+                                                 absl::Time deadline) {
+  if (indices.size() != values.size() || indices.size() > UINT32_MAX) {
+    return absl::InvalidArgumentError(absl::StrCat("SparsePushPull to ", name_, ": ",
+                                                   indices.size(), " indices, ", values.size(),
+                                                   " values"));
+  }
+  bulk::SparseRequest request{
+      .count = static_cast<uint32_t>(indices.size()), .step = step, .k = k};
+  char head[bulk::SparseRequest::kBytes];
+  iovec iov[3] = {{head, sizeof(head)},
+                  {const_cast<uint32_t*>(indices.data()), indices.size() * sizeof(uint32_t)},
+                  {const_cast<float*>(values.data()), values.size() * sizeof(float)}};
+  Pending pending;
+  pending.sparse = result;
+  pending.max_entries = max_entries;
+  return SendFrame(std::move(pending), absl::MakeSpan(iov),
+                   [&](uint64_t id) {
+                     request.request_id = id;
+                     bulk::Encode(request, head);
+                   },
+                   deadline);
+}
+
+absl::StatusOr<uint64_t> BulkChannel::SendFrame(Pending pending, absl::Span<iovec> iov,
+                                                const std::function<void(uint64_t)>& encode,
+                                                absl::Time deadline) {
+  uint64_t id = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!broken_.ok()) return broken_;
+    id = next_id_++;
+    pending_[id] = std::move(pending);
+  }
+  encode(id);
   absl::Status sent;
   {
     absl::MutexLock lock(&send_mu_);
-    sent = stream_->SendAll(absl::MakeSpan(iov), deadline, "send");
+    sent = stream_->SendAll(iov, deadline, "send");
   }
   if (!sent.ok()) {
     absl::MutexLock lock(&mu_);
     Break(sent);
     return broken_;
   }
-  return request.request_id;
+  return id;
 }
 
 absl::Status BulkChannel::Wait(uint64_t id, absl::Time deadline) {
@@ -163,6 +205,7 @@ absl::Status BulkChannel::ReadOne(absl::Time deadline) {
   RETURN_IF_ERROR(stream_->RecvAll(head, sizeof(head), deadline, "receive"));
   const bulk::Reply reply = bulk::DecodeReply(head);
   std::vector<absl::Span<float>> mean;
+  SparseVector* sparse = nullptr;
   {
     absl::MutexLock lock(&mu_);
     auto it = pending_.find(reply.request_id);
@@ -176,22 +219,36 @@ absl::Status BulkChannel::ReadOne(absl::Time deadline) {
       return absl::DataLossError(
           absl::StrCat("a reply to request ", reply.request_id, ", which is not pending"));
     }
-    if (reply.code == 0 && reply.count != it->second.count) {
+    if (reply.code == 0 && it->second.sparse == nullptr && reply.count != it->second.count) {
       return absl::DataLossError(absl::StrCat("request ", reply.request_id, " answered with ",
                                               reply.count, " floats; it pushed ",
                                               it->second.count));
     }
+    if (reply.code == 0 && it->second.sparse != nullptr &&
+        reply.count > it->second.max_entries) {
+      return absl::DataLossError(absl::StrCat("request ", reply.request_id, " answered with ",
+                                              reply.count, " sparse entries; at most ",
+                                              it->second.max_entries, " were expected"));
+    }
     mean = it->second.mean;  // the owner keeps them alive until it is done
+    sparse = it->second.sparse;
     reading_id_ = reply.request_id;
   }
   absl::Status status;
   if (reply.code != 0) {
     ASSIGN_OR_RETURN(absl::Status refusal,
                      ReadRefusal(*stream_, reply, deadline, "receive"));
-    status = WithPrefix(absl::StrCat("PushPull to ", name_), refusal);
+    status = WithPrefix(absl::StrCat(sparse != nullptr ? "SparsePushPull to " : "PushPull to ",
+                                     name_),
+                        refusal);
   } else {
     std::vector<iovec> iov;
-    iov.reserve(mean.size());
+    if (sparse != nullptr) {
+      sparse->indices.resize(reply.count);
+      sparse->values.resize(reply.count);
+      iov.push_back({sparse->indices.data(), reply.count * sizeof(uint32_t)});
+      iov.push_back({sparse->values.data(), reply.count * sizeof(float)});
+    }
     for (const auto& m : mean) iov.push_back({m.data(), m.size() * sizeof(float)});
     RETURN_IF_ERROR(stream_->RecvAll(absl::MakeSpan(iov), deadline, "receive"));
   }

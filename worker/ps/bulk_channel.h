@@ -1,7 +1,8 @@
 // A worker's bulk connection to one shard (docs/protocol.md 17), over TLS
-// when the job has it: PushPull
-// requests written from the caller's floats (gathered from its spans, no
-// copy), and their replies read straight into the caller's mean spans.
+// when the job has it: PushPull requests written from the caller's floats
+// (gathered from its spans, no copy), and their replies read straight into
+// the caller's mean spans; SparsePushPull requests likewise, their replies
+// read into the caller's sparse vector.
 // Requests of several rounds may be in flight; a reply is delivered to its
 // own request whichever waiter reads it.
 //
@@ -11,7 +12,10 @@
 #ifndef CSERPS_WORKER_PS_BULK_CHANNEL_H_
 #define CSERPS_WORKER_PS_BULK_CHANNEL_H_
 
+#include <sys/uio.h>
+
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -24,6 +28,7 @@
 #include "absl/types/span.h"
 #include "common/bulk_wire.h"
 #include "common/byte_stream.h"
+#include "common/sparse_vector.h"
 
 namespace cserps {
 
@@ -53,6 +58,14 @@ class BulkChannel {
   absl::StatusOr<uint64_t> Send(bulk::Request request,
                                 absl::Span<const absl::Span<const float>> values,
                                 std::vector<absl::Span<float>> mean, absl::Time deadline);
+  // Sends a SparsePushPull of `step` with this shard's `k` entries (indices
+  // and values of equal count). The reply's entries, at most `max_entries`,
+  // will go to `result`, which must stay alive until Wait returns for the
+  // id returned.
+  absl::StatusOr<uint64_t> SendSparse(uint64_t step, uint32_t k,
+                                      absl::Span<const uint32_t> indices,
+                                      absl::Span<const float> values, SparseVector* result,
+                                      uint64_t max_entries, absl::Time deadline);
   // Blocks until request `id`'s reply is in its mean; the shard's error for
   // the request, or the channel's.
   absl::Status Wait(uint64_t id, absl::Time deadline);
@@ -70,12 +83,21 @@ class BulkChannel {
   struct Pending {
     std::vector<absl::Span<float>> mean;
     uint64_t count = 0;
+    // A SparsePushPull's: where its reply goes, and how many entries it
+    // may have; null for a PushPull.
+    SparseVector* sparse = nullptr;
+    uint64_t max_entries = 0;
     bool done = false;
     absl::Status status;
   };
 
   BulkChannel(std::unique_ptr<ByteStream> stream, std::string name)
       : stream_(std::move(stream)), name_(std::move(name)) {}
+  // Registers `pending` under a new request id, which `encode` writes into
+  // the frame's head (iov[0]), and sends the frame.
+  absl::StatusOr<uint64_t> SendFrame(Pending pending, absl::Span<iovec> iov,
+                                     const std::function<void(uint64_t id)>& encode,
+                                     absl::Time deadline);
   // Reads one reply into its request's mean; an error breaks the channel.
   absl::Status ReadOne(absl::Time deadline);
   void Break(absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "common/algorithm_catalog.h"
 #include "common/config.h"
@@ -539,46 +540,123 @@ absl::Status PsClient::ExchangeSparse(uint64_t step, const SparseVector& local,
   }
   using Call = ShardCall<v1::SparsePushPullRequest, v1::SparsePushPullResponse>;
   const uint64_t k = SparseK(impl_->config_.algorithm(), d);
-  std::vector<std::unique_ptr<Call>> calls;
+  const absl::Duration timeout =
+      absl::Seconds(impl_->config_.cluster().round_timeout_s()) + impl_->options_.rpc_slack;
+  const absl::Time deadline = absl::Now() + timeout;
+  // By shard: its entries of `local` [begin, end), its k_s, and its reply.
+  struct Share {
+    uint32_t shard = 0;
+    size_t begin = 0, end = 0;
+    uint64_t k = 0;
+    SparseVector reply;
+    BulkChannel* bulk = nullptr;
+    uint64_t bulk_id = 0;
+  };
+  std::vector<Share> shares;
   size_t pos = 0;
   for (uint32_t s = 0; s < impl_->sparse_stubs_.size(); ++s) {
     const uint64_t size = impl_->layout_.ShardSize(s);
     if (size == 0) continue;
     const size_t begin = pos;
-    while (pos < local.indices.size() && local.indices[pos] < impl_->layout_.ShardEndFloat(s))
-      ++pos;
+    const uint64_t end = impl_->layout_.ShardEndFloat(s);
+    while (pos < local.indices.size() && local.indices[pos] < end) ++pos;
     if (!impl_->TalksTo(s)) continue;
-    auto call = std::make_unique<Call>();
-    call->shard = s;
-    v1::SparsePushPullRequest& request = call->request;
-    request.set_fingerprint(impl_->fingerprint_);
-    request.set_rank(impl_->rank_);
-    request.set_step(step);
-    request.set_k(ShardSparseK(k, size, d));
-    request.mutable_indices()->assign(reinterpret_cast<const char*>(local.indices.data() + begin),
-                                      (pos - begin) * sizeof(uint32_t));
-    request.mutable_values()->assign(reinterpret_cast<const char*>(local.values.data() + begin),
-                                     (pos - begin) * sizeof(float));
-    impl_->total_.AddRequest(request.ByteSizeLong());
-    impl_->sparse_.AddRequest(request.ByteSizeLong(), pos - begin);
-    calls.push_back(std::move(call));
+    Share& share = shares.emplace_back();
+    share.shard = s;
+    share.begin = begin;
+    share.end = pos;
+    share.k = ShardSparseK(k, size, d);
   }
   if (pos != local.indices.size()) {
     return absl::InvalidArgumentError(
         absl::StrCat("ExchangeSparse: index ", local.indices[pos], " at position ", pos,
                      " is not below the model size ", d, " or the indices are not ascending"));
   }
-  RETURN_IF_ERROR(RunAll(calls,
-                         absl::Seconds(impl_->config_.cluster().round_timeout_s()) +
-                             impl_->options_.rpc_slack,
-                         "SparsePushPull to", impl_->addresses_, &impl_->wait_nanos_,
-                         &impl_->retries_, [&](auto& c, auto done) {
-                           impl_->sparse_stubs_[c.shard]->async()->SparsePushPull(
-                               c.context.get(), &c.request, &c.response, std::move(done));
-                         }));
-  result->indices.clear();
-  result->values.clear();
-  for (const auto& call : calls) {
+  // The shards' replies hold at most as many entries as a message (the
+  // shards refuse to start otherwise, docs/protocol.md 14.3).
+  const uint64_t max_entries = impl_->chunk_floats_ / 2;
+  std::vector<std::unique_ptr<Call>> calls;
+  auto add_grpc_call = [&](Share& share) {
+    auto call = std::make_unique<Call>();
+    call->shard = share.shard;
+    v1::SparsePushPullRequest& request = call->request;
+    request.set_fingerprint(impl_->fingerprint_);
+    request.set_rank(impl_->rank_);
+    request.set_step(step);
+    request.set_k(share.k);
+    const size_t n = share.end - share.begin;
+    request.mutable_indices()->assign(
+        reinterpret_cast<const char*>(local.indices.data() + share.begin), n * sizeof(uint32_t));
+    request.mutable_values()->assign(
+        reinterpret_cast<const char*>(local.values.data() + share.begin), n * sizeof(float));
+    impl_->total_.AddRequest(request.ByteSizeLong());
+    impl_->sparse_.AddRequest(request.ByteSizeLong(), n);
+    calls.push_back(std::move(call));
+  };
+  auto run_grpc_calls = [&] {
+    return RunAll(calls, timeout, "SparsePushPull to", impl_->addresses_, &impl_->wait_nanos_,
+                  &impl_->retries_, [&](auto& c, auto done) {
+                    impl_->sparse_stubs_[c.shard]->async()->SparsePushPull(
+                        c.context.get(), &c.request, &c.response, std::move(done));
+                  });
+  };
+  // A reply may still come for a bulk push this call gives up on: it must
+  // land before `shares` are gone.
+  absl::Cleanup wait_for_bulk = [&] {
+    for (Share& share : shares) {
+      if (share.bulk != nullptr) share.bulk->Wait(share.bulk_id, deadline).IgnoreError();
+    }
+  };
+  // Every shard's push leaves before this member waits for any: a member
+  // waiting on one shard before pushing to another could hold up a round
+  // that another member's wait depends on.
+  for (Share& share : shares) {
+    share.bulk = impl_->BulkFor(share.shard);
+    if (share.bulk != nullptr) {
+      const size_t n = share.end - share.begin;
+      absl::StatusOr<uint64_t> id = share.bulk->SendSparse(
+          step, static_cast<uint32_t>(share.k),
+          absl::MakeConstSpan(local.indices).subspan(share.begin, n),
+          absl::MakeConstSpan(local.values).subspan(share.begin, n), &share.reply, max_entries,
+          deadline);
+      if (id.ok()) {
+        share.bulk_id = *id;
+        const uint64_t bytes = bulk::SparseRequest::kBytes + n * (sizeof(uint32_t) + sizeof(float));
+        impl_->total_.AddRequest(bytes);
+        impl_->sparse_.AddRequest(bytes, n);
+        continue;
+      }
+      if (!Retryable(id.status())) return id.status();
+      share.bulk = nullptr;
+    }
+    add_grpc_call(share);
+  }
+  RETURN_IF_ERROR(run_grpc_calls());
+  // Shares whose bulk channel broke go again over gRPC (a retry is answered
+  // from its round, never counted twice).
+  std::vector<std::unique_ptr<Call>> answered = std::move(calls);
+  calls.clear();
+  const absl::Time waiting = absl::Now();
+  for (Share& share : shares) {
+    if (share.bulk == nullptr) continue;
+    absl::Status replied = std::exchange(share.bulk, nullptr)->Wait(share.bulk_id, deadline);
+    if (replied.ok()) {
+      const uint64_t bytes =
+          bulk::Reply::kBytes + share.reply.indices.size() * (sizeof(uint32_t) + sizeof(float));
+      impl_->total_.AddReply(bytes);
+      impl_->sparse_.AddReply(bytes);
+      continue;
+    }
+    if (!Retryable(replied)) return replied;
+    spdlog::warn("{}; sending shard {}'s sparse push of step {} again over gRPC",
+                 std::string(replied.message()), share.shard, step);
+    impl_->retries_.fetch_add(1);
+    add_grpc_call(share);
+  }
+  impl_->wait_nanos_.fetch_add(absl::ToInt64Nanoseconds(absl::Now() - waiting));
+  RETURN_IF_ERROR(run_grpc_calls());
+  for (auto& call : calls) answered.push_back(std::move(call));
+  for (const auto& call : answered) {
     const std::string& indices = call->response.indices();
     const std::string& values = call->response.values();
     impl_->total_.AddReply(call->response.ByteSizeLong());
@@ -588,14 +666,24 @@ absl::Status PsClient::ExchangeSparse(uint64_t step, const SparseVector& local,
                                               " with ", indices.size(), " index bytes and ",
                                               values.size(), " value bytes"));
     }
-    const size_t n = indices.size() / 4;
-    const size_t at = result->indices.size();
-    result->indices.resize(at + n);
-    result->values.resize(at + n);
-    if (n > 0) {
-      std::memcpy(result->indices.data() + at, indices.data(), indices.size());
-      std::memcpy(result->values.data() + at, values.data(), values.size());
+    for (Share& share : shares) {
+      if (share.shard != call->shard) continue;
+      const size_t n = indices.size() / 4;
+      share.reply.indices.resize(n);
+      share.reply.values.resize(n);
+      if (n > 0) {
+        std::memcpy(share.reply.indices.data(), indices.data(), indices.size());
+        std::memcpy(share.reply.values.data(), values.data(), values.size());
+      }
     }
+  }
+  result->indices.clear();
+  result->values.clear();
+  for (const Share& share : shares) {
+    result->indices.insert(result->indices.end(), share.reply.indices.begin(),
+                           share.reply.indices.end());
+    result->values.insert(result->values.end(), share.reply.values.begin(),
+                          share.reply.values.end());
   }
   return absl::OkStatus();
 }

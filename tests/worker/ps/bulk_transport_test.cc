@@ -1,8 +1,9 @@
 // The bulk transport (docs/protocol.md 17) on in-process shards: members on
-// gRPC and on bulk connections average into the same rounds; the shard's
-// refusals of bad hellos and frames, spoken here with raw sockets from the
-// documented frame layout (common/bulk_wire.h), name what is wrong, and the
-// shard serves on; a shutdown answers a waiting member.
+// gRPC and on bulk connections average (or exchange sparse entries) in the
+// same rounds; the shard's refusals of bad hellos and frames, spoken here
+// with raw sockets from the documented frame layout (common/bulk_wire.h),
+// name what is wrong, and the shard serves on; a shutdown answers a waiting
+// member.
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -19,6 +20,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/ps_server.h"
+#include "server/sparse_aggregate.h"
 #include "tests/testing/test_support.h"
 #include "tools/cluster/in_process_cluster.h"
 #include "worker/ps/ps_client.h"
@@ -30,8 +32,12 @@ using ::testing::HasSubstr;
 
 constexpr uint64_t kD = 3000;  // FLAT: one chunk on one shard
 constexpr absl::Duration kIo = absl::Seconds(20);
+// gtopk-ssgd at density 0.01: k = k_s = 30 on the one shard.
+constexpr char kGtopk[] = R"pb(name: "gtopk-ssgd" density: 0.01)pb";
+constexpr uint32_t kK = 30;
 
-v1::JobConfig MakeConfig(uint32_t workers, int round_timeout_s) {
+v1::JobConfig MakeConfig(uint32_t workers, int round_timeout_s,
+                         const std::string& algorithm = R"pb(name: "ssgd")pb") {
   return testing::TestConfig(absl::StrCat(R"pb(
     name: "bulk-test"
     seed: 5
@@ -40,9 +46,20 @@ v1::JobConfig MakeConfig(uint32_t workers, int round_timeout_s) {
     model { kind: FLAT num_params: )pb", kD, R"pb( }
     data { batch_size: 1 }
     optimizer { lr: 0.1 }
-    algorithm { name: "ssgd" }
+    algorithm { )pb", algorithm, R"pb( }
     epochs: 1
   )pb"));
+}
+
+// Member `rank`'s kK sparse entries: ascending indices, spread over the
+// model, overlapping the other member's in part.
+SparseVector Entries(int rank) {
+  SparseVector e;
+  for (uint32_t i = 0; i < kK; ++i) {
+    e.indices.push_back(i * 97 + (i % 2 == 0 ? 0 : 13 * rank));
+    e.values.push_back(0.5f * static_cast<float>(i % 7) - 1.25f * rank);
+  }
+  return e;
 }
 
 std::vector<float> Values(int rank) {
@@ -84,14 +101,24 @@ class RawConnection {
     RETURN_IF_ERROR(Send(bytes, sizeof(bytes)));
     return Send(values.data(), values.size() * sizeof(float));
   }
+  // A SparsePushPull whose count is that of `entries`.
+  absl::Status SendSparse(bulk::SparseRequest request, const SparseVector& entries) {
+    request.count = static_cast<uint32_t>(entries.indices.size());
+    char bytes[bulk::SparseRequest::kBytes];
+    bulk::Encode(request, bytes);
+    RETURN_IF_ERROR(Send(bytes, sizeof(bytes)));
+    RETURN_IF_ERROR(Send(entries.indices.data(), entries.indices.size() * sizeof(uint32_t)));
+    return Send(entries.values.data(), entries.values.size() * sizeof(float));
+  }
 
-  // A reply: its header, and its message or floats.
+  // A reply: its header, and its message or floats (a sparse reply's:
+  // its indices' bytes, then its values).
   struct Answer {
     bulk::Reply reply;
     std::string message;
     std::vector<float> floats;
   };
-  absl::StatusOr<Answer> Receive() {
+  absl::StatusOr<Answer> Receive(bool sparse = false) {
     char head[bulk::Reply::kBytes];
     RETURN_IF_ERROR(RecvAll(socket_.fd(), head, sizeof(head), absl::Now() + kIo, "raw recv"));
     Answer a;
@@ -99,7 +126,7 @@ class RawConnection {
     a.message.resize(a.reply.code != 0 ? a.reply.message_bytes : 0);
     RETURN_IF_ERROR(
         RecvAll(socket_.fd(), a.message.data(), a.message.size(), absl::Now() + kIo, "raw recv"));
-    a.floats.resize(a.reply.code == 0 ? a.reply.count : 0);
+    a.floats.resize(a.reply.code == 0 ? (sparse ? 2 : 1) * a.reply.count : 0);
     RETURN_IF_ERROR(RecvAll(socket_.fd(), a.floats.data(), a.floats.size() * sizeof(float),
                             absl::Now() + kIo, "raw recv"));
     return a;
@@ -117,8 +144,9 @@ class RawConnection {
 
 class BulkTransportTest : public ::testing::Test {
  protected:
-  void StartJob(uint32_t workers, int round_timeout_s = 20) {
-    config_ = MakeConfig(workers, round_timeout_s);
+  void StartJob(uint32_t workers, int round_timeout_s = 20,
+                const std::string& algorithm = R"pb(name: "ssgd")pb") {
+    config_ = MakeConfig(workers, round_timeout_s, algorithm);
     ASSERT_TRUE(servers_.Start(&config_).ok());
     ASSERT_NE(servers_.shard(0).bulk_port(), 0);
   }
@@ -343,6 +371,134 @@ TEST_F(BulkTransportTest, AShardGoneFailsTheRoundAtItsDeadlineNamingIt) {
       (*member)->AverageBlocks(v1::MODEL, 1, 1, v, 1.0f, 0.0f, absl::MakeSpan(mean));
   EXPECT_TRUE(absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status)) << status;
   EXPECT_THAT(status.message(), HasSubstr("PushPull to shard 0 at "));
+  EXPECT_GE((*member)->retries(), 1u);
+}
+
+TEST_F(BulkTransportTest, SparseMembersOnGrpcAndOnBulkGetTheSameRoundsReply) {
+  StartJob(2, 20, kGtopk);
+  auto grpc_member = Member(config_, v1::ClusterConfig::GRPC, 0);
+  auto bulk_member = Member(config_, v1::ClusterConfig::AUTO, 1);
+  ASSERT_TRUE(grpc_member.ok()) << grpc_member.status();
+  ASSERT_TRUE(bulk_member.ok()) << bulk_member.status();
+  const SparseVector e0 = Entries(0), e1 = Entries(1);
+  SparseVector r0, r1;
+  absl::Status s0, s1;
+  std::thread t0([&] { s0 = (*grpc_member)->ExchangeSparse(1, e0, &r0); });
+  std::thread t1([&] { s1 = (*bulk_member)->ExchangeSparse(1, e1, &r1); });
+  t0.join();
+  t1.join();
+  ASSERT_TRUE(s0.ok()) << s0;
+  ASSERT_TRUE(s1.ok()) << s1;
+  const SparseVector want = AggregateSparse({e0, e1}, SparseSelection::kGlobalTopK, kK);
+  ASSERT_EQ(want.indices.size(), kK);
+  EXPECT_EQ(r0.indices, want.indices);
+  EXPECT_EQ(r0.values, want.values);
+  EXPECT_EQ(r1.indices, want.indices);
+  EXPECT_EQ(r1.values, want.values);
+  // The bulk member's exchange went over its connection: one frame each
+  // way, headers of 48 and 24 bytes, 8 bytes an entry.
+  const TrafficCounts bulk = (*bulk_member)->sparse_traffic();
+  EXPECT_EQ(bulk.request_bytes, bulk::SparseRequest::kBytes + kK * 8);
+  EXPECT_EQ(bulk.reply_bytes, bulk::Reply::kBytes + kK * 8);
+  EXPECT_NE((*grpc_member)->sparse_traffic().request_bytes, bulk.request_bytes);
+}
+
+TEST_F(BulkTransportTest, BadSparseRequestsAreRefusedAndTheShardServesOn) {
+  StartJob(1, 20, kGtopk);
+  auto member = Member(config_, v1::ClusterConfig::GRPC, 0);  // registers rank 0
+  ASSERT_TRUE(member.ok()) << member.status();
+  auto raw = Greeted(0);
+  ASSERT_TRUE(raw.ok()) << raw.status();
+  const SparseVector good = Entries(0);
+  SparseVector unsorted = good;
+  std::swap(unsorted.indices[3], unsorted.indices[4]);
+  SparseVector short_push = good;
+  short_push.indices.resize(2);
+  short_push.values.resize(2);
+  struct Case {
+    uint32_t k;
+    const SparseVector* entries;
+    std::string says;
+  };
+  const std::vector<Case> cases = {
+      {3, &good, "k 3 is not this shard's k_s 30"},
+      {kK, &short_push, "push has 2 entries; k is 30"},
+      {kK, &unsorted, "indices must be strictly ascending"},
+  };
+  uint64_t id = 20;
+  for (const Case& c : cases) {
+    ASSERT_TRUE(raw->SendSparse({.request_id = ++id, .step = 1, .k = c.k}, *c.entries).ok());
+    auto refused = raw->Receive(/*sparse=*/true);
+    ASSERT_TRUE(refused.ok()) << refused.status();
+    EXPECT_EQ(refused->reply.request_id, id);
+    EXPECT_EQ(refused->reply.code, static_cast<uint32_t>(absl::StatusCode::kInvalidArgument));
+    EXPECT_THAT(refused->message, HasSubstr("SparsePushPull (step 1) from rank 0 to shard 0"));
+    EXPECT_THAT(refused->message, HasSubstr(c.says));
+  }
+  // A good one completes its round: one member's sum is its own entries.
+  ASSERT_TRUE(raw->SendSparse({.request_id = 30, .step = 1, .k = kK}, good).ok());
+  auto answered = raw->Receive(/*sparse=*/true);
+  ASSERT_TRUE(answered.ok()) << answered.status();
+  ASSERT_EQ(answered->reply.code, 0u) << answered->message;
+  EXPECT_EQ(answered->reply.request_id, 30u);
+  ASSERT_EQ(answered->reply.count, kK);
+  EXPECT_EQ(std::memcmp(answered->floats.data(), good.indices.data(), kK * 4), 0);
+  EXPECT_EQ(std::memcmp(answered->floats.data() + kK, good.values.data(), kK * 4), 0);
+  // More entries than a message holds cannot be read past: the shard says
+  // so and ends the connection.
+  char head[bulk::SparseRequest::kBytes];
+  bulk::Encode(bulk::SparseRequest{.count = 1u << 30, .request_id = 31, .step = 2, .k = kK},
+               head);
+  ASSERT_TRUE(raw->Send(head, sizeof(head)).ok());
+  auto fatal = raw->Receive();
+  ASSERT_TRUE(fatal.ok());
+  EXPECT_EQ(fatal->reply.request_id, 0u);
+  EXPECT_THAT(fatal->message, HasSubstr("sparse entries; a request holds at most"));
+  EXPECT_TRUE(raw->Closed());
+
+  // The shard serves on: the member's next exchange over a fresh connection.
+  auto again = Member(config_, v1::ClusterConfig::AUTO, 0);
+  ASSERT_TRUE(again.ok()) << again.status();
+  SparseVector result;
+  ASSERT_TRUE((*again)->ExchangeSparse(2, good, &result).ok());
+  EXPECT_EQ(result.indices, good.indices);
+  EXPECT_EQ((*again)->sparse_traffic().request_bytes, bulk::SparseRequest::kBytes + kK * 8);
+}
+
+TEST_F(BulkTransportTest, ADenseJobRefusesSparsePushesAndReadsOn) {
+  StartJob(1);
+  auto member = Member(config_, v1::ClusterConfig::GRPC, 0);
+  ASSERT_TRUE(member.ok()) << member.status();
+  auto raw = Greeted(0);
+  ASSERT_TRUE(raw.ok()) << raw.status();
+  ASSERT_TRUE(raw->SendSparse({.request_id = 5, .step = 1, .k = kK}, Entries(0)).ok());
+  auto refused = raw->Receive(/*sparse=*/true);
+  ASSERT_TRUE(refused.ok()) << refused.status();
+  EXPECT_EQ(refused->reply.request_id, 5u);
+  EXPECT_EQ(refused->reply.code, static_cast<uint32_t>(absl::StatusCode::kFailedPrecondition));
+  EXPECT_THAT(refused->message, HasSubstr("does not use the sparse exchange"));
+  const std::vector<float> v = Values(0);
+  ASSERT_TRUE(raw->SendRequest({.count = static_cast<uint32_t>(kD), .request_id = 6, .step = 1,
+                                .stream = v1::MODEL},
+                               v)
+                  .ok());
+  auto answered = raw->Receive();
+  ASSERT_TRUE(answered.ok()) << answered.status();
+  ASSERT_EQ(answered->reply.code, 0u) << answered->message;
+  EXPECT_EQ(answered->floats, v);
+}
+
+// As for PushPull: the push goes again over gRPC, which fails at the
+// round's deadline naming the shard.
+TEST_F(BulkTransportTest, ASparseShardGoneFailsTheExchangeAtItsDeadlineNamingIt) {
+  StartJob(1, /*round_timeout_s=*/1, kGtopk);
+  auto member = Member(config_, v1::ClusterConfig::AUTO, 0, {.rpc_slack = absl::Seconds(1)});
+  ASSERT_TRUE(member.ok());
+  servers_.shard(0).Shutdown();
+  SparseVector result;
+  const absl::Status status = (*member)->ExchangeSparse(1, Entries(0), &result);
+  EXPECT_TRUE(absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status)) << status;
+  EXPECT_THAT(status.message(), HasSubstr("SparsePushPull to shard 0 at "));
   EXPECT_GE((*member)->retries(), 1u);
 }
 
