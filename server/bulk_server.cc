@@ -366,15 +366,11 @@ class BulkServer::Connection : public std::enable_shared_from_this<Connection> {
         absl::MutexLock lock(&mu_);
         writing_ = false;
       }
-      if (!sent.ok()) {
-        shutdown(stream_->fd(), SHUT_RDWR);  // the reader stops too
-        break;
-      }
-      if (IsLast(out)) {
-        shutdown(stream_->fd(), SHUT_RDWR);
-        break;
-      }
+      if (!sent.ok() || IsLast(out)) break;
     }
+    // Nothing more will be sent: the reader stops too, and the peer learns
+    // it at once, not when the acceptor next reaps the connection.
+    shutdown(stream_->fd(), SHUT_RDWR);
     absl::MutexLock lock(&mu_);
     writer_done_ = true;
     queue_.clear();

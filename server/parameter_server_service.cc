@@ -378,7 +378,12 @@ grpc::ServerUnaryReactor* ParameterServerService::GetStatus(
   response->set_incarnation(shard_.incarnation());
   response->set_resumed_from_step(shard_.resumed_from_step());
   response->set_rolled_back_for(shard_.rolled_back_for());
-  const TrafficCounts total = traffic_.Snapshot();
+  TrafficCounts total = traffic_.Snapshot();
+  if (other_services_traffic_) {
+    const TrafficCounts other = other_services_traffic_();
+    total.request_bytes += other.request_bytes;
+    total.reply_bytes += other.reply_bytes;
+  }
   response->set_bytes_in(total.request_bytes);
   response->set_bytes_out(total.reply_bytes);
   for (int s : {v1::GRAD, v1::MODEL, v1::CHECKPOINT}) {

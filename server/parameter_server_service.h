@@ -123,6 +123,13 @@ class ParameterServerService final : public v1::ParameterServer::CallbackService
     on_roll_back_ = std::move(f);
   }
 
+  // The traffic of the shard's other services (the sparse exchange,
+  // asynchronous SGD), which GetStatus's bytes_in and bytes_out count too.
+  // Set before the service receives calls.
+  void set_other_services_traffic(std::function<TrafficCounts()> f) {
+    other_services_traffic_ = std::move(f);
+  }
+
   // The port Register advertises for the bulk transport (0: none). Set
   // before the service receives calls.
   void set_bulk_port(uint32_t port) { bulk_port_ = port; }
@@ -177,6 +184,7 @@ class ParameterServerService final : public v1::ParameterServer::CallbackService
   static constexpr int kStreams = 4;
   TrafficCounter stream_traffic_[kStreams];
   TrafficCounter other_traffic_;
+  std::function<TrafficCounts()> other_services_traffic_;
 
   std::atomic<bool> shut_down_{false};
   // Last: destroyed (joined) first, while what it calls still exists.

@@ -34,6 +34,16 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(
                    AsyncService::Create(server->shard_.get(), {.now = now}));
   {
     SparseExchangeService* sparse = server->sparse_service_.get();
+    AsyncService* async = server->async_service_.get();
+    server->service_->set_other_services_traffic([sparse, async] {
+      const SparseExchangeService::Counters sc = sparse->counters();
+      const AsyncService::Counters ac = async->counters();
+      TrafficCounts sum;
+      sum.request_bytes = sc.traffic.request_bytes + sc.refused.request_bytes +
+                          ac.traffic.request_bytes + ac.refused.request_bytes;
+      sum.reply_bytes = sc.traffic.reply_bytes + ac.traffic.reply_bytes;
+      return sum;
+    });
     server->service_->set_on_roll_back(
         [sparse](uint64_t step, const std::vector<CheckpointSection>& sections,
                  const std::string& reason) { return sparse->RollBack(step, sections, reason); });

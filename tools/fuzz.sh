@@ -19,14 +19,14 @@ export ASAN_OPTIONS=detect_container_overflow=0:abort_on_error=0
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 export OPENBLAS_NUM_THREADS=1
 
-for target in config_fuzz idx_fuzz checkpoint_fuzz request_fuzz; do
+for target in config_fuzz idx_fuzz checkpoint_fuzz request_fuzz bulk_frame_fuzz; do
   seeds=(tests/fuzz/corpus/"$target")
   if [ "$target" = config_fuzz ]; then seeds+=(configs); fi
   mkdir -p "$work/$target"
-  # The request target's shards run gRPC threads whose allocations outlive
-  # an input; leaks are checked for the others.
+  # The shards of the request and bulk frame targets run threads whose
+  # allocations outlive an input; leaks are checked for the others.
   leaks=1
-  if [ "$target" = request_fuzz ]; then leaks=0; fi
+  if [ "$target" = request_fuzz ] || [ "$target" = bulk_frame_fuzz ]; then leaks=0; fi
   if ! timeout $((seconds * 3 + 60)) "$build/bin/$target" -max_total_time="$seconds" \
       -timeout=20 -rss_limit_mb=4096 -detect_leaks=$leaks -print_final_stats=1 \
       -artifact_prefix="$work/$target-" "$work/$target" "${seeds[@]}" \

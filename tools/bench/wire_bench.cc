@@ -39,7 +39,6 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
@@ -169,7 +168,7 @@ struct Measured {
   double server_cpu = 0;               // seconds over the measured rounds
   double client_cpu = 0;
   int count = 0;                       // measured rounds
-  double balance = 0;                  // max / mean of the shards' bytes; 0: unknown
+  double balance = 0;                  // max / mean of the shards' bytes
 };
 
 // A member's client, model and mean (gTop-k: its entries and the round's);
@@ -319,8 +318,6 @@ absl::StatusOr<Measured> MeasureCserps(const Case& c, const std::string& server,
     most = std::max(most, bytes);
     total += bytes;
   }
-  // GetStatus counts the PushPull service's bytes, not the sparse
-  // exchange's: the gTop-k cases print none.
   result.balance = total > 0 ? most / (total / c.shards) : 0;
   result.selected_bytes =
       2.0 * entry_bytes * (after.request_floats - before.request_floats) / result.count;
@@ -342,12 +339,12 @@ absl::Status RunCase(const Case& c, const std::string& server) {
   const size_t payload = static_cast<size_t>(m.selected_bytes / 2);
   const double memcpy_rate = payload / Seconds(MemcpyTime(payload, 10)) / 1e9;
   std::printf(
-      "%dx%d %8s %c=%-5u %8.3f %8.3f %8.3f %8.3f %7.3f %7.3f %7.4f %7s %8.3f %8.3f %6.2f %6.2f "
+      "%dx%d %8s %c=%-5u %8.3f %8.3f %8.3f %8.3f %7.3f %7.3f %7.4f %7.3f %8.3f %8.3f %6.2f %6.2f "
       "%8.3f %6.3f\n",
       c.shards, c.members, Bytes(c.bytes).c_str(), c.gtopk ? 'K' : 'R', c.ratio, 1e3 * p50,
       1e3 * Percentile(m.rounds, 0.99), per_member, per_member * c.members,
       m.server_cpu / moved_gb, m.client_cpu / moved_gb, m.wire_bytes / m.selected_bytes,
-      m.balance > 0 ? absl::StrFormat("%.3f", m.balance).c_str() : "-", tcp_rate, grpc_rate, per_member / tcp_rate, per_member / grpc_rate, memcpy_rate,
+      m.balance, tcp_rate, grpc_rate, per_member / tcp_rate, per_member / grpc_rate, memcpy_rate,
       per_member / memcpy_rate);
   std::fflush(stdout);
   return absl::OkStatus();

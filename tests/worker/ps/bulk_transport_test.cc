@@ -4,6 +4,8 @@
 // with raw sockets from the documented frame layout (common/bulk_wire.h),
 // name what is wrong, and the shard serves on; a shutdown answers a waiting
 // member.
+#include <sys/socket.h>
+
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -131,10 +133,13 @@ class RawConnection {
                             absl::Now() + kIo, "raw recv"));
     return a;
   }
-  // True when the shard has closed the connection.
+  // Says no more requests will come.
+  void CloseSending() { shutdown(socket_.fd(), SHUT_WR); }
+  // True when the shard has closed the connection (within kIo).
   bool Closed() {
     char byte;
-    return !RecvAll(socket_.fd(), &byte, 1, absl::Now() + kIo, "raw recv").ok();
+    const absl::Status read = RecvAll(socket_.fd(), &byte, 1, absl::Now() + kIo, "raw recv");
+    return !read.ok() && !absl::IsDeadlineExceeded(read);
   }
 
  private:
@@ -295,6 +300,27 @@ TEST_F(BulkTransportTest, BadRequestsAreRefusedAndTheShardServesOn) {
   EXPECT_EQ(mean, v);
 }
 
+// The peer's end of sending is not held open until the acceptor reaps the
+// connection: its replies go out, then the shard ends it.
+TEST_F(BulkTransportTest, APeerThatStopsSendingGetsItsRepliesAndTheEnd) {
+  StartJob(1);
+  auto member = Member(config_, v1::ClusterConfig::GRPC, 0);  // registers rank 0
+  ASSERT_TRUE(member.ok()) << member.status();
+  auto raw = Greeted(0);
+  ASSERT_TRUE(raw.ok()) << raw.status();
+  const std::vector<float> v = Values(0);
+  ASSERT_TRUE(raw->SendRequest({.count = static_cast<uint32_t>(kD), .request_id = 1, .step = 1,
+                                .stream = v1::MODEL},
+                               v)
+                  .ok());
+  raw->CloseSending();
+  auto answered = raw->Receive();
+  ASSERT_TRUE(answered.ok()) << answered.status();
+  ASSERT_EQ(answered->reply.code, 0u) << answered->message;
+  EXPECT_EQ(answered->floats, v);
+  EXPECT_TRUE(raw->Closed());
+}
+
 TEST_F(BulkTransportTest, APushCutShortIsNotCounted) {
   StartJob(2);
   auto member0 = Member(config_, v1::ClusterConfig::AUTO, 0);
@@ -381,6 +407,8 @@ TEST_F(BulkTransportTest, SparseMembersOnGrpcAndOnBulkGetTheSameRoundsReply) {
   ASSERT_TRUE(grpc_member.ok()) << grpc_member.status();
   ASSERT_TRUE(bulk_member.ok()) << bulk_member.status();
   const SparseVector e0 = Entries(0), e1 = Entries(1);
+  auto before = (*grpc_member)->GetStatus(0);
+  ASSERT_TRUE(before.ok()) << before.status();
   SparseVector r0, r1;
   absl::Status s0, s1;
   std::thread t0([&] { s0 = (*grpc_member)->ExchangeSparse(1, e0, &r0); });
@@ -400,7 +428,13 @@ TEST_F(BulkTransportTest, SparseMembersOnGrpcAndOnBulkGetTheSameRoundsReply) {
   const TrafficCounts bulk = (*bulk_member)->sparse_traffic();
   EXPECT_EQ(bulk.request_bytes, bulk::SparseRequest::kBytes + kK * 8);
   EXPECT_EQ(bulk.reply_bytes, bulk::Reply::kBytes + kK * 8);
-  EXPECT_NE((*grpc_member)->sparse_traffic().request_bytes, bulk.request_bytes);
+  const TrafficCounts grpc = (*grpc_member)->sparse_traffic();
+  EXPECT_NE(grpc.request_bytes, bulk.request_bytes);
+  // The shard counts both members' bytes as they did.
+  auto after = (*grpc_member)->GetStatus(0);
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(after->bytes_in() - before->bytes_in(), grpc.request_bytes + bulk.request_bytes);
+  EXPECT_EQ(after->bytes_out() - before->bytes_out(), grpc.reply_bytes + bulk.reply_bytes);
 }
 
 TEST_F(BulkTransportTest, BadSparseRequestsAreRefusedAndTheShardServesOn) {
