@@ -12,57 +12,21 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
-#include <memory>
-#include <string>
-#include <vector>
 
 #include "absl/time/clock.h"
 #include "common/bulk_wire.h"
-#include "common/config.h"
-#include "common/config_fingerprint.h"
 #include "common/socket_io.h"
-#include "server/ps_server.h"
-#include "worker/ps/ps_client.h"
+#include "tests/fuzz/live_shard.h"
 
 namespace cserps {
 namespace {
 
 constexpr absl::Duration kDeadline = absl::Seconds(10);
 
-struct Shard {
-  std::unique_ptr<PsServer> server;
-  std::unique_ptr<PsClient> client;
-  uint64_t fingerprint = 0;
-};
-
-// d = 20 * 5 + 5 = 105 floats; chunks of 16128 floats, k_s 11.
-Shard* StartShard(const std::string& algorithm) {
-  absl::StatusOr<v1::JobConfig> config = ParseJobConfig(
-      "name: 'fuzz' cluster { servers: '127.0.0.1:0' num_workers: 1 round_timeout_s: 5 "
-      "max_message_bytes: 65536 } model { kind: SOFTMAX input_dim: 20 num_classes: 5 } "
-      "data { batch_size: 1 } optimizer { lr: 0.1 } epochs: 1 algorithm { block_size: 8 " +
-          algorithm + " }",
-      "fuzz");
-  if (!config.ok()) std::abort();
-  ApplyDefaults(&*config);
-  auto* shard = new Shard();  // lives as long as the fuzzer
-  absl::StatusOr<std::unique_ptr<PsServer>> server = PsServer::Start(*config, 0, "127.0.0.1:0");
-  if (!server.ok() || (*server)->bulk_port() == 0) std::abort();
-  shard->server = *std::move(server);
-  config->mutable_cluster()->set_servers(0, shard->server->address());
-  config->mutable_cluster()->set_transport(v1::ClusterConfig::GRPC);
-  absl::StatusOr<std::unique_ptr<PsClient>> client = PsClient::Connect(*config, 105);
-  if (!client.ok() || !(*client)->Register(0, "fuzz").ok()) std::abort();
-  shard->client = *std::move(client);
-  if (!shard->client->PushModel(std::vector<float>(105, 0.5f)).ok()) std::abort();
-  shard->fingerprint = JobFingerprint(*config);
-  return shard;
-}
-
 // Sends a hello and `bytes`, closes the sending side, and reads what the
 // shard answers until it ends the connection; false when it does not
 // within the deadline.
-bool Exchange(const Shard& shard, const uint8_t* bytes, size_t size) {
+bool Exchange(const LiveShard& shard, const uint8_t* bytes, size_t size) {
   const absl::Time deadline = absl::Now() + kDeadline;
   absl::StatusOr<Socket> socket =
       ConnectTcp("127.0.0.1", shard.server->bulk_port(), deadline, "fuzz bulk connection");
@@ -87,10 +51,10 @@ bool Exchange(const Shard& shard, const uint8_t* bytes, size_t size) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace cserps;  // NOLINT(build/namespaces): a fuzz entry point
-  static Shard* const dense = StartShard("name: 'ssgd'");
-  static Shard* const sparse = StartShard("name: 'gtopk-ssgd' density: 0.1");
+  static LiveShard* const dense = StartLiveShard("name: 'ssgd'");
+  static LiveShard* const sparse = StartLiveShard("name: 'gtopk-ssgd' density: 0.1");
   if (size < 1) return 0;
-  const Shard& shard = data[0] % 2 == 0 ? *dense : *sparse;
+  const LiveShard& shard = data[0] % 2 == 0 ? *dense : *sparse;
   if (!Exchange(shard, data + 1, size - 1)) std::abort();
   if (!dense->client->GetStatus(0).ok() || !sparse->client->GetStatus(0).ok()) std::abort();
   return 0;

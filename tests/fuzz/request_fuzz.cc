@@ -16,46 +16,26 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <vector>
 
-#include "common/config.h"
 #include "cserps/v1/parameter_server.grpc.pb.h"
-#include "server/ps_server.h"
-#include "worker/ps/ps_client.h"
+#include "tests/fuzz/live_shard.h"
 
 namespace cserps {
 namespace {
 
+// A live shard (live_shard.h) and stubs of its three services.
 struct Shard {
-  std::unique_ptr<PsServer> server;
-  std::unique_ptr<PsClient> client;
-  uint64_t fingerprint = 0;
+  LiveShard* live = nullptr;
   std::unique_ptr<v1::ParameterServer::Stub> dense;
   std::unique_ptr<v1::SparseExchange::Stub> sparse;
   std::unique_ptr<v1::AsyncParameterServer::Stub> async;
 };
 
-// d = 20 * 5 + 5 = 105 floats.
 Shard* StartShard(const std::string& algorithm) {
-  absl::StatusOr<v1::JobConfig> config = ParseJobConfig(
-      "name: 'fuzz' cluster { servers: '127.0.0.1:0' num_workers: 1 round_timeout_s: 5 "
-      "max_message_bytes: 65536 } model { kind: SOFTMAX input_dim: 20 num_classes: 5 } "
-      "data { batch_size: 1 } optimizer { lr: 0.1 } epochs: 1 algorithm { block_size: 8 " +
-          algorithm + " }",
-      "fuzz");
-  if (!config.ok()) std::abort();
-  ApplyDefaults(&*config);
   auto* shard = new Shard();  // lives as long as the fuzzer
-  absl::StatusOr<std::unique_ptr<PsServer>> server = PsServer::Start(*config, 0, "127.0.0.1:0");
-  if (!server.ok()) std::abort();
-  shard->server = *std::move(server);
-  config->mutable_cluster()->set_servers(0, shard->server->address());
-  absl::StatusOr<std::unique_ptr<PsClient>> client = PsClient::Connect(*config, 105);
-  if (!client.ok() || !(*client)->Register(0, "fuzz").ok()) std::abort();
-  shard->client = *std::move(client);
-  if (!shard->client->PushModel(std::vector<float>(105, 0.5f)).ok()) std::abort();
-  shard->fingerprint = JobFingerprint(*config);
-  auto channel = grpc::CreateChannel(shard->server->address(), grpc::InsecureChannelCredentials());
+  shard->live = StartLiveShard(algorithm);
+  auto channel =
+      grpc::CreateChannel(shard->live->server->address(), grpc::InsecureChannelCredentials());
   shard->dense = v1::ParameterServer::NewStub(channel);
   shard->sparse = v1::SparseExchange::NewStub(channel);
   shard->async = v1::AsyncParameterServer::NewStub(channel);
@@ -101,21 +81,21 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   switch (mode % 3) {
     case 0:
       status = Send(*dense->dense, &v1::ParameterServer::Stub::PushPull, data, size, mode,
-                    dense->fingerprint);
+                    dense->live->fingerprint);
       break;
     case 1:
       status = Send(*sparse->sparse, &v1::SparseExchange::Stub::SparsePushPull, data, size, mode,
-                    sparse->fingerprint);
+                    sparse->live->fingerprint);
       break;
     default:
       status = Send(*async->async, &v1::AsyncParameterServer::Stub::AsyncPushPull, data, size,
-                    mode, async->fingerprint);
+                    mode, async->live->fingerprint);
       break;
   }
   if (!status.has_value()) return 0;
   // The shard answered (any code but the deadline's, which would mean it
   // held the call) and still serves.
   if (status->error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) std::abort();
-  if (!dense->client->GetStatus(0).ok()) std::abort();
+  if (!dense->live->client->GetStatus(0).ok()) std::abort();
   return 0;
 }

@@ -103,6 +103,13 @@ class RawConnection {
     RETURN_IF_ERROR(Send(bytes, sizeof(bytes)));
     return Send(values.data(), values.size() * sizeof(float));
   }
+  // A PushPull of the whole model (one chunk, kD floats) on `stream`.
+  absl::Status SendWholePush(uint64_t request_id, uint64_t step, absl::Span<const float> values,
+                             uint32_t stream) {
+    return SendRequest({.count = static_cast<uint32_t>(kD), .request_id = request_id,
+                        .step = step, .stream = stream},
+                       values);
+  }
   // A SparsePushPull whose count is that of `entries`.
   absl::Status SendSparse(bulk::SparseRequest request, const SparseVector& entries) {
     request.count = static_cast<uint32_t>(entries.indices.size());
@@ -147,6 +154,18 @@ class RawConnection {
   Socket socket_;
 };
 
+// Sends a request's head whose count the shard cannot read past: it must
+// say so (`says`, request_id 0) and end the connection.
+template <size_t N>
+void ExpectTheEnd(RawConnection& raw, const char (&head)[N], const std::string& says) {
+  ASSERT_TRUE(raw.Send(head, N).ok());
+  auto fatal = raw.Receive();
+  ASSERT_TRUE(fatal.ok()) << fatal.status();
+  EXPECT_EQ(fatal->reply.request_id, 0u);
+  EXPECT_THAT(fatal->message, HasSubstr(says));
+  EXPECT_TRUE(raw.Closed());
+}
+
 class BulkTransportTest : public ::testing::Test {
  protected:
   void StartJob(uint32_t workers, int round_timeout_s = 20,
@@ -156,6 +175,11 @@ class BulkTransportTest : public ::testing::Test {
     ASSERT_NE(servers_.shard(0).bulk_port(), 0);
   }
   uint64_t fingerprint() const { return JobFingerprint(config_); }
+  // Rank 0 registered (over gRPC), and a raw connection greeted as it.
+  absl::StatusOr<RawConnection> RegisteredAndGreeted() {
+    RETURN_IF_ERROR(Member(config_, v1::ClusterConfig::GRPC, 0).status());
+    return Greeted(0);
+  }
   // A raw connection to shard 0 whose hello as `rank` was accepted.
   absl::StatusOr<RawConnection> Greeted(uint32_t rank) {
     ASSIGN_OR_RETURN(RawConnection raw, RawConnection::Open(servers_.shard(0)));
@@ -249,9 +273,7 @@ TEST_F(BulkTransportTest, HellosOfStrangersAreRefusedNamingWhatIsWrong) {
 
 TEST_F(BulkTransportTest, BadRequestsAreRefusedAndTheShardServesOn) {
   StartJob(1);
-  auto member = Member(config_, v1::ClusterConfig::GRPC, 0);  // registers rank 0
-  ASSERT_TRUE(member.ok()) << member.status();
-  auto raw = Greeted(0);
+  auto raw = RegisteredAndGreeted();
   ASSERT_TRUE(raw.ok()) << raw.status();
 
   const std::vector<float> v = Values(0);
@@ -282,15 +304,11 @@ TEST_F(BulkTransportTest, BadRequestsAreRefusedAndTheShardServesOn) {
   EXPECT_EQ(answered->floats, v);
   // More floats than a chunk holds cannot be read past: the shard says so
   // and ends the connection.
-  request = {.count = 1u << 30, .request_id = 14, .step = 2, .stream = v1::MODEL};
   char head[bulk::Request::kBytes];
-  bulk::Encode(request, head);
-  ASSERT_TRUE(raw->Send(head, sizeof(head)).ok());
-  auto fatal = raw->Receive();
-  ASSERT_TRUE(fatal.ok());
-  EXPECT_EQ(fatal->reply.request_id, 0u);
-  EXPECT_THAT(fatal->message, HasSubstr("a chunk holds at most"));
-  EXPECT_TRUE(raw->Closed());
+  bulk::Encode(bulk::Request{.count = 1u << 30, .request_id = 14, .step = 2,
+                             .stream = v1::MODEL},
+               head);
+  ExpectTheEnd(*raw, head, "a chunk holds at most");
 
   // The shard serves on: the member's next round over a fresh connection.
   auto again = Member(config_, v1::ClusterConfig::AUTO, 0);
@@ -304,15 +322,10 @@ TEST_F(BulkTransportTest, BadRequestsAreRefusedAndTheShardServesOn) {
 // connection: its replies go out, then the shard ends it.
 TEST_F(BulkTransportTest, APeerThatStopsSendingGetsItsRepliesAndTheEnd) {
   StartJob(1);
-  auto member = Member(config_, v1::ClusterConfig::GRPC, 0);  // registers rank 0
-  ASSERT_TRUE(member.ok()) << member.status();
-  auto raw = Greeted(0);
+  auto raw = RegisteredAndGreeted();
   ASSERT_TRUE(raw.ok()) << raw.status();
   const std::vector<float> v = Values(0);
-  ASSERT_TRUE(raw->SendRequest({.count = static_cast<uint32_t>(kD), .request_id = 1, .step = 1,
-                                .stream = v1::MODEL},
-                               v)
-                  .ok());
+  ASSERT_TRUE(raw->SendWholePush(1, 1, v, v1::MODEL).ok());
   raw->CloseSending();
   auto answered = raw->Receive();
   ASSERT_TRUE(answered.ok()) << answered.status();
@@ -357,21 +370,13 @@ TEST_F(BulkTransportTest, APushCutShortIsNotCounted) {
 
 TEST_F(BulkTransportTest, ShutdownAnswersAWaitingPushWithUnavailable) {
   StartJob(2);
-  auto member = Member(config_, v1::ClusterConfig::GRPC, 0);  // registers rank 0
-  ASSERT_TRUE(member.ok());
-  auto raw = Greeted(0);
+  auto raw = RegisteredAndGreeted();
   ASSERT_TRUE(raw.ok()) << raw.status();
   // Rank 1 never pushes, so request 1 waits in its round. Requests are
   // read in order: once request 2's refusal is back, request 1 is in.
   const std::vector<float> v = Values(0);
-  ASSERT_TRUE(raw->SendRequest({.count = static_cast<uint32_t>(kD), .request_id = 1, .step = 1,
-                                .stream = v1::MODEL},
-                               v)
-                  .ok());
-  ASSERT_TRUE(raw->SendRequest({.count = static_cast<uint32_t>(kD), .request_id = 2, .step = 1,
-                                .stream = 9},
-                               v)
-                  .ok());
+  ASSERT_TRUE(raw->SendWholePush(1, 1, v, v1::MODEL).ok());
+  ASSERT_TRUE(raw->SendWholePush(2, 1, v, 9).ok());
   auto refused = raw->Receive();
   ASSERT_TRUE(refused.ok());
   ASSERT_EQ(refused->reply.request_id, 2u);
@@ -439,9 +444,7 @@ TEST_F(BulkTransportTest, SparseMembersOnGrpcAndOnBulkGetTheSameRoundsReply) {
 
 TEST_F(BulkTransportTest, BadSparseRequestsAreRefusedAndTheShardServesOn) {
   StartJob(1, 20, kGtopk);
-  auto member = Member(config_, v1::ClusterConfig::GRPC, 0);  // registers rank 0
-  ASSERT_TRUE(member.ok()) << member.status();
-  auto raw = Greeted(0);
+  auto raw = RegisteredAndGreeted();
   ASSERT_TRUE(raw.ok()) << raw.status();
   const SparseVector good = Entries(0);
   SparseVector unsorted = good;
@@ -483,12 +486,7 @@ TEST_F(BulkTransportTest, BadSparseRequestsAreRefusedAndTheShardServesOn) {
   char head[bulk::SparseRequest::kBytes];
   bulk::Encode(bulk::SparseRequest{.count = 1u << 30, .request_id = 31, .step = 2, .k = kK},
                head);
-  ASSERT_TRUE(raw->Send(head, sizeof(head)).ok());
-  auto fatal = raw->Receive();
-  ASSERT_TRUE(fatal.ok());
-  EXPECT_EQ(fatal->reply.request_id, 0u);
-  EXPECT_THAT(fatal->message, HasSubstr("sparse entries; a request holds at most"));
-  EXPECT_TRUE(raw->Closed());
+  ExpectTheEnd(*raw, head, "sparse entries; a request holds at most");
 
   // The shard serves on: the member's next exchange over a fresh connection.
   auto again = Member(config_, v1::ClusterConfig::AUTO, 0);
@@ -501,9 +499,7 @@ TEST_F(BulkTransportTest, BadSparseRequestsAreRefusedAndTheShardServesOn) {
 
 TEST_F(BulkTransportTest, ADenseJobRefusesSparsePushesAndReadsOn) {
   StartJob(1);
-  auto member = Member(config_, v1::ClusterConfig::GRPC, 0);
-  ASSERT_TRUE(member.ok()) << member.status();
-  auto raw = Greeted(0);
+  auto raw = RegisteredAndGreeted();
   ASSERT_TRUE(raw.ok()) << raw.status();
   ASSERT_TRUE(raw->SendSparse({.request_id = 5, .step = 1, .k = kK}, Entries(0)).ok());
   auto refused = raw->Receive(/*sparse=*/true);
@@ -512,10 +508,7 @@ TEST_F(BulkTransportTest, ADenseJobRefusesSparsePushesAndReadsOn) {
   EXPECT_EQ(refused->reply.code, static_cast<uint32_t>(absl::StatusCode::kFailedPrecondition));
   EXPECT_THAT(refused->message, HasSubstr("does not use the sparse exchange"));
   const std::vector<float> v = Values(0);
-  ASSERT_TRUE(raw->SendRequest({.count = static_cast<uint32_t>(kD), .request_id = 6, .step = 1,
-                                .stream = v1::MODEL},
-                               v)
-                  .ok());
+  ASSERT_TRUE(raw->SendWholePush(6, 1, v, v1::MODEL).ok());
   auto answered = raw->Receive();
   ASSERT_TRUE(answered.ok()) << answered.status();
   ASSERT_EQ(answered->reply.code, 0u) << answered->message;
