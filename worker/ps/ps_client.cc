@@ -575,8 +575,10 @@ absl::Status PsClient::ExchangeSparse(uint64_t step, const SparseVector& local,
   // The shards' replies hold at most as many entries as a message (the
   // shards refuse to start otherwise, docs/protocol.md 14.3).
   const uint64_t max_entries = impl_->chunk_floats_ / 2;
+  // gRPC calls not yet run; run_grpc_calls runs them and puts each reply
+  // in its share.
   std::vector<std::unique_ptr<Call>> calls;
-  auto add_grpc_call = [&](Share& share) {
+  auto add_grpc_call = [&](const Share& share) {
     auto call = std::make_unique<Call>();
     call->shard = share.shard;
     v1::SparsePushPullRequest& request = call->request;
@@ -593,12 +595,36 @@ absl::Status PsClient::ExchangeSparse(uint64_t step, const SparseVector& local,
     impl_->sparse_.AddRequest(request.ByteSizeLong(), n);
     calls.push_back(std::move(call));
   };
-  auto run_grpc_calls = [&] {
-    return RunAll(calls, timeout, "SparsePushPull to", impl_->addresses_, &impl_->wait_nanos_,
-                  &impl_->retries_, [&](auto& c, auto done) {
-                    impl_->sparse_stubs_[c.shard]->async()->SparsePushPull(
-                        c.context.get(), &c.request, &c.response, std::move(done));
-                  });
+  auto run_grpc_calls = [&]() -> absl::Status {
+    RETURN_IF_ERROR(RunAll(calls, timeout, "SparsePushPull to", impl_->addresses_,
+                           &impl_->wait_nanos_, &impl_->retries_, [&](auto& c, auto done) {
+                             impl_->sparse_stubs_[c.shard]->async()->SparsePushPull(
+                                 c.context.get(), &c.request, &c.response, std::move(done));
+                           }));
+    for (const auto& call : calls) {
+      const std::string& indices = call->response.indices();
+      const std::string& values = call->response.values();
+      impl_->total_.AddReply(call->response.ByteSizeLong());
+      impl_->sparse_.AddReply(call->response.ByteSizeLong());
+      if (indices.size() % 4 != 0 || indices.size() != values.size()) {
+        return absl::DataLossError(absl::StrCat("shard ", call->shard, " answered sparse step ",
+                                                step, " with ", indices.size(),
+                                                " index bytes and ", values.size(),
+                                                " value bytes"));
+      }
+      SparseVector& reply =
+          std::find_if(shares.begin(), shares.end(),
+                       [&](const Share& share) { return share.shard == call->shard; })
+              ->reply;
+      reply.indices.resize(indices.size() / 4);
+      reply.values.resize(values.size() / 4);
+      if (!indices.empty()) {
+        std::memcpy(reply.indices.data(), indices.data(), indices.size());
+        std::memcpy(reply.values.data(), values.data(), values.size());
+      }
+    }
+    calls.clear();
+    return absl::OkStatus();
   };
   // A reply may still come for a bulk push this call gives up on: it must
   // land before `shares` are gone.
@@ -634,8 +660,6 @@ absl::Status PsClient::ExchangeSparse(uint64_t step, const SparseVector& local,
   RETURN_IF_ERROR(run_grpc_calls());
   // Shares whose bulk channel broke go again over gRPC (a retry is answered
   // from its round, never counted twice).
-  std::vector<std::unique_ptr<Call>> answered = std::move(calls);
-  calls.clear();
   const absl::Time waiting = absl::Now();
   for (Share& share : shares) {
     if (share.bulk == nullptr) continue;
@@ -655,28 +679,6 @@ absl::Status PsClient::ExchangeSparse(uint64_t step, const SparseVector& local,
   }
   impl_->wait_nanos_.fetch_add(absl::ToInt64Nanoseconds(absl::Now() - waiting));
   RETURN_IF_ERROR(run_grpc_calls());
-  for (auto& call : calls) answered.push_back(std::move(call));
-  for (const auto& call : answered) {
-    const std::string& indices = call->response.indices();
-    const std::string& values = call->response.values();
-    impl_->total_.AddReply(call->response.ByteSizeLong());
-    impl_->sparse_.AddReply(call->response.ByteSizeLong());
-    if (indices.size() % 4 != 0 || indices.size() != values.size()) {
-      return absl::DataLossError(absl::StrCat("shard ", call->shard, " answered sparse step ", step,
-                                              " with ", indices.size(), " index bytes and ",
-                                              values.size(), " value bytes"));
-    }
-    for (Share& share : shares) {
-      if (share.shard != call->shard) continue;
-      const size_t n = indices.size() / 4;
-      share.reply.indices.resize(n);
-      share.reply.values.resize(n);
-      if (n > 0) {
-        std::memcpy(share.reply.indices.data(), indices.data(), indices.size());
-        std::memcpy(share.reply.values.data(), values.data(), values.size());
-      }
-    }
-  }
   result->indices.clear();
   result->values.clear();
   for (const Share& share : shares) {
