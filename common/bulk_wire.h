@@ -1,5 +1,6 @@
 // The bulk transport's frames (docs/protocol.md 17): PushPull and
-// SparsePushPull rounds over a plain TCP connection per shard, the payload
+// SparsePushPull rounds and AsyncPushPull calls over a plain TCP connection
+// per shard, the payload
 // written and read in place, next to gRPC, which keeps every other call.
 // Fixed little-endian headers; the payload is the float32 bytes of
 // docs/protocol.md 3 (a sparse one: its uint32 indices, then its values).
@@ -26,6 +27,7 @@ inline constexpr uint32_t kVersion = 1;
 // Request kinds, the first u32 of every request.
 inline constexpr uint32_t kPushPull = 1;
 inline constexpr uint32_t kSparsePushPull = 2;
+inline constexpr uint32_t kAsyncPushPull = 3;
 // Longest error message a reply carries; longer ones are cut.
 inline constexpr uint32_t kMaxMessageBytes = 4096;
 // Longest token a hello may carry.
@@ -66,10 +68,23 @@ struct SparseRequest {
   uint32_t k = 0;  // the shard's k_s
 };
 
+// One AsyncPushPull (docs/protocol.md 15.1): the gradient of floats
+// [offset, offset + count) follows. As long as a Request.
+struct AsyncRequest {
+  static constexpr size_t kBytes = 48;
+  uint32_t kind = kAsyncPushPull;
+  uint32_t count = 0;
+  uint64_t request_id = 0;
+  uint64_t step = 0;
+  uint64_t offset = 0;
+  float lr = 0;
+};
+
 // The answer to a Hello (request_id 0) or a request: a status code (gRPC's
 // numbering), then `message_bytes` of its message (code != 0), or `count`
 // floats of the mean (code 0; a SparsePushPull's: `count` entries, indices
-// then values).
+// then values; an AsyncPushPull's: the chunk's `count` floats right after
+// its push).
 struct Reply {
   static constexpr size_t kBytes = 24;
   uint32_t code = 0;
@@ -140,6 +155,22 @@ inline SparseRequest DecodeSparseRequest(const char* in) {
   using internal::Get;
   return {Get<uint32_t>(in, 0), Get<uint32_t>(in, 4), Get<uint64_t>(in, 8),
           Get<uint64_t>(in, 16), Get<uint32_t>(in, 24)};
+}
+
+inline void Encode(const AsyncRequest& r, char* out) {
+  using internal::Put;
+  std::memset(out, 0, AsyncRequest::kBytes);
+  Put(out, 0, r.kind);
+  Put(out, 4, r.count);
+  Put(out, 8, r.request_id);
+  Put(out, 16, r.step);
+  Put(out, 24, r.offset);
+  Put(out, 32, r.lr);
+}
+inline AsyncRequest DecodeAsyncRequest(const char* in) {
+  using internal::Get;
+  return {Get<uint32_t>(in, 0), Get<uint32_t>(in, 4), Get<uint64_t>(in, 8),
+          Get<uint64_t>(in, 16), Get<uint64_t>(in, 24), Get<float>(in, 32)};
 }
 
 inline void Encode(const Reply& r, char* out) {

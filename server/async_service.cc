@@ -16,9 +16,14 @@
 namespace cserps {
 namespace {
 
-std::string Describe(const v1::AsyncPushPullRequest& request) {
-  return absl::StrCat("AsyncPushPull (step ", request.step(), ", offset ",
-                      request.offset(), ") from rank ", request.rank());
+std::string Describe(const AsyncService::PushHead& head) {
+  return absl::StrCat("AsyncPushPull (step ", head.step, ", offset ", head.offset,
+                      ") from rank ", head.rank);
+}
+
+AsyncService::PushHead HeadOf(const v1::AsyncPushPullRequest& request) {
+  return {request.fingerprint(), request.rank(),   request.step(),
+          request.lr(),          request.offset(), request.gradient().size() / sizeof(float)};
 }
 
 bool IsAsyncJob(const v1::JobConfig& config) {
@@ -68,32 +73,34 @@ void AsyncService::Shutdown() {
       absl::StrCat("server shard ", shard_.shard(), " is shutting down")));
 }
 
-absl::Status AsyncService::Validate(const v1::AsyncPushPullRequest& request) const {
+absl::Status AsyncService::Admit(const PushHead& head, absl::Time arrived) {
+  RETURN_IF_ERROR(shard_.Admit(head.fingerprint, head.rank, arrived));
+  RETURN_IF_ERROR(Validate(head));
+  return shard_.activity().CallStarted(head.rank, arrived);
+}
+
+absl::Status AsyncService::Validate(const PushHead& head) const {
   if (!async_job_) {
     return absl::FailedPreconditionError(absl::StrCat(
         "algorithm ", shard_.config().algorithm().name(),
         " does not push asynchronously (only async-sgd does)"));
   }
-  if (!std::isfinite(request.lr()) || request.lr() < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("lr ", request.lr(), " must be finite and >= 0"));
+  if (!std::isfinite(head.lr) || head.lr < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("lr ", head.lr, " must be finite and >= 0"));
   }
-  RETURN_IF_ERROR(CheckFloatBytes(request.gradient(), "gradient"));
-  const uint64_t count = request.gradient().size() / sizeof(float);
-  if (count == 0) return absl::InvalidArgumentError("gradient is empty");
-  if (count > shard_.chunk_floats()) {
+  if (head.count == 0) return absl::InvalidArgumentError("gradient is empty");
+  if (head.count > shard_.chunk_floats()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "gradient of ", count, " floats exceeds the chunk limit of ",
+        "gradient of ", head.count, " floats exceeds the chunk limit of ",
         shard_.chunk_floats(), " (cluster.max_message_bytes)"));
   }
   const ShardStore& store = shard_.store();
   const uint64_t first = store.first_float();
   const uint64_t end = first + store.size();
-  if (request.offset() < first || request.offset() >= end ||
-      count > end - request.offset()) {
+  if (head.offset < first || head.offset >= end || head.count > end - head.offset) {
     return absl::OutOfRangeError(absl::StrCat(
-        "floats [", request.offset(), ", ", request.offset() + count,
-        ") are not inside shard ", shard_.shard(), "'s [", first, ", ", end, ")"));
+        "floats [", head.offset, ", ", head.offset + head.count, ") are not inside shard ",
+        shard_.shard(), "'s [", first, ", ", end, ")"));
   }
   if (!store.initialised()) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -103,35 +110,47 @@ absl::Status AsyncService::Validate(const v1::AsyncPushPullRequest& request) con
   return absl::OkStatus();
 }
 
-absl::Status AsyncService::Apply(const v1::AsyncPushPullRequest& request,
-                                 v1::AsyncPushPullResponse* response) {
+void AsyncService::PassGate(const PushHead& head, absl::Time arrived,
+                            std::function<absl::StatusOr<uint64_t>()> apply,
+                            std::function<void(absl::Status)> finish) {
+  gate_.Arrive(head.rank, head.step, arrived,
+               [this, head, apply = std::move(apply),
+                finish = std::move(finish)](const absl::Status& released) {
+                 absl::StatusOr<uint64_t> reply_bytes =
+                     released.ok() ? apply() : absl::StatusOr<uint64_t>(released);
+                 if (reply_bytes.ok()) {
+                   traffic_.handled.AddReply(*reply_bytes);
+                 } else {
+                   pushes_failed_.fetch_add(1, std::memory_order_relaxed);
+                 }
+                 shard_.activity().CallEnded(head.rank, options_.now());
+                 finish(Prefixed(Describe(head), reply_bytes.status()));
+               });
+}
+
+absl::Status AsyncService::Apply(const PushHead& head, absl::Span<float> g,
+                                 absl::FunctionRef<absl::Status()> read) {
   ShardStore& store = shard_.store();
-  const uint64_t offset = request.offset();
-  const uint64_t count = request.gradient().size() / sizeof(float);
-  response->set_step(request.step());
-  response->set_offset(offset);
   absl::MutexLock lock(&update_mu_);
-  const auto key = std::make_pair(request.rank(), offset);
+  const auto key = std::make_pair(head.rank, head.offset);
   auto applied = applied_.find(key);
-  if (applied == applied_.end() || request.step() > applied->second) {
-    std::vector<float> g(count);
-    RETURN_IF_ERROR(BytesToFloats(request.gradient(), absl::MakeSpan(g), "gradient"));
-    std::vector<float> x(count);
-    RETURN_IF_ERROR(store.Read(offset, absl::MakeSpan(x)));
+  if (applied == applied_.end() || head.step > applied->second) {
+    std::vector<float> x(g.size());
+    RETURN_IF_ERROR(store.Read(head.offset, absl::MakeSpan(x)));
     // p = Direction(g) at x, in place of g, with the servers' momentum.
-    float* m = momentum_.empty() ? nullptr : momentum_.data() + (offset - store.first_float());
-    ComputeDirection(MakeDirectionRule(shard_.config().optimizer()), count, g.data(),
+    float* m = momentum_.empty() ? nullptr : momentum_.data() + (head.offset - store.first_float());
+    ComputeDirection(MakeDirectionRule(shard_.config().optimizer()), g.size(), g.data(),
                      x.data(), m, g.data());
     // GRAD rule of the store: x -= lr * p.
-    store.ApplyMean(/*is_model_stream=*/false, all_blocks_,
-                    offset - store.first_float(), g, request.lr());
-    applied_[key] = request.step();
+    store.ApplyMean(/*is_model_stream=*/false, all_blocks_, head.offset - store.first_float(),
+                    g, head.lr);
+    applied_[key] = head.step;
     pushes_applied_.fetch_add(1, std::memory_order_relaxed);
-    if (request.step() > newest_step_.load(std::memory_order_relaxed)) {
-      newest_step_.store(request.step(), std::memory_order_relaxed);
+    if (head.step > newest_step_.load(std::memory_order_relaxed)) {
+      newest_step_.store(head.step, std::memory_order_relaxed);
     }
   }
-  return store.Read(offset, count, response->mutable_model());
+  return read();
 }
 
 grpc::ServerUnaryReactor* AsyncService::AsyncPushPull(
@@ -144,27 +163,58 @@ grpc::ServerUnaryReactor* AsyncService::AsyncPushPull(
     reactor->Finish(ToGrpcStatus(Prefixed("AsyncPushPull", valid)));
     return reactor;
   }
-  valid = shard_.Admit(request->fingerprint(), request->rank(), arrived);
-  if (valid.ok()) valid = Validate(*request);
-  if (valid.ok()) valid = shard_.activity().CallStarted(request->rank(), arrived);
+  const PushHead head = HeadOf(*request);
+  valid = CheckFloatBytes(request->gradient(), "gradient");
+  if (valid.ok()) valid = Admit(head, arrived);
   if (!valid.ok()) {
     traffic_.refused.AddRequest(request->ByteSizeLong());
-    reactor->Finish(ToGrpcStatus(shard_.Refusal(Prefixed(Describe(*request), valid))));
+    reactor->Finish(ToGrpcStatus(shard_.Refusal(Prefixed(Describe(head), valid))));
     return reactor;
   }
   traffic_.handled.AddRequest(request->ByteSizeLong());
-  gate_.Arrive(request->rank(), request->step(), arrived,
-               [this, reactor, request, response](absl::Status status) {
-                 if (status.ok()) status = Apply(*request, response);
-                 if (status.ok()) {
-                   traffic_.handled.AddReply(response->ByteSizeLong());
-                 } else {
-                   pushes_failed_.fetch_add(1, std::memory_order_relaxed);
-                 }
-                 shard_.activity().CallEnded(request->rank(), options_.now());
-                 reactor->Finish(ToGrpcStatus(Prefixed(Describe(*request), status)));
-               });
+  PassGate(
+      head, arrived,
+      [this, head, request, response]() -> absl::StatusOr<uint64_t> {
+        std::vector<float> g(head.count);
+        RETURN_IF_ERROR(BytesToFloats(request->gradient(), absl::MakeSpan(g), "gradient"));
+        response->set_step(head.step);
+        response->set_offset(head.offset);
+        RETURN_IF_ERROR(Apply(head, absl::MakeSpan(g), [&] {
+          return shard_.store().Read(head.offset, head.count, response->mutable_model());
+        }));
+        return response->ByteSizeLong();
+      },
+      [reactor](const absl::Status& status) { reactor->Finish(ToGrpcStatus(status)); });
   return reactor;
+}
+
+void AsyncService::Push(const PushHead& head, std::shared_ptr<float[]> gradient,
+                        uint64_t request_bytes, uint64_t reply_overhead, ModelReply done) {
+  const absl::Time arrived = options_.now();
+  absl::Status valid = Admit(head, arrived);
+  if (!valid.ok()) {
+    traffic_.refused.AddRequest(request_bytes);
+    done(shard_.Refusal(Prefixed(Describe(head), valid)));
+    return;
+  }
+  traffic_.handled.AddRequest(request_bytes);
+  auto model = std::make_shared<MeanValues>(head.count);
+  PassGate(
+      head, arrived,
+      [this, head, gradient = std::move(gradient), model,
+       reply_overhead]() -> absl::StatusOr<uint64_t> {
+        RETURN_IF_ERROR(Apply(head, absl::MakeSpan(gradient.get(), head.count), [&] {
+          return shard_.store().Read(head.offset, absl::MakeSpan(*model));
+        }));
+        return reply_overhead + head.count * sizeof(float);
+      },
+      [model, done = std::move(done)](const absl::Status& status) {
+        if (status.ok()) {
+          done(RoundMean(model));
+        } else {
+          done(status);
+        }
+      });
 }
 
 AsyncService::Counters AsyncService::counters() const {

@@ -6,6 +6,8 @@
 // applied), and answers with the updated chunk. algorithm.staleness bounds
 // how far a rank may run ahead of the slowest live one
 // (server/async_staleness_gate.h): such a push parks its reactor, no thread.
+// Pushes over the bulk transport (Push) take the same checks, gate and
+// update.
 //
 // Pushes are applied one at a time per shard. Dense rounds (PushPull) must
 // not write the same floats concurrently; async-sgd uses none while training.
@@ -21,6 +23,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -29,6 +32,7 @@
 #include "cserps/v1/parameter_server.grpc.pb.h"
 #include "server/async_staleness_gate.h"
 #include "server/expiry_thread.h"
+#include "server/round_table.h"
 #include "server/service_traffic.h"
 #include "server/service_options.h"
 #include "server/shard_context.h"
@@ -82,15 +86,43 @@ class AsyncService final : public v1::AsyncParameterServer::CallbackService {
                                           const v1::AsyncPushPullRequest* request,
                                           v1::AsyncPushPullResponse* response) override;
 
+  // A push that came over the bulk transport (docs/protocol.md 17), whose
+  // connection's hello authenticated it: AsyncPushPull's checks, messages,
+  // gate and update. `gradient` (count floats) is the service's to
+  // overwrite. `done` is called once, with the chunk's model right after
+  // the push or the refusal. `request_bytes`, and a reply's floats plus
+  // `reply_overhead`, count as the service's traffic.
+  struct PushHead {
+    uint64_t fingerprint = 0;
+    uint32_t rank = 0;
+    uint64_t step = 0;
+    float lr = 0;
+    uint64_t offset = 0;  // global float index of the chunk
+    uint64_t count = 0;   // its floats
+  };
+  using ModelReply = std::function<void(absl::StatusOr<RoundMean>)>;
+  void Push(const PushHead& head, std::shared_ptr<float[]> gradient, uint64_t request_bytes,
+            uint64_t reply_overhead, ModelReply done);
+
  private:
   AsyncService(ShardContext* shard, Options options);
 
+  // The checks before the gate (sender, push), and the start of its call.
+  absl::Status Admit(const PushHead& head, absl::Time arrived);
   // Checks everything but the sender (fingerprint, membership) and the
   // staleness bound.
-  absl::Status Validate(const v1::AsyncPushPullRequest& request) const;
-  // Applies the push (unless it is a retry) and fills `response`.
-  absl::Status Apply(const v1::AsyncPushPullRequest& request,
-                     v1::AsyncPushPullResponse* response);
+  absl::Status Validate(const PushHead& head) const;
+  // Parks the admitted push at the gate; once released, `apply` updates the
+  // model and returns the reply's bytes, and `finish` gets the outcome,
+  // prefixed with the push's name.
+  void PassGate(const PushHead& head, absl::Time arrived,
+                std::function<absl::StatusOr<uint64_t>()> apply,
+                std::function<void(absl::Status)> finish);
+  // Applies the push of gradient `g` (overwritten with the direction)
+  // unless it is a retry, then calls `read` for the reply, under the same
+  // lock.
+  absl::Status Apply(const PushHead& head, absl::Span<float> g,
+                     absl::FunctionRef<absl::Status()> read);
 
   ShardContext& shard_;
   const Options options_;

@@ -32,11 +32,12 @@ constexpr size_t kDirectReplyBytes = 256 << 10;
 class BulkServer::Connection : public std::enable_shared_from_this<Connection> {
  public:
   Connection(std::unique_ptr<ByteStream> stream, ShardContext* shard,
-             ParameterServerService* service, SparseExchangeService* sparse)
+             ParameterServerService* service, SparseExchangeService* sparse, AsyncService* async)
       : stream_(std::move(stream)),
         shard_(*shard),
         service_(*service),
         sparse_(*sparse),
+        async_(*async),
         chunk_floats_(shard->chunk_floats()),
         reply_timeout_(absl::Seconds(shard->config().cluster().round_timeout_s())) {}
 
@@ -74,8 +75,9 @@ class BulkServer::Connection : public std::enable_shared_from_this<Connection> {
   struct Outgoing {
     bulk::Reply head;
     std::string message;
-    RoundMean mean;           // code 0, a PushPull's
+    RoundMean mean;           // code 0, a PushPull's or an AsyncPushPull's floats
     SparseRoundReply sparse;  // code 0, a SparsePushPull's
+    bool push_pull = false;   // a PushPull's mean, counted by the PushPull service
     int stream = 0;
     size_t sent = 0;  // bytes of the frame already written
   };
@@ -126,10 +128,14 @@ class BulkServer::Connection : public std::enable_shared_from_this<Connection> {
         RETURN_IF_ERROR(ServeSparse(hello, bulk::DecodeSparseRequest(head_bytes)));
         continue;
       }
+      if (request.kind == bulk::kAsyncPushPull) {
+        RETURN_IF_ERROR(ServeAsync(hello, bulk::DecodeAsyncRequest(head_bytes)));
+        continue;
+      }
       if (request.kind != bulk::kPushPull) {
         return Fatal(absl::InvalidArgumentError(absl::StrCat(
             "unknown bulk request kind ", request.kind,
-            " (known: 1, PushPull; 2, SparsePushPull)")));
+            " (known: 1, PushPull; 2, SparsePushPull; 3, AsyncPushPull)")));
       }
       if (request.count > chunk_floats_) {
         return Fatal(absl::InvalidArgumentError(absl::StrCat(
@@ -202,6 +208,39 @@ class BulkServer::Connection : public std::enable_shared_from_this<Connection> {
     return absl::OkStatus();
   }
 
+  // Reads an AsyncPushPull's gradient and hands it to the asynchronous
+  // service, whose reply (or refusal) is queued. An error ends the
+  // connection.
+  absl::Status ServeAsync(const bulk::Hello& hello, const bulk::AsyncRequest& request) {
+    if (request.count > chunk_floats_) {
+      return Fatal(absl::InvalidArgumentError(absl::StrCat(
+          "bulk request ", request.request_id, " carries ", request.count,
+          " floats; a chunk holds at most ", chunk_floats_)));
+    }
+    std::shared_ptr<float[]> gradient(new float[request.count]);
+    RETURN_IF_ERROR(stream_->RecvAll(gradient.get(), request.count * sizeof(float),
+                                     absl::Now() + reply_timeout_, "bulk request gradient"));
+    const uint64_t bytes = bulk::AsyncRequest::kBytes + uint64_t{request.count} * sizeof(float);
+    std::weak_ptr<Connection> weak = weak_from_this();
+    async_.Push({hello.fingerprint, hello.rank, request.step, request.lr, request.offset,
+                 request.count},
+                std::move(gradient), bytes, bulk::Reply::kBytes,
+                [weak, request_id = request.request_id](absl::StatusOr<RoundMean> model) {
+                  std::shared_ptr<Connection> self = weak.lock();
+                  if (self == nullptr) return;
+                  if (!model.ok()) {
+                    self->Enqueue(Failure(request_id, model.status()));
+                    return;
+                  }
+                  Outgoing out;
+                  out.head.request_id = request_id;
+                  out.head.count = static_cast<uint32_t>((*model)->size());
+                  out.mean = *std::move(model);
+                  self->Enqueue(std::move(out));
+                });
+    return absl::OkStatus();
+  }
+
   // The token that follows `hello`, read within `deadline`; a token too long
   // to read is refused (answered, and the connection ended).
   absl::StatusOr<std::string> ReadToken(const bulk::Hello& hello, absl::Time deadline) {
@@ -262,6 +301,7 @@ class BulkServer::Connection : public std::enable_shared_from_this<Connection> {
                          out.head.count = static_cast<uint32_t>((*mean)->size());
                          out.head.members = self->service_.members();
                          out.mean = *std::move(mean);
+                         out.push_pull = true;
                          out.stream = stream;
                          self->Enqueue(std::move(out));
                        },
@@ -323,7 +363,7 @@ class BulkServer::Connection : public std::enable_shared_from_this<Connection> {
       if (writer_done_) return;
       // Counted once committed to, before it leaves, as gRPC's replies are:
       // a member that has its mean sees it in the shard's counters.
-      if (out.mean != nullptr) service_.CountReply(out.stream, FrameBytes(out));
+      if (out.push_pull) service_.CountReply(out.stream, FrameBytes(out));
       if (writing_ || !queue_.empty() || IsLast(out) || FrameBytes(out) > kDirectReplyBytes ||
           stream_->tls()) {
         queue_.push_back(std::move(out));
@@ -380,6 +420,7 @@ class BulkServer::Connection : public std::enable_shared_from_this<Connection> {
   ShardContext& shard_;
   ParameterServerService& service_;
   SparseExchangeService& sparse_;
+  AsyncService& async_;
   const uint64_t chunk_floats_;
   const absl::Duration reply_timeout_;
   mutable absl::Mutex mu_;
@@ -395,6 +436,7 @@ class BulkServer::Connection : public std::enable_shared_from_this<Connection> {
 absl::StatusOr<std::unique_ptr<BulkServer>> BulkServer::Start(ShardContext* shard,
                                                               ParameterServerService* service,
                                                               SparseExchangeService* sparse,
+                                                              AsyncService* async,
                                                               const std::string& host,
                                                               int port) {
   std::shared_ptr<TlsContext> tls;
@@ -409,17 +451,18 @@ absl::StatusOr<std::unique_ptr<BulkServer>> BulkServer::Start(ShardContext* shar
         absl::StrCat("bulk transport: ", listener.status().message()));
   }
   std::unique_ptr<BulkServer> server(
-      new BulkServer(shard, service, sparse, std::move(tls), *std::move(listener), bound));
+      new BulkServer(shard, service, sparse, async, std::move(tls), *std::move(listener), bound));
   server->acceptor_ = std::thread([s = server.get()] { s->AcceptLoop(); });
   return server;
 }
 
 BulkServer::BulkServer(ShardContext* shard, ParameterServerService* service,
-                       SparseExchangeService* sparse, std::shared_ptr<TlsContext> tls,
-                       Socket listener, int port)
+                       SparseExchangeService* sparse, AsyncService* async,
+                       std::shared_ptr<TlsContext> tls, Socket listener, int port)
     : shard_(*shard),
       service_(*service),
       sparse_(*sparse),
+      async_(*async),
       tls_(std::move(tls)),
       listener_(std::move(listener)),
       port_(port),
@@ -463,7 +506,8 @@ void BulkServer::AcceptLoop() {
       }
       stream = *std::move(secured);
     }
-    auto connection = std::make_shared<Connection>(std::move(stream), &shard_, &service_, &sparse_);
+    auto connection =
+        std::make_shared<Connection>(std::move(stream), &shard_, &service_, &sparse_, &async_);
     connection->Start(std::move(refusal));
     connections_.push_back(std::move(connection));
   }

@@ -1,9 +1,10 @@
 // The bulk transport of one shard (docs/protocol.md 17): PushPull and
-// SparsePushPull rounds over TCP, with TLS when the job has it, next to the
-// gRPC services, into the same rounds, so a round may mix members of both.
-// A request's payload is read into a buffer of its own and added to the
-// round from there; each reply is written from the round's mean (or sparse
-// reply), which every member's reply shares.
+// SparsePushPull rounds and AsyncPushPull calls over TCP, with TLS when the
+// job has it, next to the gRPC services, into the same rounds, so a round
+// may mix members of both. A request's payload is read into a buffer of its
+// own and added to the round from there; each reply is written from the
+// round's mean (or sparse reply), which every member's reply shares, or
+// from the chunk an asynchronous push read back.
 //
 // Threads: an acceptor, and per connection a reader (requests, into the
 // rounds) and a writer (replies, in the order rounds complete), so a member
@@ -22,6 +23,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/byte_stream.h"
 #include "common/socket_io.h"
+#include "server/async_service.h"
 #include "server/parameter_server_service.h"
 #include "server/shard_context.h"
 #include "server/sparse_exchange_service.h"
@@ -39,6 +41,7 @@ class BulkServer {
   static absl::StatusOr<std::unique_ptr<BulkServer>> Start(ShardContext* shard,
                                                            ParameterServerService* service,
                                                            SparseExchangeService* sparse,
+                                                           AsyncService* async,
                                                            const std::string& host,
                                                            int port);
   ~BulkServer();
@@ -49,14 +52,15 @@ class BulkServer {
 
   // Stops accepting, ends every connection once its queued replies are sent
   // (at most a few seconds), and joins every thread. Call after the
-  // service's Shutdown, whose failed rounds are replies too. Idempotent.
+  // services' Shutdown, whose failed rounds and parked pushes are replies
+  // too. Idempotent.
   void Shutdown();
 
  private:
   class Connection;
   BulkServer(ShardContext* shard, ParameterServerService* service,
-             SparseExchangeService* sparse, std::shared_ptr<TlsContext> tls, Socket listener,
-             int port);
+             SparseExchangeService* sparse, AsyncService* async, std::shared_ptr<TlsContext> tls,
+             Socket listener, int port);
   void AcceptLoop();
   // Joins and drops the connections whose threads have ended.
   void Reap() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -64,6 +68,7 @@ class BulkServer {
   ShardContext& shard_;
   ParameterServerService& service_;
   SparseExchangeService& sparse_;
+  AsyncService& async_;
   const std::shared_ptr<TlsContext> tls_;  // null: plaintext
   Socket listener_;
   const int port_;

@@ -60,7 +60,8 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(
     RETURN_IF_ERROR(SplitHostPort(listen_address, &host, &unused));
     absl::StatusOr<std::unique_ptr<BulkServer>> bulk =
         BulkServer::Start(server->shard_.get(), server->service_.get(),
-                          server->sparse_service_.get(), host, bulk_port);
+                          server->sparse_service_.get(), server->async_service_.get(), host,
+                          bulk_port);
     if (!bulk.ok()) {
       return absl::Status(bulk.status().code(),
                           absl::StrCat("shard ", shard, ": listening on ", listen_address, ": ",
@@ -158,9 +159,10 @@ void PsServer::Shutdown() {
   // Start() may have failed half-way.
   if (service_ != nullptr) service_->Shutdown();
   if (sparse_service_ != nullptr) sparse_service_->Shutdown();
-  // After the services' Shutdown, whose failed rounds it still answers.
-  if (bulk_ != nullptr) bulk_->Shutdown();
   if (async_service_ != nullptr) async_service_->Shutdown();
+  // After the services' Shutdown, whose failed rounds and pushes it still
+  // answers.
+  if (bulk_ != nullptr) bulk_->Shutdown();
   if (server_ != nullptr) {
     server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
   }

@@ -1,7 +1,7 @@
 // libFuzzer target: the bulk transport's frame reader (docs/protocol.md 17)
-// of a live shard. Two one-worker jobs (ssgd, gtopk-ssgd) run in this
-// process on 127.0.0.1, registered and initialised; each input opens a bulk
-// connection to one of them (the first byte picks which), says hello as
+// of a live shard. Three one-worker jobs (ssgd, gtopk-ssgd, async-sgd) run
+// in this process on 127.0.0.1, registered and initialised; each input
+// opens a bulk connection to one of them (the first byte picks which), says hello as
 // rank 0 of the job, sends the rest of the input as the connection's bytes
 // and closes its side. The shard must answer, and end the connection,
 // within the deadline, whatever the bytes, and keep serving.
@@ -53,9 +53,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace cserps;  // NOLINT(build/namespaces): a fuzz entry point
   static LiveShard* const dense = StartLiveShard("name: 'ssgd'");
   static LiveShard* const sparse = StartLiveShard("name: 'gtopk-ssgd' density: 0.1");
+  static LiveShard* const async = StartLiveShard("name: 'async-sgd'");
   if (size < 1) return 0;
-  const LiveShard& shard = data[0] % 2 == 0 ? *dense : *sparse;
-  if (!Exchange(shard, data + 1, size - 1)) std::abort();
-  if (!dense->client->GetStatus(0).ok() || !sparse->client->GetStatus(0).ok()) std::abort();
+  LiveShard* const shards[] = {dense, sparse, async};
+  if (!Exchange(*shards[data[0] % 3], data + 1, size - 1)) std::abort();
+  for (LiveShard* shard : shards) {
+    if (!shard->client->GetStatus(0).ok()) std::abort();
+  }
   return 0;
 }

@@ -20,6 +20,9 @@
 // gtopk-ssgd's sparse exchange (PsClient::ExchangeSparse: each member's k
 // entries of index and value, the shard's k back). Built a second time as
 // cserps-bench-scale, whose defaults are many members against 1 to 8 shards.
+// With --async the dense cases time async-sgd's AsyncPushPull instead (each
+// member pushes a gradient of the whole model and gets the updated model
+// back, with no round to wait for).
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -84,6 +87,9 @@ ABSL_FLAG(bool, grad, false,
           "Dense rounds of the GRAD stream, as S-SGD's (the shard applies x -= lr * mean), "
           "instead of MODEL (x = mean); the GRBS rounds stay on MODEL, the only stream the "
           "bench's job (cser-pl) takes them on.");
+ABSL_FLAG(bool, async, false,
+          "Dense cases of async-sgd's AsyncPushPull (push a gradient, pull the updated model, "
+          "no round) instead of PushPull rounds.");
 ABSL_FLAG(int64_t, chunk_bytes, 0, "cluster.chunk_bytes; 0: the default.");
 ABSL_FLAG(int64_t, max_message_bytes, 0,
           "cluster.max_message_bytes (the chunk size follows it); 0: the default.");
@@ -101,6 +107,7 @@ struct Case {
   v1::Stream stream = v1::MODEL;  // dense rounds: GRAD with --grad
   float lr = 0.0f;
   bool gtopk = false;  // gtopk-ssgd's sparse exchange
+  bool async = false;  // async-sgd's AsyncPushPull (dense)
 };
 
 std::string Bytes(uint64_t b) {
@@ -154,6 +161,7 @@ std::string JobText(const Case& c, int block_size) {
                       // may average the whole model (its final average).
                       c.gtopk        ? absl::StrCat("algorithm { name: \"gtopk-ssgd\" "
                                                     "density: ", 1.0 / c.ratio)
+                      : c.async      ? "algorithm { name: \"async-sgd\""
                       : c.ratio == 1 ? "algorithm { name: \"ssgd\""
                                      : absl::StrCat("algorithm { name: \"cser-pl\" period: 1 "
                                                     "ratio_c1: ", c.ratio),
@@ -212,9 +220,11 @@ absl::Status RunRounds(std::vector<Member>& members, const Case& c, uint64_t fir
         const absl::Time start = absl::Now();
         status[m] = c.gtopk ? member.client->ExchangeSparse(first + r, member.local,
                                                             &member.global)
-                            : member.client->AverageBlocks(c.stream, first + r, c.ratio,
-                                                           member.values, 1.0f, c.lr,
-                                                           absl::MakeSpan(member.mean));
+                    : c.async ? member.client->AsyncPushPull(first + r, c.lr, member.values,
+                                                             absl::MakeSpan(member.mean))
+                              : member.client->AverageBlocks(c.stream, first + r, c.ratio,
+                                                             member.values, 1.0f, c.lr,
+                                                             absl::MakeSpan(member.mean));
         per[m].push_back(absl::Now() - start);
       }
     });
@@ -271,9 +281,13 @@ absl::StatusOr<Measured> MeasureCserps(const Case& c, const std::string& server,
     }
     members.push_back(std::move(member));
   }
+  // Asynchronous pushes apply to a model rank 0 has set.
+  if (c.async) RETURN_IF_ERROR(members[0].client->PushModel(members[0].mean));
   // What a round moved: gTop-k's entries are an index and a value each.
   auto traffic = [&c](const PsClient& client) {
-    return c.gtopk ? client.sparse_traffic() : client.traffic(c.stream);
+    return c.gtopk   ? client.sparse_traffic()
+           : c.async ? client.async_traffic()
+                     : client.traffic(c.stream);
   };
   const int entry_bytes = c.gtopk ? 8 : 4;
   const absl::Time warm = absl::Now();
@@ -391,6 +405,9 @@ absl::Status Run() {
     std::printf("cserps rounds: mutual TLS and the job's token (%s)\n", dir.c_str());
   }
   std::printf("R: GRBS ratio (1: dense); K: gTop-k at density 1/K, 8 bytes an entry\n");
+  if (absl::GetFlag(FLAGS_async)) {
+    std::printf("dense cases: async-sgd's AsyncPushPull (gradient pushed, model pulled)\n");
+  }
   std::printf("GB/s: 2 x selected payload per round (push and pull); CPU in s per GB moved "
               "(all members); wire: serialised bytes / payload bytes; shards: max / mean of "
               "the shards' bytes; x tcp, x grpc, x mcpy: cserps' GB/s per member over the "
@@ -399,11 +416,16 @@ absl::Status Run() {
               "model", "ratio", "p50 ms", "p99 ms", "GB/s/m", "GB/s", "srv s/G", "cli s/G",
               "wire", "shards", "tcp GB/s", "grpc", "x tcp", "x grpc", "mcpy", "x mcpy");
   const bool grad = absl::GetFlag(FLAGS_grad);
+  const bool async = absl::GetFlag(FLAGS_async);
   const v1::Stream stream = grad ? v1::GRAD : v1::MODEL;
-  const float lr = grad ? 1e-3f : 0.0f;
+  const float lr = grad || async ? 1e-3f : 0.0f;
   const uint64_t grbs_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_grbs_bytes));
   for (const auto& [s, m] : layouts) {
-    for (uint64_t bytes : sizes) RETURN_IF_ERROR(RunCase({s, m, bytes, 1, stream, lr}, server));
+    for (uint64_t bytes : sizes) {
+      RETURN_IF_ERROR(RunCase(
+          {.shards = s, .members = m, .bytes = bytes, .stream = stream, .lr = lr, .async = async},
+          server));
+    }
     for (uint64_t r : ratios) {
       RETURN_IF_ERROR(RunCase({s, m, grbs_bytes, static_cast<uint32_t>(r)}, server));
     }

@@ -130,8 +130,34 @@ absl::StatusOr<uint64_t> BulkChannel::SendSparse(uint64_t step, uint32_t k,
                   {const_cast<uint32_t*>(indices.data()), indices.size() * sizeof(uint32_t)},
                   {const_cast<float*>(values.data()), values.size() * sizeof(float)}};
   Pending pending;
+  pending.call = "SparsePushPull";
   pending.sparse = result;
   pending.max_entries = max_entries;
+  return SendFrame(std::move(pending), absl::MakeSpan(iov),
+                   [&](uint64_t id) {
+                     request.request_id = id;
+                     bulk::Encode(request, head);
+                   },
+                   deadline);
+}
+
+absl::StatusOr<uint64_t> BulkChannel::SendAsync(uint64_t step, float lr, uint64_t offset,
+                                                absl::Span<const float> gradient,
+                                                absl::Span<float> model, absl::Time deadline) {
+  if (gradient.size() != model.size() || gradient.size() > UINT32_MAX) {
+    return absl::InvalidArgumentError(absl::StrCat("AsyncPushPull to ", name_, ": ",
+                                                   gradient.size(), " floats pushed, ",
+                                                   model.size(), " floats of model"));
+  }
+  bulk::AsyncRequest request{
+      .count = static_cast<uint32_t>(gradient.size()), .step = step, .offset = offset, .lr = lr};
+  char head[bulk::AsyncRequest::kBytes];
+  iovec iov[2] = {{head, sizeof(head)},
+                  {const_cast<float*>(gradient.data()), gradient.size() * sizeof(float)}};
+  Pending pending;
+  pending.call = "AsyncPushPull";
+  pending.mean = {model};
+  pending.count = gradient.size();
   return SendFrame(std::move(pending), absl::MakeSpan(iov),
                    [&](uint64_t id) {
                      request.request_id = id;
@@ -206,6 +232,7 @@ absl::Status BulkChannel::ReadOne(absl::Time deadline) {
   const bulk::Reply reply = bulk::DecodeReply(head);
   std::vector<absl::Span<float>> mean;
   SparseVector* sparse = nullptr;
+  const char* call = nullptr;
   {
     absl::MutexLock lock(&mu_);
     auto it = pending_.find(reply.request_id);
@@ -232,15 +259,14 @@ absl::Status BulkChannel::ReadOne(absl::Time deadline) {
     }
     mean = it->second.mean;  // the owner keeps them alive until it is done
     sparse = it->second.sparse;
+    call = it->second.call;
     reading_id_ = reply.request_id;
   }
   absl::Status status;
   if (reply.code != 0) {
     ASSIGN_OR_RETURN(absl::Status refusal,
                      ReadRefusal(*stream_, reply, deadline, "receive"));
-    status = WithPrefix(absl::StrCat(sparse != nullptr ? "SparsePushPull to " : "PushPull to ",
-                                     name_),
-                        refusal);
+    status = WithPrefix(absl::StrCat(call, " to ", name_), refusal);
   } else {
     std::vector<iovec> iov;
     if (sparse != nullptr) {

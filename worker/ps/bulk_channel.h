@@ -2,7 +2,8 @@
 // when the job has it: PushPull requests written from the caller's floats
 // (gathered from its spans, no copy), and their replies read straight into
 // the caller's mean spans; SparsePushPull requests likewise, their replies
-// read into the caller's sparse vector.
+// read into the caller's sparse vector; AsyncPushPull requests, their
+// replies read into the caller's model.
 // Requests of several rounds may be in flight; a reply is delivered to its
 // own request whichever waiter reads it.
 //
@@ -66,6 +67,13 @@ class BulkChannel {
                                       absl::Span<const uint32_t> indices,
                                       absl::Span<const float> values, SparseVector* result,
                                       uint64_t max_entries, absl::Time deadline);
+  // Sends an AsyncPushPull of `step` with the gradient of the floats from
+  // global index `offset` on. The reply's floats (the chunk's model) will go
+  // to `model` (as many as `gradient`), which must stay alive until Wait
+  // returns for the id returned.
+  absl::StatusOr<uint64_t> SendAsync(uint64_t step, float lr, uint64_t offset,
+                                     absl::Span<const float> gradient, absl::Span<float> model,
+                                     absl::Time deadline);
   // Blocks until request `id`'s reply is in its mean; the shard's error for
   // the request, or the channel's.
   absl::Status Wait(uint64_t id, absl::Time deadline);
@@ -81,6 +89,7 @@ class BulkChannel {
 
  private:
   struct Pending {
+    const char* call = "PushPull";  // its errors' prefix
     std::vector<absl::Span<float>> mean;
     uint64_t count = 0;
     // A SparsePushPull's: where its reply goes, and how many entries it

@@ -505,30 +505,92 @@ absl::Status PsClient::AsyncPushPull(uint64_t step, float lr, absl::Span<const f
   // round_timeout_s after it went silent.
   const absl::Duration timeout =
       absl::Seconds(impl.config_.cluster().round_timeout_s()) + impl.options_.rpc_slack;
-  const auto calls = impl.ChunkCalls<Call>([&](Call& call, uint64_t offset) {
-    call.request.set_fingerprint(impl.fingerprint_);
-    call.request.set_rank(impl.rank_);
-    call.request.set_step(step);
-    call.request.set_lr(lr);
-    call.request.set_offset(offset);
-    AppendFloats(grad.subspan(offset, call.count), call.request.mutable_gradient());
-    impl.total_.AddRequest(call.request.ByteSizeLong());
-    impl.async_.AddRequest(call.request.ByteSizeLong(), call.count);
-  });
-  // A push sent again is applied once per (rank, offset, step).
-  RETURN_IF_ERROR(RunAll(calls, timeout, "AsyncPushPull to", impl.addresses_, &impl.wait_nanos_,
-                         &impl.retries_, [&](Call& c, auto done) {
-                           impl.async_stubs_[c.shard]->async()->AsyncPushPull(
-                               c.context.get(), &c.request, &c.response, std::move(done));
-                         }));
-  for (const auto& call : calls) {
-    impl.total_.AddReply(call->response.ByteSizeLong());
-    impl.async_.AddReply(call->response.ByteSizeLong());
-    RETURN_IF_ERROR(BytesToFloats(call->response.model(),
-                                  model.subspan(call->request.offset(), call->count),
-                                  absl::StrCat("AsyncPushPull reply from shard ", call->shard)));
+  const absl::Time deadline = absl::Now() + timeout;
+  // gRPC calls not yet run; run_grpc_calls runs them and reads each reply
+  // into `model`.
+  std::vector<std::unique_ptr<Call>> calls;
+  auto add_grpc_call = [&](const Impl::ModelChunk& chunk) {
+    auto call = std::make_unique<Call>();
+    call->shard = chunk.shard;
+    call->count = chunk.count;
+    call->request.set_fingerprint(impl.fingerprint_);
+    call->request.set_rank(impl.rank_);
+    call->request.set_step(step);
+    call->request.set_lr(lr);
+    call->request.set_offset(chunk.offset);
+    AppendFloats(grad.subspan(chunk.offset, chunk.count), call->request.mutable_gradient());
+    impl.total_.AddRequest(call->request.ByteSizeLong());
+    impl.async_.AddRequest(call->request.ByteSizeLong(), chunk.count);
+    calls.push_back(std::move(call));
+  };
+  auto run_grpc_calls = [&]() -> absl::Status {
+    // A push sent again is applied once per (rank, offset, step).
+    RETURN_IF_ERROR(RunAll(calls, timeout, "AsyncPushPull to", impl.addresses_,
+                           &impl.wait_nanos_, &impl.retries_, [&](Call& c, auto done) {
+                             impl.async_stubs_[c.shard]->async()->AsyncPushPull(
+                                 c.context.get(), &c.request, &c.response, std::move(done));
+                           }));
+    for (const auto& call : calls) {
+      impl.total_.AddReply(call->response.ByteSizeLong());
+      impl.async_.AddReply(call->response.ByteSizeLong());
+      RETURN_IF_ERROR(
+          BytesToFloats(call->response.model(), model.subspan(call->request.offset(), call->count),
+                        absl::StrCat("AsyncPushPull reply from shard ", call->shard)));
+    }
+    calls.clear();
+    return absl::OkStatus();
+  };
+  struct BulkPush {
+    Impl::ModelChunk chunk;
+    BulkChannel* bulk = nullptr;
+    uint64_t id = 0;
+  };
+  std::vector<BulkPush> bulk_pushes;
+  // A reply may still come for a bulk push this call gives up on: it must
+  // land before the caller's `model` may be gone.
+  absl::Cleanup wait_for_bulk = [&] {
+    for (BulkPush& push : bulk_pushes) {
+      if (push.bulk != nullptr) push.bulk->Wait(push.id, deadline).IgnoreError();
+    }
+  };
+  // Every chunk leaves before this member waits for any: a push held back
+  // by the staleness bound must not hold up this member's other pushes.
+  for (const Impl::ModelChunk& chunk : impl.ModelChunks()) {
+    if (BulkChannel* bulk = impl.BulkFor(chunk.shard); bulk != nullptr) {
+      absl::StatusOr<uint64_t> id =
+          bulk->SendAsync(step, lr, chunk.offset, grad.subspan(chunk.offset, chunk.count),
+                          model.subspan(chunk.offset, chunk.count), deadline);
+      if (id.ok()) {
+        const uint64_t bytes = bulk::AsyncRequest::kBytes + chunk.count * sizeof(float);
+        impl.total_.AddRequest(bytes);
+        impl.async_.AddRequest(bytes, chunk.count);
+        bulk_pushes.push_back({chunk, bulk, *id});
+        continue;
+      }
+      if (!Retryable(id.status())) return id.status();
+    }
+    add_grpc_call(chunk);
   }
-  return absl::OkStatus();
+  RETURN_IF_ERROR(run_grpc_calls());
+  // Pushes whose bulk channel broke go again over gRPC (a retry is answered
+  // with the current floats, never applied twice).
+  const absl::Time waiting = absl::Now();
+  for (BulkPush& push : bulk_pushes) {
+    absl::Status replied = std::exchange(push.bulk, nullptr)->Wait(push.id, deadline);
+    if (replied.ok()) {
+      const uint64_t bytes = bulk::Reply::kBytes + push.chunk.count * sizeof(float);
+      impl.total_.AddReply(bytes);
+      impl.async_.AddReply(bytes);
+      continue;
+    }
+    if (!Retryable(replied)) return replied;
+    spdlog::warn("{}; sending the asynchronous push of step {} at offset {} again over gRPC",
+                 std::string(replied.message()), step, push.chunk.offset);
+    impl.retries_.fetch_add(1);
+    add_grpc_call(push.chunk);
+  }
+  impl.wait_nanos_.fetch_add(absl::ToInt64Nanoseconds(absl::Now() - waiting));
+  return run_grpc_calls();
 }
 
 absl::Status PsClient::ExchangeSparse(uint64_t step, const SparseVector& local,
