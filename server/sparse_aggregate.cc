@@ -1,6 +1,7 @@
 #include "server/sparse_aggregate.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -17,9 +18,126 @@ static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
               "the sparse wire format is little-endian; add byte swapping "
               "before building on a big-endian host");
 
-// |v| for ranking; a NaN counts as infinite so that the order stays strict.
-float Magnitude(float v) {
-  return std::isnan(v) ? std::numeric_limits<float>::infinity() : std::fabs(v);
+// |v| for ranking, as its bits: without the sign bit they order as the
+// magnitudes do, and a NaN counts as infinite so that the order stays
+// strict.
+uint32_t MagnitudeBits(float v) {
+  uint32_t bits;
+  std::memcpy(&bits, &v, sizeof(bits));
+  return std::min(bits & 0x7fffffffu, 0x7f800000u);
+}
+
+// The k-th largest of `values` (1 <= k <= values.size()): a radix select
+// over digits of 11, 11 and 10 bits from the top, each pass over the
+// values that share the digits chosen so far. O(U), and no worse on ties
+// (std::nth_element fell back to a heap select on many equal magnitudes).
+uint32_t KthLargest(std::vector<uint32_t> values, uint64_t k) {
+  uint32_t chosen = 0;
+  for (const int shift : {21, 10, 0}) {
+    const uint32_t mask = shift == 0 ? 0x3ffu : 0x7ffu;
+    std::array<uint32_t, 2048> count{};
+    for (uint32_t v : values) ++count[(v >> shift) & mask];
+    uint32_t digit = mask;
+    while (count[digit] < k) k -= count[digit--];
+    chosen |= digit << shift;
+    size_t n = 0;
+    for (uint32_t v : values) {
+      values[n] = v;
+      n += ((v >> shift) & mask) == digit ? 1 : 0;
+    }
+    values.resize(n);
+  }
+  return chosen;
+}
+
+// The sums of two members' ascending pushes, as the heap's merge makes
+// them ((0.0 + a) + b, 0.0 + a, or 0.0 + b: adding 0.0 to 0.0 + a changes
+// no bits), without a branch per entry: two members' random indices would
+// mispredict one in two. Returns how many distinct indices.
+size_t MergeTwo(const SparseVector& a, const SparseVector& b, SparseVector* sum) {
+  const size_t na = a.indices.size(), nb = b.indices.size();
+  size_t i = 0, j = 0, u = 0;
+  while (i < na && j < nb) {
+    const uint32_t ia = a.indices[i], ib = b.indices[j];
+    const bool take_a = ia <= ib, take_b = ib <= ia;
+    const double va = take_a ? static_cast<double>(a.values[i]) : 0.0;
+    const double vb = take_b ? static_cast<double>(b.values[j]) : 0.0;
+    sum->indices[u] = take_a ? ia : ib;
+    sum->values[u] = static_cast<float>((0.0 + va) + vb);
+    ++u;
+    i += take_a ? 1 : 0;
+    j += take_b ? 1 : 0;
+  }
+  for (const auto& [push, from] : {std::pair{&a, i}, std::pair{&b, j}}) {
+    for (size_t n = from; n < push->indices.size(); ++n, ++u) {
+      sum->indices[u] = push->indices[n];
+      sum->values[u] = static_cast<float>(0.0 + static_cast<double>(push->values[n]));
+    }
+  }
+  return u;
+}
+
+// The sums of the members' ascending pushes into `out` (sized for every
+// entry); returns how many distinct indices.
+size_t MergeHeads(absl::Span<const SparseVector> pushes, SparseVector* out) {
+  // Each push is ascending, so a merge of their heads by key (the index in
+  // the high 32 bits, the rank in the low) meets an index's contributions
+  // in rank order: the double sum does not depend on the order pushes
+  // arrived in. A min-heap of the heads: O(N log P) for N entries of P
+  // members.
+  std::vector<uint64_t> heap;
+  std::vector<size_t> next(pushes.size(), 0);
+  for (uint32_t r = 0; r < pushes.size(); ++r) {
+    if (!pushes[r].indices.empty()) heap.push_back(uint64_t{pushes[r].indices[0]} << 32 | r);
+  }
+  std::make_heap(heap.begin(), heap.end(), std::greater<>());
+  // The top replaced, then moved down to its place.
+  auto sift_down = [&heap] {
+    const size_t n = heap.size();
+    const uint64_t moving = heap[0];
+    size_t at = 0;
+    for (size_t child = 1; child < n; child = 2 * at + 1) {
+      if (child + 1 < n && heap[child + 1] < heap[child]) ++child;
+      if (moving <= heap[child]) break;
+      heap[at] = heap[child];
+      at = child;
+    }
+    heap[at] = moving;
+  };
+  SparseVector& sum = *out;
+  size_t u = 0;  // distinct indices so far
+  double acc = 0.0;
+  while (!heap.empty()) {
+    const uint32_t r = static_cast<uint32_t>(heap[0]);
+    const SparseVector& push = pushes[r];
+    // The smallest head of the others: the top's entries below it come
+    // first, without the heap.
+    uint64_t bound = std::numeric_limits<uint64_t>::max();
+    if (heap.size() > 1) bound = heap[1];
+    if (heap.size() > 2) bound = std::min(bound, heap[2]);
+    const size_t n = push.indices.size();
+    size_t i = next[r];
+    do {
+      const uint32_t index = push.indices[i];
+      if (u == 0 || sum.indices[u - 1] != index) {
+        if (u > 0) sum.values[u - 1] = static_cast<float>(acc);
+        sum.indices[u++] = index;
+        acc = 0.0;
+      }
+      acc += static_cast<double>(push.values[i]);
+      ++i;
+    } while (i < n && (uint64_t{push.indices[i]} << 32 | r) < bound);
+    next[r] = i;
+    if (i < n) {
+      heap[0] = uint64_t{push.indices[i]} << 32 | r;
+    } else {
+      heap[0] = heap.back();
+      heap.pop_back();
+    }
+    if (!heap.empty()) sift_down();
+  }
+  if (u > 0) sum.values[u - 1] = static_cast<float>(acc);
+  return u;
 }
 
 }  // namespace
@@ -87,91 +205,39 @@ absl::Status CheckSparseEntries(const SparseVector& entries, uint64_t k, uint64_
 
 SparseVector AggregateSparse(absl::Span<const SparseVector> pushes,
                               SparseSelection selection, uint64_t k) {
-  // Each push is ascending, so a merge of their heads by key (the index in
-  // the high 32 bits, the rank in the low) meets an index's contributions
-  // in rank order: the double sum does not depend on the order pushes
-  // arrived in. A min-heap of the heads: O(N log P) for N entries of P
-  // members.
-  std::vector<uint64_t> heap;
-  std::vector<size_t> next(pushes.size(), 0);
   size_t total = 0;
-  for (uint32_t r = 0; r < pushes.size(); ++r) {
-    total += pushes[r].indices.size();
-    if (!pushes[r].indices.empty()) heap.push_back(uint64_t{pushes[r].indices[0]} << 32 | r);
-  }
-  std::make_heap(heap.begin(), heap.end(), std::greater<>());
-  // The top replaced, then moved down to its place.
-  auto sift_down = [&heap] {
-    const size_t n = heap.size();
-    const uint64_t moving = heap[0];
-    size_t at = 0;
-    for (size_t child = 1; child < n; child = 2 * at + 1) {
-      if (child + 1 < n && heap[child + 1] < heap[child]) ++child;
-      if (moving <= heap[child]) break;
-      heap[at] = heap[child];
-      at = child;
-    }
-    heap[at] = moving;
-  };
+  for (const SparseVector& push : pushes) total += push.indices.size();
   SparseVector sum;
   sum.indices.resize(total);
   sum.values.resize(total);
-  size_t u = 0;  // distinct indices so far
-  double acc = 0.0;
-  while (!heap.empty()) {
-    const uint32_t r = static_cast<uint32_t>(heap[0]);
-    const SparseVector& push = pushes[r];
-    // The smallest head of the others: the top's entries below it come
-    // first, without the heap.
-    uint64_t bound = std::numeric_limits<uint64_t>::max();
-    if (heap.size() > 1) bound = heap[1];
-    if (heap.size() > 2) bound = std::min(bound, heap[2]);
-    const size_t n = push.indices.size();
-    size_t i = next[r];
-    do {
-      const uint32_t index = push.indices[i];
-      if (u == 0 || sum.indices[u - 1] != index) {
-        if (u > 0) sum.values[u - 1] = static_cast<float>(acc);
-        sum.indices[u++] = index;
-        acc = 0.0;
-      }
-      acc += static_cast<double>(push.values[i]);
-      ++i;
-    } while (i < n && (uint64_t{push.indices[i]} << 32 | r) < bound);
-    next[r] = i;
-    if (i < n) {
-      heap[0] = uint64_t{push.indices[i]} << 32 | r;
-    } else {
-      heap[0] = heap.back();
-      heap.pop_back();
-    }
-    if (!heap.empty()) sift_down();
-  }
-  if (u > 0) sum.values[u - 1] = static_cast<float>(acc);
+  const size_t u = pushes.size() == 2 ? MergeTwo(pushes[0], pushes[1], &sum)
+                                      : MergeHeads(pushes, &sum);
   sum.indices.resize(u);
   sum.values.resize(u);
   if (selection == SparseSelection::kUnion || sum.indices.size() <= k) return sum;
 
   // The k entries first by (magnitude descending, index ascending): every
   // one above the k-th largest magnitude t, then those equal to t from the
-  // lowest index on. O(U).
-  std::vector<float> magnitudes(sum.values.size());
-  for (size_t i = 0; i < magnitudes.size(); ++i) magnitudes[i] = Magnitude(sum.values[i]);
-  std::vector<float> ranked = magnitudes;
-  std::nth_element(ranked.begin(), ranked.begin() + (k - 1), ranked.end(), std::greater<>());
-  const float t = ranked[k - 1];
+  // lowest index on. O(U), kept without a branch per entry.
+  std::vector<uint32_t> magnitudes(sum.values.size());
+  for (size_t i = 0; i < magnitudes.size(); ++i) magnitudes[i] = MagnitudeBits(sum.values[i]);
+  const uint32_t t = KthLargest(magnitudes, k);
   uint64_t at_t = k;  // the entries equal to t that are kept
-  for (float m : magnitudes) at_t -= m > t ? 1 : 0;
+  for (uint32_t m : magnitudes) at_t -= m > t ? 1 : 0;
   SparseVector kept;
-  kept.indices.reserve(k);
-  kept.values.reserve(k);
+  // One spare place: an entry not kept is written past the last kept one.
+  kept.indices.resize(k + 1);
+  kept.values.resize(k + 1);
+  size_t n = 0;
   for (size_t i = 0; i < magnitudes.size(); ++i) {
-    if (magnitudes[i] > t || (magnitudes[i] == t && at_t > 0)) {
-      if (magnitudes[i] == t) --at_t;
-      kept.indices.push_back(sum.indices[i]);
-      kept.values.push_back(sum.values[i]);
-    }
+    const bool equal_kept = magnitudes[i] == t && at_t > 0;
+    at_t -= equal_kept ? 1 : 0;
+    kept.indices[n] = sum.indices[i];
+    kept.values[n] = sum.values[i];
+    n += magnitudes[i] > t || equal_kept ? 1 : 0;
   }
+  kept.indices.resize(k);
+  kept.values.resize(k);
   return kept;
 }
 

@@ -93,6 +93,36 @@ TEST(AggregateSparseTest, MatchesReferenceOnRandomPushesFromOneToNineMembers) {
   EXPECT_GT(ties_seen, 20);
 }
 
+// Values of every magnitude float holds (random exponents and mantissas,
+// zeros of both signs, subnormals, sums that overflow to infinity), so that
+// every digit of the magnitudes' bits decides the k-th largest somewhere.
+TEST(AggregateSparseTest, MatchesReferenceOnValuesOfEveryMagnitude) {
+  std::mt19937 rng(777);
+  std::uniform_int_distribution<uint32_t> bits(0, 0x7f7fffffu);  // finite, >= 0
+  std::bernoulli_distribution negative(0.5);
+  for (int trial = 0; trial < 200; ++trial) {
+    const uint32_t first = 500 * (trial % 4);
+    const uint32_t end = first + 50 + trial % 300;
+    const size_t k = 1 + trial % (end - first);
+    std::vector<SparseVector> pushes;
+    for (int r = 0; r < 1 + trial % 5; ++r) {
+      SparseVector push = RandomPush(rng, first, end, k);
+      for (float& v : push.values) {
+        const uint32_t b = bits(rng) | (negative(rng) ? 0x80000000u : 0u);
+        std::memcpy(&v, &b, sizeof(v));
+        if (trial % 7 == 0) v = v < 0 ? -0.0f : 0.0f;  // signed zeros
+      }
+      pushes.push_back(push);
+    }
+    const SparseVector got = AggregateSparse(pushes, SparseSelection::kGlobalTopK, k);
+    const SparseVector want = Reference(pushes, first, end, k, true);
+    ASSERT_THAT(got.indices, ElementsAreArray(want.indices)) << "trial " << trial;
+    ASSERT_EQ(got.values.size(), want.values.size()) << "trial " << trial;
+    ASSERT_EQ(std::memcmp(got.values.data(), want.values.data(), 4 * got.values.size()), 0)
+        << "trial " << trial;
+  }
+}
+
 TEST(AggregateSparseTest, TiesGoToTheLowerIndexAndNanCountsAsInfinite) {
   // Sums: 5 -> 1, 7 -> -1, 9 -> 1, 11 -> NaN, 13 -> 0.5.
   std::vector<SparseVector> pushes = {
