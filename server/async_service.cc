@@ -43,7 +43,6 @@ AsyncService::AsyncService(ShardContext* shard, Options options)
     : shard_(*shard),
       options_(std::move(options)),
       async_job_(IsAsyncJob(shard->config())),
-      all_blocks_(ShardPayload::AllBlocks(shard->layout(), shard->shard())),
       gate_(StalenessGate::Options{
           .world_size = shard->config().cluster().num_workers(),
           .staleness = shard->config().algorithm().staleness(),
@@ -135,15 +134,13 @@ absl::Status AsyncService::Apply(const PushHead& head, absl::Span<float> g,
   const auto key = std::make_pair(head.rank, head.offset);
   auto applied = applied_.find(key);
   if (applied == applied_.end() || head.step > applied->second) {
-    std::vector<float> x(g.size());
-    RETURN_IF_ERROR(store.Read(head.offset, absl::MakeSpan(x)));
-    // p = Direction(g) at x, in place of g, with the servers' momentum.
+    // p = Direction(g) at x, in place of g, with the servers' momentum;
+    // then the GRAD rule of the store: x -= lr * p.
     float* m = momentum_.empty() ? nullptr : momentum_.data() + (head.offset - store.first_float());
-    ComputeDirection(MakeDirectionRule(shard_.config().optimizer()), g.size(), g.data(),
-                     x.data(), m, g.data());
-    // GRAD rule of the store: x -= lr * p.
-    store.ApplyMean(/*is_model_stream=*/false, all_blocks_, head.offset - store.first_float(),
-                    g, head.lr);
+    RETURN_IF_ERROR(store.Step(head.offset, head.lr, g, [&](const float* x, absl::Span<float> p) {
+      ComputeDirection(MakeDirectionRule(shard_.config().optimizer()), p.size(), p.data(), x, m,
+                       p.data());
+    }));
     applied_[key] = head.step;
     pushes_applied_.fetch_add(1, std::memory_order_relaxed);
     if (head.step > newest_step_.load(std::memory_order_relaxed)) {

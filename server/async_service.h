@@ -27,7 +27,6 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "common/block_layout.h"
 #include "common/traffic_counter.h"
 #include "cserps/v1/parameter_server.grpc.pb.h"
 #include "server/async_staleness_gate.h"
@@ -128,7 +127,6 @@ class AsyncService final : public v1::AsyncParameterServer::CallbackService {
   const Options options_;
   // Whether the job's algorithm is async-sgd: only its workers may push.
   const bool async_job_;
-  const ShardPayload all_blocks_;
   StalenessGate gate_;
 
   absl::Mutex update_mu_;

@@ -85,6 +85,17 @@ absl::Status ShardStore::Subtract(uint64_t offset, absl::Span<const float> delta
   return absl::OkStatus();
 }
 
+absl::Status ShardStore::Step(
+    uint64_t offset, float lr, absl::Span<float> p,
+    absl::FunctionRef<void(const float* x, absl::Span<float> p)> direction) {
+  RETURN_IF_ERROR(CheckRange(first_, size_, offset, p.size()));
+  absl::MutexLock lock(&mu_);
+  float* const x = values_.data() + (offset - first_);
+  direction(x, p);
+  SubtractScaled(lr, p.data(), x, p.size());
+  return absl::OkStatus();
+}
+
 absl::Status ShardStore::SubtractAt(absl::Span<const uint32_t> indices,
                                     absl::Span<const float> deltas) {
   if (indices.size() != deltas.size()) {

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -54,6 +55,14 @@ class ShardStore {
   // position, when one is not inside the shard.
   absl::Status SubtractAt(absl::Span<const uint32_t> indices,
                           absl::Span<const float> deltas);
+
+  // An asynchronous step over floats [offset, offset + p.size()):
+  // `direction(x, p)` turns the gradient p into the direction at x as it
+  // is, in place, then x -= lr * p (ApplyMean's GRAD rule), both under the
+  // lock, without a copy of x. OUT_OF_RANGE when the range is not inside
+  // the shard.
+  absl::Status Step(uint64_t offset, float lr, absl::Span<float> p,
+                    absl::FunctionRef<void(const float* x, absl::Span<float> p)> direction);
 
   // Applies a round's mean for payload floats [begin, begin + mean.size()):
   // MODEL streams set x = mean, GRAD streams x -= lr * mean.

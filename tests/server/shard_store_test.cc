@@ -305,6 +305,33 @@ TEST(ShardStoreTest, SubtractMovesARangeAndLeavesTheRest) {
   EXPECT_THAT(ReadFloats(store, 105, 1), ElementsAreArray({105.0f}));
 }
 
+TEST(ShardStoreTest, StepTakesTheDirectionAtTheModelAsItIsThenSubtractsLrTimesIt) {
+  ShardStore store(100, 6, kMaxWaiters);
+  ASSERT_TRUE(store.Write(100, Ramp(100, 6)).ok());
+  std::vector<float> p = {1.0f, 2.0f, 4.0f};
+  std::vector<float> seen;
+  // p = g + x / 4 at x = 102, 103, 104: 26.5, 27.75, 30; x -= 0.5 p.
+  ASSERT_TRUE(store
+                  .Step(102, 0.5f, absl::MakeSpan(p),
+                        [&](const float* x, absl::Span<float> g) {
+                          seen.assign(x, x + g.size());
+                          for (size_t i = 0; i < g.size(); ++i) g[i] += x[i] / 4;
+                        })
+                  .ok());
+  EXPECT_THAT(seen, ElementsAreArray({102.0f, 103.0f, 104.0f}));
+  EXPECT_THAT(p, ElementsAreArray({26.5f, 27.75f, 30.0f}));
+  EXPECT_THAT(ReadFloats(store, 100, 6),
+              ElementsAreArray({100.0f, 101.0f, 88.75f, 89.125f, 89.0f, 105.0f}));
+
+  bool called = false;
+  std::vector<float> outside_p = {1.0f, 1.0f};
+  const absl::Status outside = store.Step(105, 0.5f, absl::MakeSpan(outside_p),
+                                          [&](const float*, absl::Span<float>) { called = true; });
+  EXPECT_EQ(outside.code(), absl::StatusCode::kOutOfRange);
+  EXPECT_FALSE(called);
+  EXPECT_THAT(ReadFloats(store, 105, 1), ElementsAreArray({105.0f}));
+}
+
 TEST(ShardStoreTest, SubtractAtMovesTheIndexedFloatsOnly) {
   ShardStore store(100, 6, kMaxWaiters);
   ASSERT_TRUE(store.Write(100, Ramp(100, 6)).ok());
