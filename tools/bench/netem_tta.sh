@@ -59,6 +59,7 @@ declare -A METHOD_SET=(
   [qsparse-256]="algorithm.name=qsparse-local-sgd;algorithm.period=16;algorithm.ratio=16"
   [cocod-sgd]="algorithm.name=cocod-sgd;algorithm.period=5"
   [gtopk-256]="algorithm.name=gtopk-ssgd;algorithm.density=0.00390625"
+  [async-sgd]="algorithm.name=async-sgd"
 )
 # Every name checked before anything starts.
 for method in ${METHODS//,/ }; do
@@ -75,6 +76,11 @@ done
 python3 -c 'import sys' || exit 2
 
 WORKERS=$(sed -n 's/^ *num_workers: *\([0-9]*\).*/\1/p' "$JOB" | head -1)
+# Asynchronous SGD applies every worker's gradient on its own, num_workers
+# updates where S-SGD makes one of their mean: the job's lr over the
+# workers (at the job's lr the quickstart MLP ended at 33-70%).
+JOB_LR=$(sed -n 's/^ *lr: *\([0-9.eE+-]*\).*/\1/p' "$JOB" | head -1)
+METHOD_SET[async-sgd]+=";optimizer.lr=$(python3 -c "print(${JOB_LR:-0.1} / $WORKERS)")"
 SHARDS=$(grep -c '^ *servers:' "$JOB")
 PREFIX="cserps-tta-$$"
 SERVER_NS="$PREFIX-s"
