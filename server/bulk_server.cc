@@ -137,17 +137,8 @@ class BulkServer::Connection : public std::enable_shared_from_this<Connection> {
             "unknown bulk request kind ", request.kind,
             " (known: 1, PushPull; 2, SparsePushPull; 3, AsyncPushPull)")));
       }
-      if (request.count > chunk_floats_) {
-        return Fatal(absl::InvalidArgumentError(absl::StrCat(
-            "bulk request ", request.request_id, " carries ", request.count,
-            " floats; a chunk holds at most ", chunk_floats_)));
-      }
-      // Each request's floats in a buffer of their own, allocated
-      // uninitialised, since its round may keep it (RoundTable::Push); the
-      // server's heap keeps freed buffers, so they cost no page faults.
-      std::shared_ptr<float[]> buffer(new float[request.count]);
-      RETURN_IF_ERROR(stream_->RecvAll(buffer.get(), request.count * sizeof(float),
-                                       absl::Now() + reply_timeout_, "bulk request values"));
+      ASSIGN_OR_RETURN(std::shared_ptr<float[]> buffer,
+                       ReadFloats(request.request_id, request.count, "bulk request values"));
       const absl::Time arrived = absl::Now();
       const uint64_t bytes = bulk::Request::kBytes + uint64_t{request.count} * sizeof(float);
       const ParameterServerService::PushPullHead head{
@@ -170,6 +161,24 @@ class BulkServer::Connection : public std::enable_shared_from_this<Connection> {
     }
   }
 
+  // A request's `count` floats, at most a chunk (more cannot be read past:
+  // the connection ends), in a buffer of their own, allocated
+  // uninitialised, since a round may keep it (RoundTable::Push); the
+  // server's heap keeps freed buffers, so they cost no page faults.
+  absl::StatusOr<std::shared_ptr<float[]>> ReadFloats(uint64_t request_id, uint32_t count,
+                                                      const char* what) {
+    if (count > chunk_floats_) {
+      return Fatal(absl::InvalidArgumentError(absl::StrCat("bulk request ", request_id,
+                                                           " carries ", count,
+                                                           " floats; a chunk holds at most ",
+                                                           chunk_floats_)));
+    }
+    std::shared_ptr<float[]> buffer(new float[count]);
+    RETURN_IF_ERROR(stream_->RecvAll(buffer.get(), count * sizeof(float),
+                                     absl::Now() + reply_timeout_, what));
+    return buffer;
+  }
+
   // Reads a SparsePushPull's entries and hands them to the sparse exchange,
   // whose reply (or refusal) is queued. An error ends the connection.
   absl::Status ServeSparse(const bulk::Hello& hello, const bulk::SparseRequest& request) {
@@ -188,23 +197,14 @@ class BulkServer::Connection : public std::enable_shared_from_this<Connection> {
                                      "bulk request entries"));
     const uint64_t bytes =
         bulk::SparseRequest::kBytes + uint64_t{request.count} * (sizeof(uint32_t) + sizeof(float));
-    std::weak_ptr<Connection> weak = weak_from_this();
     sparse_.Push({hello.fingerprint, hello.rank, request.step, request.k}, std::move(entries),
                  bytes, bulk::Reply::kBytes,
-                 [weak, request_id = request.request_id](absl::StatusOr<SparseRoundReply> reply) {
-                   std::shared_ptr<Connection> self = weak.lock();
-                   if (self == nullptr) return;
-                   if (!reply.ok()) {
-                     self->Enqueue(Failure(request_id, reply.status()));
-                     return;
-                   }
-                   Outgoing out;
-                   out.head.request_id = request_id;
-                   out.head.count =
-                       static_cast<uint32_t>((*reply)->indices.size() / sizeof(uint32_t));
-                   out.sparse = *std::move(reply);
-                   self->Enqueue(std::move(out));
-                 });
+                 ReplyTo<SparseRoundReply>(
+                     request.request_id, [](Connection&, Outgoing& out, SparseRoundReply reply) {
+                       out.head.count =
+                           static_cast<uint32_t>(reply->indices.size() / sizeof(uint32_t));
+                       out.sparse = std::move(reply);
+                     }));
     return absl::OkStatus();
   }
 
@@ -212,32 +212,17 @@ class BulkServer::Connection : public std::enable_shared_from_this<Connection> {
   // service, whose reply (or refusal) is queued. An error ends the
   // connection.
   absl::Status ServeAsync(const bulk::Hello& hello, const bulk::AsyncRequest& request) {
-    if (request.count > chunk_floats_) {
-      return Fatal(absl::InvalidArgumentError(absl::StrCat(
-          "bulk request ", request.request_id, " carries ", request.count,
-          " floats; a chunk holds at most ", chunk_floats_)));
-    }
-    std::shared_ptr<float[]> gradient(new float[request.count]);
-    RETURN_IF_ERROR(stream_->RecvAll(gradient.get(), request.count * sizeof(float),
-                                     absl::Now() + reply_timeout_, "bulk request gradient"));
+    ASSIGN_OR_RETURN(std::shared_ptr<float[]> gradient,
+                     ReadFloats(request.request_id, request.count, "bulk request gradient"));
     const uint64_t bytes = bulk::AsyncRequest::kBytes + uint64_t{request.count} * sizeof(float);
-    std::weak_ptr<Connection> weak = weak_from_this();
     async_.Push({hello.fingerprint, hello.rank, request.step, request.lr, request.offset,
                  request.count},
                 std::move(gradient), bytes, bulk::Reply::kBytes,
-                [weak, request_id = request.request_id](absl::StatusOr<RoundMean> model) {
-                  std::shared_ptr<Connection> self = weak.lock();
-                  if (self == nullptr) return;
-                  if (!model.ok()) {
-                    self->Enqueue(Failure(request_id, model.status()));
-                    return;
-                  }
-                  Outgoing out;
-                  out.head.request_id = request_id;
-                  out.head.count = static_cast<uint32_t>((*model)->size());
-                  out.mean = *std::move(model);
-                  self->Enqueue(std::move(out));
-                });
+                ReplyTo<RoundMean>(request.request_id,
+                                   [](Connection&, Outgoing& out, RoundMean model) {
+                                     out.head.count = static_cast<uint32_t>(model->size());
+                                     out.mean = std::move(model);
+                                   }));
     return absl::OkStatus();
   }
 
@@ -287,25 +272,37 @@ class BulkServer::Connection : public std::enable_shared_from_this<Connection> {
   void JoinRound(const ParameterServerService::PushPullHead& head, uint64_t request_id,
                  absl::Span<const float> values, uint64_t bytes, absl::Time arrived,
                  std::shared_ptr<const void> keep) {
-    std::weak_ptr<Connection> weak = weak_from_this();
     service_.JoinRound(head, values, bytes, arrived,
-                       [weak, request_id, stream = head.stream](absl::StatusOr<RoundMean> mean) {
-                         std::shared_ptr<Connection> self = weak.lock();
-                         if (self == nullptr) return;
-                         if (!mean.ok()) {
-                           self->Enqueue(Failure(request_id, mean.status()));
-                           return;
-                         }
-                         Outgoing out;
-                         out.head.request_id = request_id;
-                         out.head.count = static_cast<uint32_t>((*mean)->size());
-                         out.head.members = self->service_.members();
-                         out.mean = *std::move(mean);
+                       ReplyTo<RoundMean>(request_id, [stream = head.stream](
+                                                          Connection& self, Outgoing& out,
+                                                          RoundMean mean) {
+                         out.head.count = static_cast<uint32_t>(mean->size());
+                         out.head.members = self.service_.members();
+                         out.mean = std::move(mean);
                          out.push_pull = true;
                          out.stream = stream;
-                         self->Enqueue(std::move(out));
-                       },
+                       }),
                        std::move(keep));
+  }
+
+  // The callback that queues request `request_id`'s reply once its result
+  // comes: the refusal, or the frame `fill(connection, frame, result)` makes.
+  // Nothing once the connection is gone.
+  template <typename Result, typename Fill>
+  std::function<void(absl::StatusOr<Result>)> ReplyTo(uint64_t request_id, Fill fill) {
+    return [weak = weak_from_this(), request_id,
+            fill = std::move(fill)](absl::StatusOr<Result> result) {
+      std::shared_ptr<Connection> self = weak.lock();
+      if (self == nullptr) return;
+      if (!result.ok()) {
+        self->Enqueue(Failure(request_id, result.status()));
+        return;
+      }
+      Outgoing out;
+      out.head.request_id = request_id;
+      fill(*self, out, *std::move(result));
+      self->Enqueue(std::move(out));
+    };
   }
 
   static Outgoing Failure(uint64_t request_id, const absl::Status& status) {
