@@ -1,7 +1,7 @@
 // The bulk transport's frames (docs/protocol.md 17): PushPull and
 // SparsePushPull rounds and AsyncPushPull calls over a plain TCP connection
-// per shard, the payload
-// written and read in place, next to gRPC, which keeps every other call.
+// per shard, the payload written and read in place, next to gRPC, which
+// keeps every other call.
 // Fixed little-endian headers; the payload is the float32 bytes of
 // docs/protocol.md 3 (a sparse one: its uint32 indices, then its values).
 //

@@ -32,7 +32,7 @@ inline constexpr uint64_t kD = 3000;  // FLAT: one chunk on one shard
 inline constexpr absl::Duration kIo = absl::Seconds(20);
 
 inline v1::JobConfig MakeConfig(uint32_t workers, int round_timeout_s,
-                         const std::string& algorithm = R"pb(name: "ssgd")pb") {
+                                const std::string& algorithm = R"pb(name: "ssgd")pb") {
   return testing::TestConfig(absl::StrCat(R"pb(
     name: "bulk-test"
     seed: 5
@@ -53,8 +53,8 @@ inline std::vector<float> Values(int rank) {
 }
 
 inline absl::StatusOr<std::unique_ptr<PsClient>> Member(v1::JobConfig config,
-                                                 v1::ClusterConfig::Transport transport,
-                                                 int rank, PsClientOptions options = {}) {
+                                                        v1::ClusterConfig::Transport transport,
+                                                        int rank, PsClientOptions options = {}) {
   config.mutable_cluster()->set_transport(transport);
   ASSIGN_OR_RETURN(std::unique_ptr<PsClient> client, PsClient::Connect(config, kD, options));
   RETURN_IF_ERROR(client->Register(rank, absl::StrCat("member-", rank)).status());
