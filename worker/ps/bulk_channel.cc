@@ -67,16 +67,20 @@ bool BulkChannel::broken() const {
   return !broken_.ok();
 }
 
+absl::Status BulkChannel::BrokenFor(const char* call) const {
+  return WithPrefix(absl::StrCat(call, " to ", name_), broken_);
+}
+
 void BulkChannel::Break(absl::Status status) {
   if (broken_.ok()) {
-    broken_ = WithPrefix(absl::StrCat("PushPull to ", name_), status);
+    broken_ = std::move(status);
     shutdown(stream_->fd(), SHUT_RDWR);
   }
   // The request being read into stays pending until its reader is back.
   for (auto& [id, pending] : pending_) {
     if (!pending.done && !(reading_ && id == reading_id_)) {
       pending.done = true;
-      pending.status = broken_;
+      pending.status = BrokenFor(pending.call);
     }
   }
 }
@@ -169,10 +173,11 @@ absl::StatusOr<uint64_t> BulkChannel::SendAsync(uint64_t step, float lr, uint64_
 absl::StatusOr<uint64_t> BulkChannel::SendFrame(Pending pending, absl::Span<iovec> iov,
                                                 const std::function<void(uint64_t)>& encode,
                                                 absl::Time deadline) {
+  const char* call = pending.call;
   uint64_t id = 0;
   {
     absl::MutexLock lock(&mu_);
-    if (!broken_.ok()) return broken_;
+    if (!broken_.ok()) return BrokenFor(pending.call);
     id = next_id_++;
     pending_[id] = std::move(pending);
   }
@@ -185,7 +190,7 @@ absl::StatusOr<uint64_t> BulkChannel::SendFrame(Pending pending, absl::Span<iove
   if (!sent.ok()) {
     absl::MutexLock lock(&mu_);
     Break(sent);
-    return broken_;
+    return BrokenFor(call);
   }
   return id;
 }
@@ -196,7 +201,7 @@ absl::Status BulkChannel::Wait(uint64_t id, absl::Time deadline) {
     auto it = pending_.find(id);
     if (it == pending_.end()) {
       return absl::FailedPreconditionError(
-          absl::StrCat("PushPull to ", name_, ": no request ", id, " is pending"));
+          absl::StrCat("bulk connection to ", name_, ": no request ", id, " is pending"));
     }
     if (it->second.done) {
       absl::Status status = std::move(it->second.status);

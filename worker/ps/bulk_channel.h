@@ -110,6 +110,8 @@ class BulkChannel {
   // Reads one reply into its request's mean; an error breaks the channel.
   absl::Status ReadOne(absl::Time deadline);
   void Break(absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The channel's error as `call`'s.
+  absl::Status BrokenFor(const char* call) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::unique_ptr<ByteStream> stream_;
   const std::string name_;
@@ -122,7 +124,7 @@ class BulkChannel {
   bool reading_ ABSL_GUARDED_BY(mu_) = false;
   // The request whose mean the reader is filling; 0: none yet.
   uint64_t reading_id_ ABSL_GUARDED_BY(mu_) = 0;
-  absl::Status broken_ ABSL_GUARDED_BY(mu_);
+  absl::Status broken_ ABSL_GUARDED_BY(mu_);  // unprefixed
   uint32_t members_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

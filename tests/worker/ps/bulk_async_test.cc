@@ -5,6 +5,7 @@
 // at shutdown, and a shard gone fails the push at its deadline.
 #include <cstdint>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -177,6 +178,54 @@ TEST_F(BulkTransportTest, ShutdownAnswersAParkedAsyncPushWithUnavailable) {
   EXPECT_EQ(answer->reply.code, static_cast<uint32_t>(absl::StatusCode::kUnavailable));
   EXPECT_THAT(answer->message, HasSubstr("AsyncPushPull (step 1, offset 0) from rank 0"));
   EXPECT_THAT(answer->message, HasSubstr("shutting down"));
+}
+
+// A connection cut while its push is parked: the member sends the push
+// again over gRPC, the shard applies it once, and the next push goes over
+// a new connection.
+TEST_F(BulkTransportTest, AnAsyncPushWhoseConnectionIsCutGoesOverGrpcAndIsAppliedOnce) {
+  StartJob(2, 20, R"pb(name: "async-sgd" staleness: 1)pb");
+  auto fast = Member(config_, v1::ClusterConfig::AUTO, 0);
+  auto slow = Member(config_, v1::ClusterConfig::GRPC, 1);
+  ASSERT_TRUE(fast.ok()) << fast.status();
+  ASSERT_TRUE(slow.ok()) << slow.status();
+  const std::vector<float> x0 = Values(2), g = Values(0), zeros(kD, 0.0f);
+  ASSERT_TRUE((*fast)->PushModel(x0).ok());
+  std::vector<float> model(kD);
+  ASSERT_TRUE((*fast)->AsyncPushPull(0, kLr, g, absl::MakeSpan(model)).ok());
+
+  // Step 1 waits for rank 1's first push.
+  AsyncService& async = servers_.shard(0).async_service();
+  absl::Status held;
+  std::thread push([&] { held = (*fast)->AsyncPushPull(1, kLr, g, absl::MakeSpan(model)); });
+  const bool parked = async.WaitForParkedPushes(1, bulk_test::kIo);
+  const int cut = parked ? bulk_test::CutBulkConnections(servers_.shard(0).bulk_port()) : 0;
+  // Both the cut connection's push and its resending over gRPC wait.
+  const bool resent = cut == 1 && async.WaitForParkedPushes(2, bulk_test::kIo);
+  // Released either way, so that the thread ends.
+  std::vector<float> slow_model(kD);
+  const absl::Status slow_pushed =
+      (*slow)->AsyncPushPull(0, kLr, zeros, absl::MakeSpan(slow_model));
+  push.join();
+  ASSERT_TRUE(parked);
+  ASSERT_EQ(cut, 1);
+  ASSERT_TRUE(resent);
+  ASSERT_TRUE(slow_pushed.ok()) << slow_pushed;
+  ASSERT_TRUE(held.ok()) << held;
+  EXPECT_EQ(model, Stepped(Stepped(x0, g), g));
+  EXPECT_EQ((*fast)->retries(), 1u);
+  EXPECT_EQ(async.counters().pushes_applied, 3u);
+
+  // Rank 1 catches up; rank 0's next push goes over a new bulk connection:
+  // one frame each way.
+  ASSERT_TRUE((*slow)->AsyncPushPull(1, kLr, zeros, absl::MakeSpan(slow_model)).ok());
+  const TrafficCounts before = (*fast)->async_traffic();
+  ASSERT_TRUE((*fast)->AsyncPushPull(2, kLr, g, absl::MakeSpan(model)).ok());
+  const TrafficCounts after = (*fast)->async_traffic();
+  EXPECT_EQ(after.request_bytes - before.request_bytes,
+            bulk::AsyncRequest::kBytes + kD * sizeof(float));
+  EXPECT_EQ(after.reply_bytes - before.reply_bytes, bulk::Reply::kBytes + kD * sizeof(float));
+  EXPECT_EQ(model, Stepped(Stepped(Stepped(x0, g), g), g));
 }
 
 // As for PushPull: the push goes again over gRPC, which fails at its

@@ -5,6 +5,8 @@
 #ifndef CSERPS_TESTS_WORKER_PS_BULK_TEST_SUPPORT_H_
 #define CSERPS_TESTS_WORKER_PS_BULK_TEST_SUPPORT_H_
 
+#include <dirent.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 
 #include <cstdint>
@@ -12,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/bulk_wire.h"
@@ -144,6 +147,30 @@ class RawConnection {
   explicit RawConnection(Socket socket) : socket_(std::move(socket)) {}
   Socket socket_;
 };
+
+// Cuts this process's accepted connections to bulk `port` as a failing
+// network would: both directions shut down under the shard's threads, which
+// then see the connection end. Returns how many it cut.
+inline int CutBulkConnections(int port) {
+  int cut = 0;
+  DIR* fds = opendir("/proc/self/fd");
+  if (fds == nullptr) return 0;
+  while (const dirent* entry = readdir(fds)) {
+    int fd = -1;
+    if (!absl::SimpleAtoi(entry->d_name, &fd)) continue;  // "." and ".."
+    sockaddr_in local{}, peer{};
+    socklen_t local_size = sizeof(local), peer_size = sizeof(peer);
+    // The listener has no peer; the members' ends have another local port.
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &local_size) != 0 ||
+        local.sin_family != AF_INET || ntohs(local.sin_port) != port ||
+        getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_size) != 0) {
+      continue;
+    }
+    if (shutdown(fd, SHUT_RDWR) == 0) ++cut;
+  }
+  closedir(fds);
+  return cut;
+}
 
 // Sends a request's head whose count the shard cannot read past: it must
 // say so (`says`, request_id 0) and end the connection.
