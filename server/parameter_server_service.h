@@ -70,6 +70,11 @@ class ParameterServerService final : public v1::ParameterServer::CallbackService
 
   // Fails the rounds overdue at `now`; returns how many.
   int ExpireOverdueRounds(absl::Time now) { return rounds_.ExpireOverdue(now); }
+  // Waits until at least `count` PushPull calls wait in open rounds; false
+  // on timeout.
+  bool WaitForWaitingCalls(size_t count, absl::Duration timeout) const {
+    return rounds_.WaitForWaitingCalls(count, timeout);
+  }
 
   Counters counters() const;
 

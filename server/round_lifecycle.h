@@ -142,6 +142,9 @@ class RoundLifecycle {
                        const std::function<absl::Status()>& reload);
 
   size_t open_rounds() const;
+  // Waits (no polling) until at least `count` calls, retries included, wait
+  // in open rounds; false on timeout.
+  bool WaitForWaitingCalls(size_t count, absl::Duration timeout) const;
   uint64_t rounds_completed() const;
   uint64_t rounds_failed() const;
   // The same, of the rounds of one stream (Aggregate::Stream).

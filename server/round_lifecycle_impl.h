@@ -358,6 +358,22 @@ size_t RoundLifecycle<Aggregate>::open_rounds() const {
 }
 
 template <typename Aggregate>
+bool RoundLifecycle<Aggregate>::WaitForWaitingCalls(size_t count, absl::Duration timeout) const {
+  struct Enough {
+    const std::map<Key, Round>* open;
+    size_t count;
+    bool operator()() const {
+      size_t waiting = 0;
+      for (const auto& [key, round] : *open) waiting += round.waiters.size();
+      return waiting >= count;
+    }
+  };
+  absl::MutexLock lock(&mu_);
+  const Enough enough{&open_, count};
+  return mu_.AwaitWithTimeout(absl::Condition(&enough), timeout);
+}
+
+template <typename Aggregate>
 uint64_t RoundLifecycle<Aggregate>::rounds_completed() const {
   absl::MutexLock lock(&mu_);
   return rounds_completed_;

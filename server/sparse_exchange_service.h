@@ -50,6 +50,11 @@ class SparseExchangeService final : public v1::SparseExchange::CallbackService {
 
   // Fails the rounds overdue at `now`; returns how many.
   int ExpireOverdueRounds(absl::Time now) { return rounds_.ExpireOverdue(now); }
+  // Waits until at least `count` SparsePushPull calls wait in open rounds;
+  // false on timeout.
+  bool WaitForWaitingCalls(size_t count, absl::Duration timeout) const {
+    return rounds_.WaitForWaitingCalls(count, timeout);
+  }
 
   // This shard's k_s (0 for a job that does not use the exchange).
   uint64_t shard_k() const { return k_s_; }

@@ -5,7 +5,6 @@
 // at shutdown, and a shard gone fails the push at its deadline.
 #include <cstdint>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -194,23 +193,19 @@ TEST_F(BulkTransportTest, AnAsyncPushWhoseConnectionIsCutGoesOverGrpcAndIsApplie
   std::vector<float> model(kD);
   ASSERT_TRUE((*fast)->AsyncPushPull(0, kLr, g, absl::MakeSpan(model)).ok());
 
-  // Step 1 waits for rank 1's first push.
+  // Step 1 waits for rank 1's first push, which releases it.
   AsyncService& async = servers_.shard(0).async_service();
-  absl::Status held;
-  std::thread push([&] { held = (*fast)->AsyncPushPull(1, kLr, g, absl::MakeSpan(model)); });
-  const bool parked = async.WaitForParkedPushes(1, bulk_test::kIo);
-  const int cut = parked ? bulk_test::CutBulkConnections(servers_.shard(0).bulk_port()) : 0;
-  // Both the cut connection's push and its resending over gRPC wait.
-  const bool resent = cut == 1 && async.WaitForParkedPushes(2, bulk_test::kIo);
-  // Released either way, so that the thread ends.
+  absl::Status held, released;
   std::vector<float> slow_model(kD);
-  const absl::Status slow_pushed =
-      (*slow)->AsyncPushPull(0, kLr, zeros, absl::MakeSpan(slow_model));
-  push.join();
-  ASSERT_TRUE(parked);
-  ASSERT_EQ(cut, 1);
-  ASSERT_TRUE(resent);
-  ASSERT_TRUE(slow_pushed.ok()) << slow_pushed;
+  const bulk_test::Cut cut = bulk_test::CutWhileWaiting(
+      servers_.shard(0).bulk_port(),
+      [&](size_t n) { return async.WaitForParkedPushes(n, bulk_test::kIo); },
+      [&] { held = (*fast)->AsyncPushPull(1, kLr, g, absl::MakeSpan(model)); },
+      [&] { released = (*slow)->AsyncPushPull(0, kLr, zeros, absl::MakeSpan(slow_model)); });
+  ASSERT_TRUE(cut.waited);
+  ASSERT_EQ(cut.connections, 1);
+  ASSERT_TRUE(cut.resent);
+  ASSERT_TRUE(released.ok()) << released;
   ASSERT_TRUE(held.ok()) << held;
   EXPECT_EQ(model, Stepped(Stepped(x0, g), g));
   EXPECT_EQ((*fast)->retries(), 1u);

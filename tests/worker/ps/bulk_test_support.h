@@ -10,8 +10,10 @@
 #include <sys/socket.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -169,6 +171,29 @@ inline int CutBulkConnections(int port) {
     if (shutdown(fd, SHUT_RDWR) == 0) ++cut;
   }
   closedir(fds);
+  return cut;
+}
+
+// A member's call cut off mid-flight: runs `call` in a thread; once it
+// waits at the shard (`waiting(1)`: true once one call waits), cuts the
+// shard's bulk connections, waits for the call sent again over gRPC
+// (`waiting(2)`), then runs `release`, which lets both go on, and joins.
+struct Cut {
+  bool waited = false;  // the call waited before the cut
+  int connections = 0;  // cut
+  bool resent = false;  // the call waited again after the cut
+};
+inline Cut CutWhileWaiting(int bulk_port, const std::function<bool(size_t)>& waiting,
+                           const std::function<void()>& call,
+                           const std::function<void()>& release) {
+  std::thread thread(call);
+  Cut cut;
+  cut.waited = waiting(1);
+  if (cut.waited) cut.connections = CutBulkConnections(bulk_port);
+  cut.resent = cut.connections == 1 && waiting(2);
+  // Run either way, so that the thread ends.
+  release();
+  thread.join();
   return cut;
 }
 

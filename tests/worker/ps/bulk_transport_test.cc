@@ -81,6 +81,54 @@ TEST_F(BulkTransportTest, MembersOnGrpcAndOnBulkAverageIntoTheSameRound) {
   EXPECT_NE((*grpc_member)->traffic(v1::MODEL).request_bytes, bulk.request_bytes);
 }
 
+// A connection cut while its push waits for the round: the member sends
+// the push again over gRPC, the round counts it once, and the next round
+// goes over a new connection.
+TEST_F(BulkTransportTest, APushWhoseConnectionIsCutGoesOverGrpcAndIsCountedOnce) {
+  StartJob(2);
+  auto cut_member = Member(config_, v1::ClusterConfig::AUTO, 0);
+  auto other = Member(config_, v1::ClusterConfig::GRPC, 1);
+  ASSERT_TRUE(cut_member.ok()) << cut_member.status();
+  ASSERT_TRUE(other.ok()) << other.status();
+  const std::vector<float> v0 = Values(0), v1 = Values(1);
+  std::vector<float> mean0(kD), mean1(kD);
+  absl::Status s0, s1;
+  ParameterServerService& service = servers_.shard(0).service();
+  const bulk_test::Cut cut = bulk_test::CutWhileWaiting(
+      servers_.shard(0).bulk_port(),
+      [&](size_t n) { return service.WaitForWaitingCalls(n, bulk_test::kIo); },
+      [&] {
+        s0 = (*cut_member)->AverageBlocks(v1::MODEL, 1, 1, v0, 1.0f, 0.0f, absl::MakeSpan(mean0));
+      },
+      [&] {
+        s1 = (*other)->AverageBlocks(v1::MODEL, 1, 1, v1, 3.0f, 0.0f, absl::MakeSpan(mean1));
+      });
+  ASSERT_TRUE(cut.waited);
+  ASSERT_EQ(cut.connections, 1);
+  ASSERT_TRUE(cut.resent);
+  ASSERT_TRUE(s0.ok()) << s0;
+  ASSERT_TRUE(s1.ok()) << s1;
+  for (uint64_t i = 0; i < kD; ++i) {
+    ASSERT_EQ(mean0[i], static_cast<float>((1.0 * v0[i] + 3.0 * v1[i]) / 4.0)) << i;
+    ASSERT_EQ(std::memcmp(&mean0[i], &mean1[i], sizeof(float)), 0) << i;
+  }
+  EXPECT_EQ((*cut_member)->retries(), 1u);
+  EXPECT_EQ(service.counters().model_rounds_completed, 1u);
+
+  const TrafficCounts before = (*cut_member)->traffic(v1::MODEL);
+  std::thread t1([&] {
+    s1 = (*other)->AverageBlocks(v1::MODEL, 2, 1, v1, 1.0f, 0.0f, absl::MakeSpan(mean1));
+  });
+  s0 = (*cut_member)->AverageBlocks(v1::MODEL, 2, 1, v0, 1.0f, 0.0f, absl::MakeSpan(mean0));
+  t1.join();
+  ASSERT_TRUE(s0.ok()) << s0;
+  ASSERT_TRUE(s1.ok()) << s1;
+  const TrafficCounts after = (*cut_member)->traffic(v1::MODEL);
+  EXPECT_EQ(after.request_bytes - before.request_bytes,
+            bulk::Request::kBytes + kD * sizeof(float));
+  EXPECT_EQ(after.reply_bytes - before.reply_bytes, bulk::Reply::kBytes + kD * sizeof(float));
+}
+
 TEST_F(BulkTransportTest, WithoutABulkPortMembersUseGrpc) {
   config_ = MakeConfig(1, 20);
   auto server = PsServer::Start(config_, 0, "127.0.0.1:0", {}, nullptr, /*bulk_port=*/-1);
@@ -369,6 +417,48 @@ TEST_F(BulkTransportTest, ADenseJobRefusesSparsePushesAndReadsOn) {
   ASSERT_TRUE(answered.ok()) << answered.status();
   ASSERT_EQ(answered->reply.code, 0u) << answered->message;
   EXPECT_EQ(answered->floats, v);
+}
+
+// As for PushPull: a sparse push whose connection is cut goes again over
+// gRPC, is counted once, and the next exchange goes over a new connection.
+TEST_F(BulkTransportTest, ASparsePushWhoseConnectionIsCutGoesOverGrpcAndIsCountedOnce) {
+  StartJob(2, 20, kGtopk);
+  auto cut_member = Member(config_, v1::ClusterConfig::AUTO, 0);
+  auto other = Member(config_, v1::ClusterConfig::GRPC, 1);
+  ASSERT_TRUE(cut_member.ok()) << cut_member.status();
+  ASSERT_TRUE(other.ok()) << other.status();
+  const SparseVector e0 = Entries(0), e1 = Entries(1);
+  SparseVector r0, r1;
+  absl::Status s0, s1;
+  SparseExchangeService& service = servers_.shard(0).sparse_service();
+  const bulk_test::Cut cut = bulk_test::CutWhileWaiting(
+      servers_.shard(0).bulk_port(),
+      [&](size_t n) { return service.WaitForWaitingCalls(n, bulk_test::kIo); },
+      [&] { s0 = (*cut_member)->ExchangeSparse(1, e0, &r0); },
+      [&] { s1 = (*other)->ExchangeSparse(1, e1, &r1); });
+  ASSERT_TRUE(cut.waited);
+  ASSERT_EQ(cut.connections, 1);
+  ASSERT_TRUE(cut.resent);
+  ASSERT_TRUE(s0.ok()) << s0;
+  ASSERT_TRUE(s1.ok()) << s1;
+  const SparseVector want = AggregateSparse({e0, e1}, SparseSelection::kGlobalTopK, kK);
+  EXPECT_EQ(r0.indices, want.indices);
+  EXPECT_EQ(r0.values, want.values);
+  EXPECT_EQ(r1.indices, want.indices);
+  EXPECT_EQ(r1.values, want.values);
+  EXPECT_EQ((*cut_member)->retries(), 1u);
+  EXPECT_EQ(service.counters().rounds_completed, 1u);
+
+  const TrafficCounts before = (*cut_member)->sparse_traffic();
+  std::thread t1([&] { s1 = (*other)->ExchangeSparse(2, e1, &r1); });
+  s0 = (*cut_member)->ExchangeSparse(2, e0, &r0);
+  t1.join();
+  ASSERT_TRUE(s0.ok()) << s0;
+  ASSERT_TRUE(s1.ok()) << s1;
+  const TrafficCounts after = (*cut_member)->sparse_traffic();
+  EXPECT_EQ(after.request_bytes - before.request_bytes, bulk::SparseRequest::kBytes + kK * 8);
+  EXPECT_EQ(after.reply_bytes - before.reply_bytes,
+            bulk::Reply::kBytes + r0.indices.size() * 8);
 }
 
 // As for PushPull: the push goes again over gRPC, which fails at the
