@@ -1,6 +1,7 @@
 #include "common/direction.h"
 
 #include "common/status.h"
+#include "common/vector_clones.h"
 
 namespace cserps {
 
@@ -40,6 +41,29 @@ void ComputeDirection(const DirectionRule& rule, size_t n, const float* grad,
       break;
     default:
       CSERPS_CHECK(false && "unknown momentum kind");
+  }
+}
+
+CSERPS_VECTOR_CLONES
+void ApplySharedMomentum(const DirectionRule& rule, size_t n, const float* u, float* momentum,
+                         float* x) {
+  const float beta = rule.beta;
+  float* m = momentum;
+  switch (rule.kind) {
+    case v1::OptimizerConfig::HEAVY_BALL:
+      for (size_t i = 0; i < n; ++i) {
+        m[i] = beta * m[i] + u[i];
+        x[i] -= m[i];
+      }
+      break;
+    case v1::OptimizerConfig::NESTEROV:
+      for (size_t i = 0; i < n; ++i) {
+        m[i] = beta * m[i] + u[i];
+        x[i] -= u[i] + beta * m[i];
+      }
+      break;
+    default:
+      CSERPS_CHECK(false && "ApplySharedMomentum: the rule has no momentum");
   }
 }
 

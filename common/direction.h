@@ -34,6 +34,15 @@ DirectionRule MakeDirectionRule(const v1::OptimizerConfig& config);
 void ComputeDirection(const DirectionRule& rule, size_t n, const float* grad,
                       const float* params, float* momentum, float* direction);
 
+// Momentum on an update u that every member shares (the sparse methods'
+// line 6): m = βm + u, then x -= (NESTEROV ? u + βm : m), for i < n. The
+// one host implementation: the host device ops and the servers' sparse
+// exchange (server/sparse_exchange_service.cc) call it, so workers and
+// servers hold the same bits. rule.kind is HEAVY_BALL or NESTEROV; another
+// is a programmer error and aborts.
+void ApplySharedMomentum(const DirectionRule& rule, size_t n, const float* u, float* momentum,
+                         float* x);
+
 }  // namespace cserps
 
 #endif  // CSERPS_COMMON_DIRECTION_H_

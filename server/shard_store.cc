@@ -77,14 +77,6 @@ absl::Status ShardStore::Read(uint64_t offset, absl::Span<float> out) const {
   return absl::OkStatus();
 }
 
-absl::Status ShardStore::Subtract(uint64_t offset, absl::Span<const float> deltas) {
-  RETURN_IF_ERROR(CheckRange(first_, size_, offset, deltas.size()));
-  absl::MutexLock lock(&mu_);
-  float* const x = values_.data() + (offset - first_);
-  for (size_t i = 0; i < deltas.size(); ++i) x[i] -= deltas[i];
-  return absl::OkStatus();
-}
-
 absl::Status ShardStore::Step(
     uint64_t offset, float lr, absl::Span<float> p,
     absl::FunctionRef<void(const float* x, absl::Span<float> p)> direction) {
@@ -94,6 +86,11 @@ absl::Status ShardStore::Step(
   direction(x, p);
   SubtractScaled(lr, p.data(), x, p.size());
   return absl::OkStatus();
+}
+
+void ShardStore::Update(absl::FunctionRef<void(absl::Span<float> x)> update) {
+  absl::MutexLock lock(&mu_);
+  update(absl::MakeSpan(values_));
 }
 
 absl::Status ShardStore::SubtractAt(absl::Span<const uint32_t> indices,

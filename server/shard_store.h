@@ -46,9 +46,6 @@ class ShardStore {
   // not count as writes for initialisation (that is PushModel's), and on an
   // error nothing has changed.
 
-  // x[offset + i] -= deltas[i]. OUT_OF_RANGE when the range is not inside
-  // the shard.
-  absl::Status Subtract(uint64_t offset, absl::Span<const float> deltas);
   // x[indices[e]] -= deltas[e], for global float indices in any order
   // (a repeated index is subtracted from again). INVALID_ARGUMENT when the
   // spans differ in length; OUT_OF_RANGE, naming the index and its
@@ -63,6 +60,10 @@ class ShardStore {
   // the shard.
   absl::Status Step(uint64_t offset, float lr, absl::Span<float> p,
                     absl::FunctionRef<void(const float* x, absl::Span<float> p)> direction);
+
+  // update(x), x the shard's floats (x[0] is float first_float()), under
+  // the lock.
+  void Update(absl::FunctionRef<void(absl::Span<float> x)> update);
 
   // Applies a round's mean for payload floats [begin, begin + mean.size()):
   // MODEL streams set x = mean, GRAD streams x -= lr * mean.

@@ -103,9 +103,8 @@ SparseExchangeService::SparseExchangeService(ShardContext* shard, Options option
       sparse_job_(sparse_job),
       selection_(SelectionOf(shard->config().algorithm())),
       k_s_(k_s),
-      momentum_kind_(shard->config().optimizer().momentum_kind()),
+      rule_(MakeDirectionRule(shard->config().optimizer())),
       uses_momentum_(UsesMomentum(shard->config().optimizer())),
-      beta_(shard->config().optimizer().momentum()),
       rounds_(SparseRoundTable::Options{
           .limits =
               {
@@ -132,6 +131,7 @@ SparseExchangeService::SparseExchangeService(ShardContext* shard, Options option
     } else {
       momentum_.assign(shard->store().size(), 0.0f);
     }
+    update_.assign(shard->store().size(), 0.0f);
   }
   if (sparse_job_ && options_.expiry_thread) {
     expiry_ = StartRoundExpiry(options_.now, &rounds_);
@@ -162,17 +162,14 @@ SparseReply SparseExchangeService::CompleteRound(std::vector<SparseVector> pushe
   // Momentum makes every float move: m = βm + u; heavy ball x -= m,
   // Nesterov x -= u + βm, with u = sum / P on G and 0 elsewhere.
   const uint64_t first = store.first_float();
-  std::vector<float> step(store.size(), 0.0f);  // u, then what x moves by
-  for (size_t e = 0; e < selected.indices.size(); ++e) {
-    step[selected.indices[e] - first] = selected.values[e] / members;
-  }
-  const bool nesterov = momentum_kind_ == v1::OptimizerConfig::NESTEROV;
   absl::MutexLock lock(&apply_mu_);
-  for (size_t j = 0; j < step.size(); ++j) {
-    momentum_[j] = beta_ * momentum_[j] + step[j];
-    step[j] = nesterov ? step[j] + beta_ * momentum_[j] : momentum_[j];
+  for (size_t e = 0; e < selected.indices.size(); ++e) {
+    update_[selected.indices[e] - first] = selected.values[e] / members;
   }
-  CSERPS_CHECK(store.Subtract(first, step).ok());
+  store.Update([&](absl::Span<float> x) {
+    ApplySharedMomentum(rule_, x.size(), update_.data(), momentum_.data(), x.data());
+  });
+  for (uint32_t index : selected.indices) update_[index - first] = 0.0f;
   return EncodeSparse(selected);
 }
 

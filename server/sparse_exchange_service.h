@@ -20,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/direction.h"
 #include "common/traffic_counter.h"
 #include "cserps/v1/parameter_server.grpc.pb.h"
 #include "server/expiry_thread.h"
@@ -134,14 +135,16 @@ class SparseExchangeService final : public v1::SparseExchange::CallbackService {
   const bool sparse_job_;
   const SparseSelection selection_;
   const uint64_t k_s_;
-  const v1::OptimizerConfig::Momentum momentum_kind_;
+  const DirectionRule rule_;
   const bool uses_momentum_;  // HEAVY_BALL or NESTEROV
-  const float beta_;
 
   // Guards the shard's momentum buffer. Rounds complete in step order, so
   // the momentum's updates follow the model's.
   absl::Mutex apply_mu_;
   std::vector<float> momentum_ ABSL_GUARDED_BY(apply_mu_);
+  // A round's u over the shard (with momentum only): zero between rounds,
+  // so a round writes and clears only its selected entries.
+  std::vector<float> update_ ABSL_GUARDED_BY(apply_mu_);
 
   std::function<void(absl::Duration)> on_round_latency_;
   SparseRoundTable rounds_;

@@ -293,16 +293,17 @@ TEST(ShardStoreTest, ReadIntoFloats) {
   EXPECT_THAT(outside.message(), HasSubstr("[108, 111)"));
 }
 
-TEST(ShardStoreTest, SubtractMovesARangeAndLeavesTheRest) {
+TEST(ShardStoreTest, UpdateChangesTheWholeShardInPlace) {
   ShardStore store(100, 6, kMaxWaiters);
   ASSERT_TRUE(store.Write(100, Ramp(100, 6)).ok());
-  ASSERT_TRUE(store.Subtract(102, std::vector<float>{0.5f, -1.0f, 2.0f}).ok());
-  EXPECT_THAT(ReadFloats(store, 100, 6),
-              ElementsAreArray({100.0f, 101.0f, 101.5f, 104.0f, 102.0f, 105.0f}));
-
-  const absl::Status outside = store.Subtract(105, std::vector<float>{1.0f, 1.0f});
-  EXPECT_EQ(outside.code(), absl::StatusCode::kOutOfRange);
-  EXPECT_THAT(ReadFloats(store, 105, 1), ElementsAreArray({105.0f}));
+  std::vector<float> seen;
+  store.Update([&](absl::Span<float> x) {
+    seen.assign(x.begin(), x.end());
+    for (size_t i = 0; i < x.size(); ++i) x[i] -= static_cast<float>(i);
+  });
+  EXPECT_THAT(seen, ElementsAreArray(Ramp(100, 6)));
+  EXPECT_THAT(ReadFloats(store, 100, 6), ElementsAreArray({100.0f, 100.0f, 100.0f, 100.0f,
+                                                           100.0f, 100.0f}));
 }
 
 TEST(ShardStoreTest, StepTakesTheDirectionAtTheModelAsItIsThenSubtractsLrTimesIt) {
@@ -358,10 +359,12 @@ TEST(ShardStoreTest, SubtractAtRefusesBadInputWithoutChangingTheModel) {
   EXPECT_THAT(ReadFloats(store, 100, 6), ElementsAreArray(Ramp(100, 6)));
 }
 
-TEST(ShardStoreTest, SubtractDoesNotInitialise) {
+TEST(ShardStoreTest, UpdatesDoNotInitialise) {
   ShardStore store(0, 2, kMaxWaiters);
   ASSERT_TRUE(store.Write(0, std::vector<float>{1.0f}).ok());
-  ASSERT_TRUE(store.Subtract(0, std::vector<float>{1.0f, 1.0f}).ok());
+  store.Update([](absl::Span<float> x) {
+    for (float& v : x) v -= 1.0f;
+  });
   ASSERT_TRUE(store.SubtractAt(std::vector<uint32_t>{1}, std::vector<float>{1.0f}).ok());
   EXPECT_FALSE(store.initialised());
   EXPECT_THAT(ReadFloats(store, 0, 2), ElementsAreArray({0.0f, -2.0f}));

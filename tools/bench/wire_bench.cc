@@ -90,6 +90,9 @@ ABSL_FLAG(bool, grad, false,
 ABSL_FLAG(bool, async, false,
           "Dense cases of async-sgd's AsyncPushPull (push a gradient, pull the updated model, "
           "no round) instead of PushPull rounds.");
+ABSL_FLAG(double, momentum, 0.0,
+          "optimizer.momentum (Nesterov) of the job; 0: none. Only the gTop-k cases' shards "
+          "apply it (to every float of the shard, each round).");
 ABSL_FLAG(int64_t, chunk_bytes, 0, "cluster.chunk_bytes; 0: the default.");
 ABSL_FLAG(int64_t, max_message_bytes, 0,
           "cluster.max_message_bytes (the chunk size follows it); 0: the default.");
@@ -148,6 +151,7 @@ std::string JobText(const Case& c, int block_size) {
   std::string servers;
   for (int s = 0; s < c.shards; ++s) absl::StrAppend(&servers, " servers: \"127.0.0.1:0\"");
   const int64_t max_message = absl::GetFlag(FLAGS_max_message_bytes);
+  const double momentum = absl::GetFlag(FLAGS_momentum);
   return absl::StrCat("name: \"wire-bench\"\ncluster {", servers, " num_workers: ", c.members,
                       " round_timeout_s: 60 max_step_lag: 100000",
                       max_message > 0 ? absl::StrCat(" max_message_bytes: ", max_message) : "",
@@ -156,7 +160,10 @@ std::string JobText(const Case& c, int block_size) {
                           : "",
                       " transport: ", absl::GetFlag(FLAGS_transport), " }\n",
                       "model { kind: FLAT num_params: ", c.bytes / 4, " }\n",
-                      "data { batch_size: 1 }\nepochs: 1\noptimizer { lr: 0.1 }\n",
+                      "data { batch_size: 1 }\nepochs: 1\noptimizer { lr: 0.1",
+                      momentum > 0 ? absl::StrCat(" momentum_kind: NESTEROV momentum: ", momentum)
+                                   : "",
+                      " }\n",
                       // An algorithm whose rounds are the case's: every one
                       // may average the whole model (its final average).
                       c.gtopk        ? absl::StrCat("algorithm { name: \"gtopk-ssgd\" "

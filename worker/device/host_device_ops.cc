@@ -217,12 +217,7 @@ absl::Status HostDeviceOps::ApplyMomentum(const DirectionRule& rule, const float
     return absl::InvalidArgumentError(
         "HostDeviceOps::ApplyMomentum: the rule has no momentum");
   }
-  const bool nesterov = rule.kind == v1::OptimizerConfig::NESTEROV;
-  const float beta = rule.beta;
-  for (uint64_t j = 0; j < num_params_; ++j) {
-    m[j] = beta * m[j] + u[j];
-    x[j] -= nesterov ? u[j] + beta * m[j] : m[j];
-  }
+  ApplySharedMomentum(rule, num_params_, u, m, x);
   return absl::OkStatus();
 }
 
