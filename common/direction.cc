@@ -15,6 +15,7 @@ DirectionRule MakeDirectionRule(const v1::OptimizerConfig& config) {
   return rule;
 }
 
+CSERPS_VECTOR_CLONES
 void ComputeDirection(const DirectionRule& rule, size_t n, const float* grad,
                       const float* params, float* momentum, float* direction) {
   const float lambda = rule.weight_decay;
@@ -42,6 +43,11 @@ void ComputeDirection(const DirectionRule& rule, size_t n, const float* grad,
     default:
       CSERPS_CHECK(false && "unknown momentum kind");
   }
+}
+
+CSERPS_VECTOR_CLONES
+void Descend(float lr, size_t n, const float* p, float* x) {
+  for (size_t i = 0; i < n; ++i) x[i] -= lr * p[i];
 }
 
 CSERPS_VECTOR_CLONES

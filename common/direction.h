@@ -34,6 +34,11 @@ DirectionRule MakeDirectionRule(const v1::OptimizerConfig& config);
 void ComputeDirection(const DirectionRule& rule, size_t n, const float* grad,
                       const float* params, float* momentum, float* direction);
 
+// x[i] -= lr * p[i] for i < n: the step along a direction. The one host
+// implementation: the host device ops and the shards' GRAD rule and
+// asynchronous step (server/shard_store.cc) call it.
+void Descend(float lr, size_t n, const float* p, float* x);
+
 // Momentum on an update u that every member shares (the sparse methods'
 // line 6): m = βm + u, then x -= (NESTEROV ? u + βm : m), for i < n. The
 // one host implementation: the host device ops and the servers' sparse

@@ -6,9 +6,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/direction.h"
 #include "common/float_bytes.h"
 #include "common/status.h"
-#include "common/vector_clones.h"
 
 namespace cserps {
 namespace {
@@ -21,12 +21,6 @@ absl::Status CheckRange(uint64_t first, uint64_t size, uint64_t offset,
         first, ", ", first + size, ")"));
   }
   return absl::OkStatus();
-}
-
-// x[i] -= lr v[i]: float operations, the same in either clone.
-CSERPS_VECTOR_CLONES
-void SubtractScaled(float lr, const float* v, float* x, uint64_t n) {
-  for (uint64_t i = 0; i < n; ++i) x[i] -= lr * v[i];
 }
 
 }  // namespace
@@ -84,7 +78,7 @@ absl::Status ShardStore::Step(
   absl::MutexLock lock(&mu_);
   float* const x = values_.data() + (offset - first_);
   direction(x, p);
-  SubtractScaled(lr, p.data(), x, p.size());
+  Descend(lr, p.size(), p.data(), x);
   return absl::OkStatus();
 }
 
@@ -127,7 +121,7 @@ void ShardStore::ApplyMean(bool is_model_stream, const ShardPayload& payload,
       // reading the model's old lines first as a loop's stores do.
       std::memcpy(x, v, n * sizeof(float));
     } else {
-      SubtractScaled(lr, v, x, n);
+      Descend(lr, n, v, x);
     }
   });
 }

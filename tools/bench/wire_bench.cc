@@ -91,8 +91,8 @@ ABSL_FLAG(bool, async, false,
           "Dense cases of async-sgd's AsyncPushPull (push a gradient, pull the updated model, "
           "no round) instead of PushPull rounds.");
 ABSL_FLAG(double, momentum, 0.0,
-          "optimizer.momentum (Nesterov) of the job; 0: none. Only the gTop-k cases' shards "
-          "apply it (to every float of the shard, each round).");
+          "optimizer.momentum (Nesterov) of the job; 0: none. Only the shards of the gTop-k "
+          "cases (on every float of the shard, each round) and of --async apply it.");
 ABSL_FLAG(int64_t, chunk_bytes, 0, "cluster.chunk_bytes; 0: the default.");
 ABSL_FLAG(int64_t, max_message_bytes, 0,
           "cluster.max_message_bytes (the chunk size follows it); 0: the default.");

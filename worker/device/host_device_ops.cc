@@ -3,10 +3,12 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "common/direction.h"
 #include "common/status.h"
 #include "worker/device/topk_select.h"
 
 namespace cserps {
+
 HostStagingDevice::HostStagingDevice(uint64_t num_params, uint32_t block_size,
                                      LocalGroup* group)
     : num_params_(num_params),
@@ -118,7 +120,7 @@ absl::Status HostDeviceOps::Direction(const DirectionRule& rule, const float* g,
 }
 
 absl::Status HostDeviceOps::Descend(float lr, const float* p, float* x) {
-  for (uint64_t j = 0; j < num_params_; ++j) x[j] -= lr * p[j];
+  cserps::Descend(lr, num_params_, p, x);
   return absl::OkStatus();
 }
 
@@ -131,7 +133,7 @@ absl::Status HostDeviceOps::SgdStep(const DirectionRule& rule, float lr, const f
   for (uint64_t begin = 0; begin < num_params_; begin += kRun) {
     const uint64_t n = std::min(kRun, num_params_ - begin);
     ComputeDirection(rule, n, g + begin, x + begin, m == nullptr ? nullptr : m + begin, p);
-    for (uint64_t j = 0; j < n; ++j) x[begin + j] -= lr * p[j];
+    cserps::Descend(lr, n, p, x + begin);
   }
   return absl::OkStatus();
 }
