@@ -6,8 +6,9 @@
 // last to go shuts it down, joins its threads and deletes it. Tests that
 // start and stop their servers and channels per case run that teardown
 // between cases, and gRPC can race it: a double unref of the queue inside
-// grpc_completion_queue_next, which AddressSanitizer reported about once in
-// 60 runs of server_service. A server with a callback service, started
+// grpc_completion_queue_next, which AddressSanitizer reported in a run of
+// server_service on a clean clone (docs/decisions.md). A server with a
+// callback service, started
 // before the first case and never stopped, holds the queue for the life of
 // the process, so it is torn down at most once, at exit. The server listens
 // on no port.
