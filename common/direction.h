@@ -5,7 +5,10 @@
 //   NONE (or MOMENTUM_UNSPECIFIED): p = g + λx
 //   HEAVY_BALL:                     m ← βm + (g + λx);  p = m
 //   NESTEROV:                       d = g + λx;  m ← βm + d;  p = d + βm
-// The momentum buffer starts at zero.
+// The momentum buffer starts at zero. Beside it, the step along a direction
+// and the momentum on an update that every member shares (gTop-k's).
+// Element-wise loops, in AVX2 where the CPU has it (common/vector_clones.h):
+// the same bits either way.
 #ifndef CSERPS_COMMON_DIRECTION_H_
 #define CSERPS_COMMON_DIRECTION_H_
 
