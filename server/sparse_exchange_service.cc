@@ -166,9 +166,12 @@ SparseReply SparseExchangeService::CompleteRound(std::vector<SparseVector> pushe
   for (size_t e = 0; e < selected.indices.size(); ++e) {
     update_[selected.indices[e] - first] = selected.values[e] / members;
   }
-  store.Update([&](absl::Span<float> x) {
-    ApplySharedMomentum(rule_, x.size(), update_.data(), momentum_.data(), x.data());
-  });
+  // The lambda runs within this hold of apply_mu_, which the analysis
+  // cannot see into: it gets the buffers.
+  const float* const u = update_.data();
+  float* const m = momentum_.data();
+  store.Update(
+      [&](absl::Span<float> x) { ApplySharedMomentum(rule_, x.size(), u, m, x.data()); });
   for (uint32_t index : selected.indices) update_[index - first] = 0.0f;
   return EncodeSparse(selected);
 }
