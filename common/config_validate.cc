@@ -13,6 +13,7 @@
 #include "absl/strings/string_view.h"
 #include "common/algorithm_catalog.h"
 #include "common/block_layout.h"
+#include "common/direction.h"
 #include "common/format_real.h"
 #include "common/model_spec.h"
 #include "common/status.h"
@@ -258,10 +259,7 @@ absl::Status ValidateOptimizer(const v1::OptimizerConfig& opt,
                    absl::StrCat("must be in [0, 1) (got ",
                                 FormatReal(opt.momentum()), ")"));
   }
-  const bool uses_momentum =
-      opt.momentum_kind() == v1::OptimizerConfig::HEAVY_BALL ||
-      opt.momentum_kind() == v1::OptimizerConfig::NESTEROV;
-  if (uses_momentum && !(opt.momentum() > 0)) {
+  if (UsesMomentum(opt.momentum_kind()) && !(opt.momentum() > 0)) {
     return Invalid("optimizer.momentum",
                    absl::StrCat("must be > 0 when momentum_kind is ",
                                 v1::OptimizerConfig::Momentum_Name(

@@ -27,6 +27,10 @@ struct DirectionRule {
 };
 // MOMENTUM_UNSPECIFIED becomes NONE.
 DirectionRule MakeDirectionRule(const v1::OptimizerConfig& config);
+// HEAVY_BALL or NESTEROV: the rule keeps a momentum buffer.
+inline bool UsesMomentum(v1::OptimizerConfig::Momentum kind) {
+  return kind == v1::OptimizerConfig::HEAVY_BALL || kind == v1::OptimizerConfig::NESTEROV;
+}
 
 // direction[i] = p(grad, params)[i] for i < n, advancing `momentum` (n
 // floats; unused, may be null, for NONE). `direction` may alias `grad`.

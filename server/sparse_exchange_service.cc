@@ -22,11 +22,6 @@ SparseSelection SelectionOf(const v1::AlgorithmConfig& algorithm) {
                                                           : SparseSelection::kGlobalTopK;
 }
 
-bool UsesMomentum(const v1::OptimizerConfig& optimizer) {
-  return optimizer.momentum_kind() == v1::OptimizerConfig::HEAVY_BALL ||
-         optimizer.momentum_kind() == v1::OptimizerConfig::NESTEROV;
-}
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<SparseExchangeService>> SparseExchangeService::Create(
@@ -59,7 +54,7 @@ absl::StatusOr<std::unique_ptr<SparseExchangeService>> SparseExchangeService::Cr
           "; raise max_message_bytes or lower the density"));
     }
   }
-  if (sparse_job && shard->resumed_from_step() > 0 && UsesMomentum(config.optimizer())) {
+  if (sparse_job && shard->resumed_from_step() > 0 && UsesMomentum(config.optimizer().momentum_kind())) {
     const CheckpointSection* resumed = shard->ResumedSection(kMomentumSection);
     if (resumed == nullptr || resumed->values.size() != shard->store().size()) {
       return absl::DataLossError(absl::StrCat(
@@ -104,7 +99,6 @@ SparseExchangeService::SparseExchangeService(ShardContext* shard, Options option
       selection_(SelectionOf(shard->config().algorithm())),
       k_s_(k_s),
       rule_(MakeDirectionRule(shard->config().optimizer())),
-      uses_momentum_(UsesMomentum(shard->config().optimizer())),
       rounds_(SparseRoundTable::Options{
           .limits =
               {
@@ -123,7 +117,7 @@ SparseExchangeService::SparseExchangeService(ShardContext* shard, Options option
                 if (on_round_latency_) on_round_latency_(latency);
               },
       }) {
-  if (uses_momentum_) {
+  if (UsesMomentum(rule_.kind)) {
     absl::MutexLock lock(&apply_mu_);
     const CheckpointSection* resumed = shard->ResumedSection(kMomentumSection);
     if (resumed != nullptr) {
@@ -153,7 +147,7 @@ SparseReply SparseExchangeService::CompleteRound(std::vector<SparseVector> pushe
   ShardStore& store = shard_.store();
   // Indices were checked against the shard's range, so the store's updates
   // do not fail.
-  if (!uses_momentum_) {
+  if (!UsesMomentum(rule_.kind)) {
     std::vector<float> deltas(selected.values.size());
     for (size_t e = 0; e < deltas.size(); ++e) deltas[e] = selected.values[e] / members;
     CSERPS_CHECK(store.SubtractAt(selected.indices, deltas).ok());

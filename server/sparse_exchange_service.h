@@ -64,7 +64,7 @@ class SparseExchangeService final : public v1::SparseExchange::CallbackService {
   // checkpoint of the shard holds as section kMomentumSection; a shard
   // resumed from one starts with it.
   static constexpr char kMomentumSection[] = "sparse_momentum";
-  bool checkpoints_momentum() const { return sparse_job_ && uses_momentum_; }
+  bool checkpoints_momentum() const { return sparse_job_ && UsesMomentum(rule_.kind); }
   // The shard goes back to the checkpoint of `step` in place
   // (ParameterServerService::RollBack): open sparse rounds are aborted with
   // `reason`, the servers' momentum is the checkpoint's (its `sections`),
@@ -136,7 +136,6 @@ class SparseExchangeService final : public v1::SparseExchange::CallbackService {
   const SparseSelection selection_;
   const uint64_t k_s_;
   const DirectionRule rule_;
-  const bool uses_momentum_;  // HEAVY_BALL or NESTEROV
 
   // Guards the shard's momentum buffer. Rounds complete in step order, so
   // the momentum's updates follow the model's.

@@ -214,8 +214,7 @@ absl::Status HostDeviceOps::ScatterSparse(SparseOp op, absl::Span<const uint32_t
 
 absl::Status HostDeviceOps::ApplyMomentum(const DirectionRule& rule, const float* u,
                                           float* m, float* x) {
-  if (rule.kind != v1::OptimizerConfig::HEAVY_BALL &&
-      rule.kind != v1::OptimizerConfig::NESTEROV) {
+  if (!UsesMomentum(rule.kind)) {
     return absl::InvalidArgumentError(
         "HostDeviceOps::ApplyMomentum: the rule has no momentum");
   }
