@@ -56,6 +56,7 @@ declare -A METHOD_SET=(
   [cser-256]="algorithm.name=cser;algorithm.period=32;algorithm.ratio_c1=16;algorithm.ratio_c2=512"
   [cser-1024]="algorithm.name=cser;algorithm.period=128;algorithm.ratio_c1=16;algorithm.ratio_c2=2048"
   [local-sgd-32]="algorithm.name=local-sgd;algorithm.period=32"
+  [qsparse-32]="algorithm.name=qsparse-local-sgd;algorithm.period=16;algorithm.ratio=2"
   [qsparse-256]="algorithm.name=qsparse-local-sgd;algorithm.period=16;algorithm.ratio=16"
   [cocod-sgd]="algorithm.name=cocod-sgd;algorithm.period=5"
   [gtopk-256]="algorithm.name=gtopk-ssgd;algorithm.density=0.00390625"
