@@ -23,11 +23,21 @@
 // With --async the dense cases time async-sgd's AsyncPushPull instead (each
 // member pushes a gradient of the whole model and gets the updated model
 // back, with no round to wait for).
+//
+// With --placement=split or shared the bench pins its threads: on a
+// machine whose cross-CPU wake-ups are dear (a 2-vCPU VM: the raw TCP
+// exchange of 16 KiB takes 40 us across its CPUs, 19 us on one), an
+// unpinned case measures where the scheduler happened to put each pair of
+// threads as much as the exchange, and the limits' pairs may land
+// otherwise than cserps'.
+#include <pthread.h>
+#include <sched.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -93,6 +103,11 @@ ABSL_FLAG(bool, async, false,
 ABSL_FLAG(double, momentum, 0.0,
           "optimizer.momentum (Nesterov) of the job; 0: none. Only the shards of the gTop-k "
           "cases (on every float of the shard, each round) and of --async apply it.");
+ABSL_FLAG(std::string, placement, "free",
+          "Where the threads run: free (unpinned); split (the members' threads, cserps' and "
+          "the limits', on the first CPU; the servers, the raw TCP peers and the gRPC "
+          "limit's threads, which serve both its ends, on the last); shared (all on the "
+          "first CPU).");
 ABSL_FLAG(int64_t, chunk_bytes, 0, "cluster.chunk_bytes; 0: the default.");
 ABSL_FLAG(int64_t, max_message_bytes, 0,
           "cluster.max_message_bytes (the chunk size follows it); 0: the default.");
@@ -101,6 +116,38 @@ namespace cserps {
 namespace {
 
 constexpr int kWarmupRounds = 3;
+
+// The CPUs of --placement; -1: any.
+struct Placement {
+  int members = -1;
+  int peers = -1;  // the servers' and the limits' peers'
+};
+
+absl::StatusOr<Placement> ParsePlacement(absl::string_view name) {
+  if (name == "free") return Placement{};
+  if (name == "shared") return Placement{0, 0};
+  const int cpus = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
+  if (name == "split" && cpus >= 2) return Placement{0, cpus - 1};
+  if (name == "split") {
+    return absl::InvalidArgumentError("--placement=split needs two CPUs; this machine has one");
+  }
+  return absl::InvalidArgumentError(absl::StrCat("--placement: \"", name,
+                                                 "\" is not free, split or shared"));
+}
+
+// Binds the calling thread, and so the threads and processes it starts, to
+// `cpu`; -1 leaves it as it is.
+absl::Status PinTo(int cpu) {
+  if (cpu < 0) return absl::OkStatus();
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  const int error = pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
+  if (error != 0) {
+    return absl::InternalError(absl::StrCat("pinning to CPU ", cpu, ": ", std::strerror(error)));
+  }
+  return absl::OkStatus();
+}
 
 struct Case {
   int shards = 1;
@@ -254,7 +301,10 @@ struct Limits {
 // rounds, as many and of the slice's bytes: a drift of this machine's speed
 // reaches cserps and its limits alike.
 absl::StatusOr<Measured> MeasureCserps(const Case& c, const std::string& server,
-                                       Limits* limits) {
+                                       const Placement& placement, Limits* limits) {
+  // What starts here (the limits' peers, gRPC's threads, the servers) runs
+  // on the peers' CPU; the members' threads, started later, on theirs.
+  RETURN_IF_ERROR(PinTo(placement.peers));
   ASSIGN_OR_RETURN(limits->tcp_exchange, OpenRawTcp(c.shards, c.members));
   ASSIGN_OR_RETURN(limits->grpc_exchange, OpenPlainGrpc(c.shards, c.members));
   const std::string path =
@@ -272,6 +322,7 @@ absl::StatusOr<Measured> MeasureCserps(const Case& c, const std::string& server,
                                                   "cluster.servers=",
                                                   absl::StrJoin(servers->addresses(), ","))}));
   std::filesystem::remove(path);
+  RETURN_IF_ERROR(PinTo(placement.members));
   *config.mutable_security() = SecurityFiles("client");
   const uint64_t d = c.bytes / 4;
   std::vector<Member> members;
@@ -348,9 +399,9 @@ absl::StatusOr<Measured> MeasureCserps(const Case& c, const std::string& server,
   return result;
 }
 
-absl::Status RunCase(const Case& c, const std::string& server) {
+absl::Status RunCase(const Case& c, const std::string& server, const Placement& placement) {
   Limits limits;
-  ASSIGN_OR_RETURN(const Measured m, MeasureCserps(c, server, &limits));
+  ASSIGN_OR_RETURN(const Measured m, MeasureCserps(c, server, placement, &limits));
   const double p50 = Percentile(m.rounds, 0.5);
   const double per_member = m.selected_bytes / p50 / 1e9;
   const double moved_gb = m.selected_bytes * c.members * m.count / 1e9;
@@ -406,10 +457,16 @@ absl::Status Run() {
     }
     layouts.emplace_back(s, m);
   }
+  ASSIGN_OR_RETURN(const Placement placement, ParsePlacement(absl::GetFlag(FLAGS_placement)));
   const absl::Duration copy = MemcpyTime(64 << 20, 10);
   std::printf("memcpy of 64 MiB: %.3f GB/s (one thread)\n", (64 << 20) / Seconds(copy) / 1e9);
   if (const std::string dir = absl::GetFlag(FLAGS_certs); !dir.empty()) {
     std::printf("cserps rounds: mutual TLS and the job's token (%s)\n", dir.c_str());
+  }
+  if (placement.members >= 0) {
+    std::printf("placement: members on CPU %d; servers, raw TCP peers and gRPC's threads on CPU "
+                "%d\n",
+                placement.members, placement.peers);
   }
   std::printf("R: GRBS ratio (1: dense); K: gTop-k at density 1/K, 8 bytes an entry\n");
   if (absl::GetFlag(FLAGS_async)) {
@@ -431,16 +488,16 @@ absl::Status Run() {
     for (uint64_t bytes : sizes) {
       RETURN_IF_ERROR(RunCase(
           {.shards = s, .members = m, .bytes = bytes, .stream = stream, .lr = lr, .async = async},
-          server));
+          server, placement));
     }
     for (uint64_t r : ratios) {
-      RETURN_IF_ERROR(RunCase({s, m, grbs_bytes, static_cast<uint32_t>(r)}, server));
+      RETURN_IF_ERROR(RunCase({s, m, grbs_bytes, static_cast<uint32_t>(r)}, server, placement));
     }
     for (uint64_t r : topk_ratios) {
       RETURN_IF_ERROR(RunCase(
           {.shards = s, .members = m, .bytes = grbs_bytes, .ratio = static_cast<uint32_t>(r),
            .gtopk = true},
-          server));
+          server, placement));
     }
   }
   return absl::OkStatus();
