@@ -54,7 +54,8 @@ absl::StatusOr<std::unique_ptr<SparseExchangeService>> SparseExchangeService::Cr
           "; raise max_message_bytes or lower the density"));
     }
   }
-  if (sparse_job && shard->resumed_from_step() > 0 && UsesMomentum(config.optimizer().momentum_kind())) {
+  if (sparse_job && shard->resumed_from_step() > 0 &&
+      UsesMomentum(config.optimizer().momentum_kind())) {
     const CheckpointSection* resumed = shard->ResumedSection(kMomentumSection);
     if (resumed == nullptr || resumed->values.size() != shard->store().size()) {
       return absl::DataLossError(absl::StrCat(

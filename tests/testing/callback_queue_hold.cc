@@ -8,10 +8,9 @@
 // between cases, and gRPC can race it: a double unref of the queue inside
 // grpc_completion_queue_next, which AddressSanitizer reported in a run of
 // server_service on a clean clone (docs/decisions.md). A server with a
-// callback service, started
-// before the first case and never stopped, holds the queue for the life of
-// the process, so it is torn down at most once, at exit. The server listens
-// on no port.
+// callback service, started before the first case and never stopped, holds
+// the queue for the life of the process, so it is torn down at most once,
+// at exit. The server listens on no port.
 #include "grpcpp/generic/async_generic_service.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"

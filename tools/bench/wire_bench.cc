@@ -126,10 +126,12 @@ struct Placement {
 absl::StatusOr<Placement> ParsePlacement(absl::string_view name) {
   if (name == "free") return Placement{};
   if (name == "shared") return Placement{0, 0};
-  const int cpus = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
-  if (name == "split" && cpus >= 2) return Placement{0, cpus - 1};
   if (name == "split") {
-    return absl::InvalidArgumentError("--placement=split needs two CPUs; this machine has one");
+    const int cpus = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
+    if (cpus < 2) {
+      return absl::InvalidArgumentError("--placement=split needs two CPUs; this machine has one");
+    }
+    return Placement{0, cpus - 1};
   }
   return absl::InvalidArgumentError(absl::StrCat("--placement: \"", name,
                                                  "\" is not free, split or shared"));
