@@ -175,6 +175,12 @@ double Percentile(std::vector<absl::Duration> v, double q) {
   return Seconds(v[i]);
 }
 
+double MeanSeconds(const std::vector<absl::Duration>& v) {
+  absl::Duration total;
+  for (absl::Duration d : v) total += d;
+  return Seconds(total) / v.size();
+}
+
 double SelfCpuSeconds() {
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
@@ -297,6 +303,10 @@ absl::Status RunRounds(std::vector<Member>& members, const Case& c, uint64_t fir
 struct Limits {
   std::unique_ptr<LimitExchange> tcp_exchange, grpc_exchange;
   std::vector<absl::Duration> tcp, grpc;
+  // The raw TCP exchange's rounds, warm-up ones too, and the CPU seconds
+  // both its ends took for them (they live in this process).
+  int tcp_rounds = 0;
+  double tcp_cpu = 0;
 };
 
 // Times the case's rounds in --slices slices, and after each the limits'
@@ -375,8 +385,11 @@ absl::StatusOr<Measured> MeasureCserps(const Case& c, const std::string& server,
                            count;
     // As many rounds as cserps': a small payload's limit over a few rounds
     // moves by 3x.
+    const double tcp_before = SelfCpuSeconds();
     ASSIGN_OR_RETURN(std::vector<absl::Duration> tcp,
                      limits->tcp_exchange->Rounds(payload, kWarmupRounds, count));
+    limits->tcp_cpu += SelfCpuSeconds() - tcp_before;
+    limits->tcp_rounds += kWarmupRounds + count;
     ASSIGN_OR_RETURN(std::vector<absl::Duration> grpc,
                      limits->grpc_exchange->Rounds(payload, kWarmupRounds, count));
     limits->tcp.insert(limits->tcp.end(), tcp.begin(), tcp.end());
@@ -407,18 +420,20 @@ absl::Status RunCase(const Case& c, const std::string& server, const Placement& 
   const double p50 = Percentile(m.rounds, 0.5);
   const double per_member = m.selected_bytes / p50 / 1e9;
   const double moved_gb = m.selected_bytes * c.members * m.count / 1e9;
+  const double tcp_moved_gb = m.selected_bytes * c.members * limits.tcp_rounds / 1e9;
   const double tcp_rate = m.selected_bytes / Percentile(limits.tcp, 0.5) / 1e9;
   const double grpc_rate = m.selected_bytes / Percentile(limits.grpc, 0.5) / 1e9;
   // One member's payload copied once by one thread.
   const size_t payload = static_cast<size_t>(m.selected_bytes / 2);
   const double memcpy_rate = payload / Seconds(MemcpyTime(payload, 10)) / 1e9;
   std::printf(
-      "%dx%d %8s %c=%-5u %8.3f %8.3f %8.3f %8.3f %7.3f %7.3f %7.4f %7.3f %8.3f %8.3f %6.2f %6.2f "
-      "%8.3f %6.3f\n",
+      "%dx%d %8s %c=%-5u %8.3f %8.3f %8.3f %8.3f %7.3f %7.3f %7.3f %7.4f %7.3f %8.3f %8.3f %6.2f "
+      "%6.2f %6.2f %8.3f %6.3f\n",
       c.shards, c.members, Bytes(c.bytes).c_str(), c.gtopk ? 'K' : 'R', c.ratio, 1e3 * p50,
       1e3 * Percentile(m.rounds, 0.99), per_member, per_member * c.members,
-      m.server_cpu / moved_gb, m.client_cpu / moved_gb, m.wire_bytes / m.selected_bytes,
-      m.balance, tcp_rate, grpc_rate, per_member / tcp_rate, per_member / grpc_rate, memcpy_rate,
+      m.server_cpu / moved_gb, m.client_cpu / moved_gb, limits.tcp_cpu / tcp_moved_gb,
+      m.wire_bytes / m.selected_bytes, m.balance, tcp_rate, grpc_rate, per_member / tcp_rate,
+      MeanSeconds(limits.tcp) / MeanSeconds(m.rounds), per_member / grpc_rate, memcpy_rate,
       per_member / memcpy_rate);
   std::fflush(stdout);
   return absl::OkStatus();
@@ -474,13 +489,16 @@ absl::Status Run() {
   if (absl::GetFlag(FLAGS_async)) {
     std::printf("dense cases: async-sgd's AsyncPushPull (gradient pushed, model pulled)\n");
   }
-  std::printf("GB/s: 2 x selected payload per round (push and pull); CPU in s per GB moved "
-              "(all members); wire: serialised bytes / payload bytes; shards: max / mean of "
-              "the shards' bytes; x tcp, x grpc, x mcpy: cserps' GB/s per member over the "
-              "limit's; mcpy: one thread copying one member's payload\n");
-  std::printf("%-3s %8s %-7s %8s %8s %8s %8s %7s %7s %7s %7s %8s %8s %6s %6s %8s %6s\n", "SxM",
-              "model", "ratio", "p50 ms", "p99 ms", "GB/s/m", "GB/s", "srv s/G", "cli s/G",
-              "wire", "shards", "tcp GB/s", "grpc", "x tcp", "x grpc", "mcpy", "x mcpy");
+  std::printf(
+      "GB/s: 2 x selected payload per round (push and pull); CPU in s per GB moved (all "
+      "members; tcp: both ends of the raw TCP exchange); wire: serialised bytes / payload "
+      "bytes; shards: max / mean of the shards' bytes; x tcp, x grpc, x mcpy: cserps' GB/s per "
+      "member over the limit's; x tcp~: the same from mean rounds, not p50; mcpy: one thread "
+      "copying one member's payload\n");
+  std::printf(
+      "%-3s %8s %-7s %8s %8s %8s %8s %7s %7s %7s %7s %7s %8s %8s %6s %6s %6s %8s %6s\n", "SxM",
+      "model", "ratio", "p50 ms", "p99 ms", "GB/s/m", "GB/s", "srv s/G", "cli s/G", "tcp s/G",
+      "wire", "shards", "tcp GB/s", "grpc", "x tcp", "x tcp~", "x grpc", "mcpy", "x mcpy");
   const bool grad = absl::GetFlag(FLAGS_grad);
   const bool async = absl::GetFlag(FLAGS_async);
   const v1::Stream stream = grad ? v1::GRAD : v1::MODEL;
