@@ -11,6 +11,7 @@
 #include "common/float_bytes.h"
 #include "common/grpc_status.h"
 #include "common/status.h"
+#include "server/float_pool.h"
 #include "server/unary_reply.h"
 
 namespace cserps {
@@ -194,7 +195,7 @@ void AsyncService::Push(const PushHead& head, std::shared_ptr<float[]> gradient,
     return;
   }
   traffic_.handled.AddRequest(request_bytes);
-  auto model = std::make_shared<MeanValues>(head.count);
+  auto model = FloatPool::Shared().Get(head.count);
   PassGate(
       head, arrived,
       [this, head, gradient = std::move(gradient), model,

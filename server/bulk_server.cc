@@ -13,6 +13,7 @@
 #include "absl/time/clock.h"
 #include "common/bulk_wire.h"
 #include "common/status.h"
+#include "server/float_pool.h"
 #include "spdlog/spdlog.h"
 
 namespace cserps {
@@ -162,9 +163,8 @@ class BulkServer::Connection : public std::enable_shared_from_this<Connection> {
   }
 
   // A request's `count` floats, at most a chunk (more cannot be read past:
-  // the connection ends), in a buffer of their own, allocated
-  // uninitialised, since a round may keep it (RoundTable::Push); the
-  // server's heap keeps freed buffers, so they cost no page faults.
+  // the connection ends), in a buffer of their own from the shard's pool,
+  // since a round may keep it (RoundTable::Push).
   absl::StatusOr<std::shared_ptr<float[]>> ReadFloats(uint64_t request_id, uint32_t count,
                                                       const char* what) {
     if (count > chunk_floats_) {
@@ -173,7 +173,8 @@ class BulkServer::Connection : public std::enable_shared_from_this<Connection> {
                                                            " floats; a chunk holds at most ",
                                                            chunk_floats_)));
     }
-    std::shared_ptr<float[]> buffer(new float[count]);
+    std::shared_ptr<MeanValues> pooled = FloatPool::Shared().Get(count);
+    std::shared_ptr<float[]> buffer(pooled, pooled->data());
     RETURN_IF_ERROR(stream_->RecvAll(buffer.get(), count * sizeof(float),
                                      absl::Now() + reply_timeout_, what));
     return buffer;

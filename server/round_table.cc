@@ -98,7 +98,7 @@ void WeightedSum::Add(uint32_t /*rank*/, const Contribution& push) {
     // The round's last push: sum_i w_i v_i / sum_i w_i in one pass, the same
     // double operations in the same order as adding and then dividing.
     weight_total_ += w;
-    auto mean = std::make_shared<MeanValues>(size_);
+    auto mean = FloatPool::Shared().Get(size_);
     WriteMean(base, w, v, weight_total_, mean->data(), size_);
     mean_ = std::move(mean);
     held_ = Contribution();
@@ -124,7 +124,7 @@ RoundMean WeightedSum::Mean() const {
   if (mean_ != nullptr) return mean_;
   // An elastic round completed without some of the members it expected.
   CSERPS_CHECK(added_ > 0 && (sum_ != nullptr || held_.keep != nullptr));
-  auto mean = std::make_shared<MeanValues>(size_);
+  auto mean = FloatPool::Shared().Get(size_);
   WriteMean(BaseOf(sum_.get(), held_), 0.0, nullptr, weight_total_, mean->data(), size_);
   return mean;
 }

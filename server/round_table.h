@@ -28,6 +28,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "server/float_pool.h"
 #include "server/round_lifecycle.h"
 
 namespace cserps {
@@ -52,29 +53,6 @@ struct RoundKey {
            a.chunk == b.chunk;
   }
 };
-
-// Allocates like std::allocator, but leaves a resized vector's floats
-// uninitialised: a round writes every float of its mean, so zeroing them
-// first only cost time (a tenth of a shard's CPU in 4 MiB rounds).
-template <typename T>
-struct UninitialisedAllocator : std::allocator<T> {
-  template <typename U>
-  struct rebind {
-    using other = UninitialisedAllocator<U>;
-  };
-  UninitialisedAllocator() = default;
-  template <typename U>
-  UninitialisedAllocator(const UninitialisedAllocator<U>&) noexcept {}  // NOLINT: as std::allocator
-  template <typename U>
-  void construct(U* p) noexcept {
-    ::new (static_cast<void*>(p)) U;
-  }
-  template <typename U, typename... Args>
-  void construct(U* p, Args&&... args) {
-    ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
-  }
-};
-using MeanValues = std::vector<float, UninitialisedAllocator<float>>;
 
 // The mean of a completed round; shared by every answer.
 using RoundMean = std::shared_ptr<const MeanValues>;

@@ -1,0 +1,74 @@
+// FloatPool hands a buffer let go out again for its size, newest first,
+// keeps no more free bytes than its limit, and stays consistent when many
+// threads take and let go of buffers at once.
+#include "server/float_pool.h"
+
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace cserps {
+namespace {
+
+TEST(FloatPoolTest, ABufferLetGoIsHandedOutAgainForItsSizeNewestFirst) {
+  FloatPool pool(1 << 20);
+  std::shared_ptr<MeanValues> a = pool.Get(1000);
+  std::shared_ptr<MeanValues> b = pool.Get(1000);
+  ASSERT_EQ(a->size(), 1000u);
+  float* const a_data = a->data();
+  float* const b_data = b->data();
+  a.reset();
+  b.reset();
+  EXPECT_EQ(pool.free_bytes(), 2 * 1000 * sizeof(float));
+  EXPECT_EQ(pool.Get(1000)->data(), b_data);  // let go again at once
+  std::shared_ptr<MeanValues> newest = pool.Get(1000);
+  EXPECT_EQ(newest->data(), b_data);
+  EXPECT_EQ(pool.Get(1000)->data(), a_data);
+  // Another size is another buffer, and the free ones stay.
+  std::shared_ptr<MeanValues> other = pool.Get(999);
+  EXPECT_EQ(other->size(), 999u);
+  EXPECT_NE(other->data(), a_data);
+  EXPECT_EQ(pool.free_bytes(), 1000 * sizeof(float));
+}
+
+TEST(FloatPoolTest, KeepsNoMoreFreeBytesThanItsLimit) {
+  FloatPool pool(3 * 100 * sizeof(float));
+  std::vector<std::shared_ptr<MeanValues>> held;
+  for (int i = 0; i < 5; ++i) held.push_back(pool.Get(100));
+  held.clear();
+  EXPECT_EQ(pool.free_bytes(), 3 * 100 * sizeof(float));
+  // A buffer larger than what is left of the limit is freed, not kept.
+  pool.Get(200).reset();
+  EXPECT_EQ(pool.free_bytes(), 3 * 100 * sizeof(float));
+}
+
+TEST(FloatPoolTest, ManyThreadsTakeAndLetGoAtOnce) {
+  FloatPool pool(1 << 20);
+  constexpr int kThreads = 4;
+  constexpr int kRounds = 2000;
+  std::vector<std::thread> threads;
+  std::vector<int> wrong(kThreads, 0);
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&pool, &wrong, t] {
+      for (int r = 0; r < kRounds; ++r) {
+        const size_t n = 64 + (r % 3);
+        std::shared_ptr<MeanValues> buffer = pool.Get(n);
+        // Each holder owns its buffer alone while it holds it.
+        for (size_t i = 0; i < n; ++i) (*buffer)[i] = static_cast<float>(t * kRounds + r);
+        for (size_t i = 0; i < n; ++i) {
+          if ((*buffer)[i] != static_cast<float>(t * kRounds + r)) ++wrong[t];
+        }
+        if (buffer->size() != n) ++wrong[t];
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  for (int t = 0; t < kThreads; ++t) EXPECT_EQ(wrong[t], 0) << "thread " << t;
+  // Every buffer came back: at most one per thread and size was live at once.
+  EXPECT_LE(pool.free_bytes(), kThreads * (64 + 65 + 66) * sizeof(float));
+  EXPECT_GT(pool.free_bytes(), 0u);
+}
+
+}  // namespace
+}  // namespace cserps
