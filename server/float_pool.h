@@ -1,9 +1,11 @@
 // Float buffers that a shard's rounds reuse. Each round used to take its
 // pushes' and its mean's floats from the heap and give them back at its
-// end; in rounds of many MiB the heap returns such memory to the kernel
-// (and a VM's kernel to its host), so the next round faulted every page in
-// again. A buffer let go returns here instead and is handed out again,
-// newest first, while it is still in cache. Thread-safe.
+// end, and in rounds of many MiB the next round wrote into pages the
+// process had to fault in again (docs/decisions.md). A buffer let go
+// returns here instead and is handed out again, newest first, while it is
+// still in cache, for any size up to its capacity: a power of two of
+// floats, so that the payloads of GRBS rounds, whose sizes vary from step
+// to step, share buffers. Thread-safe.
 #ifndef CSERPS_SERVER_FLOAT_POOL_H_
 #define CSERPS_SERVER_FLOAT_POOL_H_
 
@@ -52,6 +54,7 @@ class FloatPool {
   // owner lets go; the pool must outlive them.
   std::shared_ptr<MeanValues> Get(size_t n);
 
+  // Of the free buffers' capacities.
   size_t free_bytes() const;
 
   // The servers' pool: 256 MiB free at most, the buffers of a 64 MiB
@@ -64,7 +67,7 @@ class FloatPool {
 
   const size_t max_free_bytes_;
   mutable absl::Mutex mu_;
-  // By size in floats, newest last.
+  // By capacity in floats, newest last.
   absl::flat_hash_map<size_t, std::vector<std::unique_ptr<MeanValues>>> free_
       ABSL_GUARDED_BY(mu_);
   size_t free_bytes_ ABSL_GUARDED_BY(mu_) = 0;

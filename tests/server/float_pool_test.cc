@@ -1,5 +1,5 @@
-// FloatPool hands a buffer let go out again for its size, newest first,
-// keeps no more free bytes than its limit, and stays consistent when many
+// FloatPool hands a buffer let go out again, newest first, for any size up
+// to its capacity, keeps no more free bytes than its limit, and stays consistent when many
 // threads take and let go of buffers at once.
 #include "server/float_pool.h"
 
@@ -11,7 +11,7 @@
 namespace cserps {
 namespace {
 
-TEST(FloatPoolTest, ABufferLetGoIsHandedOutAgainForItsSizeNewestFirst) {
+TEST(FloatPoolTest, ABufferLetGoIsHandedOutAgainNewestFirst) {
   FloatPool pool(1 << 20);
   std::shared_ptr<MeanValues> a = pool.Get(1000);
   std::shared_ptr<MeanValues> b = pool.Get(1000);
@@ -20,27 +20,43 @@ TEST(FloatPoolTest, ABufferLetGoIsHandedOutAgainForItsSizeNewestFirst) {
   float* const b_data = b->data();
   a.reset();
   b.reset();
-  EXPECT_EQ(pool.free_bytes(), 2 * 1000 * sizeof(float));
+  // Capacities are powers of two.
+  EXPECT_EQ(pool.free_bytes(), 2 * 1024 * sizeof(float));
   EXPECT_EQ(pool.Get(1000)->data(), b_data);  // let go again at once
   std::shared_ptr<MeanValues> newest = pool.Get(1000);
   EXPECT_EQ(newest->data(), b_data);
   EXPECT_EQ(pool.Get(1000)->data(), a_data);
-  // Another size is another buffer, and the free ones stay.
-  std::shared_ptr<MeanValues> other = pool.Get(999);
-  EXPECT_EQ(other->size(), 999u);
-  EXPECT_NE(other->data(), a_data);
-  EXPECT_EQ(pool.free_bytes(), 1000 * sizeof(float));
+  EXPECT_EQ(pool.free_bytes(), 1024 * sizeof(float));
+}
+
+TEST(FloatPoolTest, ABufferServesEverySizeUpToItsCapacity) {
+  FloatPool pool(1 << 20);
+  float* const data = pool.Get(1000)->data();
+  std::shared_ptr<MeanValues> smaller = pool.Get(513);
+  EXPECT_EQ(smaller->data(), data);
+  EXPECT_EQ(smaller->size(), 513u);
+  smaller.reset();
+  std::shared_ptr<MeanValues> full = pool.Get(1024);
+  EXPECT_EQ(full->data(), data);
+  EXPECT_EQ(full->size(), 1024u);
+  // Past the capacity, or below half of it, another buffer.
+  std::shared_ptr<MeanValues> larger = pool.Get(1025);
+  EXPECT_NE(larger->data(), data);
+  full.reset();
+  std::shared_ptr<MeanValues> half = pool.Get(512);
+  EXPECT_NE(half->data(), data);
+  EXPECT_EQ(pool.free_bytes(), 1024 * sizeof(float));
 }
 
 TEST(FloatPoolTest, KeepsNoMoreFreeBytesThanItsLimit) {
-  FloatPool pool(3 * 100 * sizeof(float));
+  FloatPool pool(3 * 128 * sizeof(float));
   std::vector<std::shared_ptr<MeanValues>> held;
   for (int i = 0; i < 5; ++i) held.push_back(pool.Get(100));
   held.clear();
-  EXPECT_EQ(pool.free_bytes(), 3 * 100 * sizeof(float));
+  EXPECT_EQ(pool.free_bytes(), 3 * 128 * sizeof(float));
   // A buffer larger than what is left of the limit is freed, not kept.
   pool.Get(200).reset();
-  EXPECT_EQ(pool.free_bytes(), 3 * 100 * sizeof(float));
+  EXPECT_EQ(pool.free_bytes(), 3 * 128 * sizeof(float));
 }
 
 TEST(FloatPoolTest, ManyThreadsTakeAndLetGoAtOnce) {
@@ -52,7 +68,7 @@ TEST(FloatPoolTest, ManyThreadsTakeAndLetGoAtOnce) {
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&pool, &wrong, t] {
       for (int r = 0; r < kRounds; ++r) {
-        const size_t n = 64 + (r % 3);
+        const size_t n = 64 << (r % 3);
         std::shared_ptr<MeanValues> buffer = pool.Get(n);
         // Each holder owns its buffer alone while it holds it.
         for (size_t i = 0; i < n; ++i) (*buffer)[i] = static_cast<float>(t * kRounds + r);
@@ -66,7 +82,7 @@ TEST(FloatPoolTest, ManyThreadsTakeAndLetGoAtOnce) {
   for (std::thread& thread : threads) thread.join();
   for (int t = 0; t < kThreads; ++t) EXPECT_EQ(wrong[t], 0) << "thread " << t;
   // Every buffer came back: at most one per thread and size was live at once.
-  EXPECT_LE(pool.free_bytes(), kThreads * (64 + 65 + 66) * sizeof(float));
+  EXPECT_LE(pool.free_bytes(), kThreads * (64 + 128 + 256) * sizeof(float));
   EXPECT_GT(pool.free_bytes(), 0u);
 }
 
