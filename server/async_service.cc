@@ -11,7 +11,7 @@
 #include "common/float_bytes.h"
 #include "common/grpc_status.h"
 #include "common/status.h"
-#include "server/float_pool.h"
+#include "server/buffer_pool.h"
 #include "server/unary_reply.h"
 
 namespace cserps {

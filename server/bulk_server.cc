@@ -13,7 +13,7 @@
 #include "absl/time/clock.h"
 #include "common/bulk_wire.h"
 #include "common/status.h"
-#include "server/float_pool.h"
+#include "server/buffer_pool.h"
 #include "spdlog/spdlog.h"
 
 namespace cserps {

@@ -21,8 +21,10 @@ struct Base {
   double held_weight = 0.0;
 };
 
-Base BaseOf(const double* sum, const WeightedSum::Contribution& held) {
-  return {sum, held.keep != nullptr ? held.values.data() : nullptr, held.weight};
+Base BaseOf(const std::shared_ptr<UninitialisedVector<double>>& sum,
+            const WeightedSum::Contribution& held) {
+  return {sum != nullptr ? sum->data() : nullptr,
+          held.keep != nullptr ? held.values.data() : nullptr, held.weight};
 }
 
 // out[i] = store(base[i] + w v[i]); v null: store(base[i]). Every case is
@@ -93,7 +95,7 @@ void WeightedSum::Add(uint32_t /*rank*/, const Contribution& push) {
   const float* v = push.values.data();
   const bool first = added_ == 0;
   ++added_;
-  const Base base = BaseOf(sum_.get(), held_);
+  const Base base = BaseOf(sum_, held_);
   if (added_ == world_size_) {
     // The round's last push: sum_i w_i v_i / sum_i w_i in one pass, the same
     // double operations in the same order as adding and then dividing.
@@ -110,8 +112,8 @@ void WeightedSum::Add(uint32_t /*rank*/, const Contribution& push) {
     held_ = push;
     return;
   }
-  if (sum_ == nullptr) sum_.reset(new double[size_]);  // uninitialised: written here
-  double* sum = sum_.get();
+  if (sum_ == nullptr) sum_ = BufferPool<double>::Shared().Get(size_);  // written here
+  double* sum = sum_->data();
   if (base.sum != nullptr) {
     AddTo(sum, w, v, size_);
   } else {
@@ -125,7 +127,7 @@ RoundMean WeightedSum::Mean() const {
   // An elastic round completed without some of the members it expected.
   CSERPS_CHECK(added_ > 0 && (sum_ != nullptr || held_.keep != nullptr));
   auto mean = FloatPool::Shared().Get(size_);
-  WriteMean(BaseOf(sum_.get(), held_), 0.0, nullptr, weight_total_, mean->data(), size_);
+  WriteMean(BaseOf(sum_, held_), 0.0, nullptr, weight_total_, mean->data(), size_);
   return mean;
 }
 

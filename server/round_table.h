@@ -28,7 +28,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
-#include "server/float_pool.h"
+#include "server/buffer_pool.h"
 #include "server/round_lifecycle.h"
 
 namespace cserps {
@@ -108,7 +108,7 @@ class WeightedSum {
   uint32_t added_ = 0;
   // size_ values, written by the first Add (the second when the first is
   // held); none when world_size_ is 1 or only one push was added.
-  std::unique_ptr<double[]> sum_;
+  std::shared_ptr<UninitialisedVector<double>> sum_;
   // The first push, not yet read, while it is the only one (and kept).
   Contribution held_;
   double weight_total_ = 0.0;

@@ -1,7 +1,7 @@
-// FloatPool hands a buffer let go out again, newest first, for any size up
+// BufferPool hands a buffer let go out again, newest first, for any size up
 // to its capacity, keeps no more free bytes than its limit, and stays consistent when many
 // threads take and let go of buffers at once.
-#include "server/float_pool.h"
+#include "server/buffer_pool.h"
 
 #include <thread>
 #include <vector>
@@ -11,7 +11,7 @@
 namespace cserps {
 namespace {
 
-TEST(FloatPoolTest, ABufferLetGoIsHandedOutAgainNewestFirst) {
+TEST(BufferPoolTest, ABufferLetGoIsHandedOutAgainNewestFirst) {
   FloatPool pool(1 << 20);
   std::shared_ptr<MeanValues> a = pool.Get(1000);
   std::shared_ptr<MeanValues> b = pool.Get(1000);
@@ -29,7 +29,7 @@ TEST(FloatPoolTest, ABufferLetGoIsHandedOutAgainNewestFirst) {
   EXPECT_EQ(pool.free_bytes(), 1024 * sizeof(float));
 }
 
-TEST(FloatPoolTest, ABufferServesEverySizeUpToItsCapacity) {
+TEST(BufferPoolTest, ABufferServesEverySizeUpToItsCapacity) {
   FloatPool pool(1 << 20);
   float* const data = pool.Get(1000)->data();
   std::shared_ptr<MeanValues> smaller = pool.Get(513);
@@ -48,7 +48,17 @@ TEST(FloatPoolTest, ABufferServesEverySizeUpToItsCapacity) {
   EXPECT_EQ(pool.free_bytes(), 1024 * sizeof(float));
 }
 
-TEST(FloatPoolTest, KeepsNoMoreFreeBytesThanItsLimit) {
+TEST(BufferPoolTest, DoublesArePooledAlike) {
+  BufferPool<double> pool(1 << 20);
+  double* const data = pool.Get(300)->data();
+  std::shared_ptr<UninitialisedVector<double>> again = pool.Get(257);
+  EXPECT_EQ(again->data(), data);
+  EXPECT_EQ(again->size(), 257u);
+  again.reset();
+  EXPECT_EQ(pool.free_bytes(), 512 * sizeof(double));
+}
+
+TEST(BufferPoolTest, KeepsNoMoreFreeBytesThanItsLimit) {
   FloatPool pool(3 * 128 * sizeof(float));
   std::vector<std::shared_ptr<MeanValues>> held;
   for (int i = 0; i < 5; ++i) held.push_back(pool.Get(100));
@@ -59,7 +69,7 @@ TEST(FloatPoolTest, KeepsNoMoreFreeBytesThanItsLimit) {
   EXPECT_EQ(pool.free_bytes(), 3 * 128 * sizeof(float));
 }
 
-TEST(FloatPoolTest, ManyThreadsTakeAndLetGoAtOnce) {
+TEST(BufferPoolTest, ManyThreadsTakeAndLetGoAtOnce) {
   FloatPool pool(1 << 20);
   constexpr int kThreads = 4;
   constexpr int kRounds = 2000;
