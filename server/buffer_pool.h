@@ -87,9 +87,10 @@ class BufferPool {
     return free_bytes_;
   }
 
-  // The servers' pool of T: 256 MiB free at most, the buffers of a 64 MiB
-  // round of two members (kept alive for its whole length); never
-  // destroyed, since a reply may hold a buffer until the process exits.
+  // The servers' pool of T: 256 MiB free at most (of floats, the pushes
+  // and mean of a 64 MiB round of two members, which live as long as the
+  // round); never destroyed, since a reply may hold a buffer until the
+  // process exits.
   static BufferPool& Shared() {
     static BufferPool* const pool = new BufferPool(size_t{256} << 20);
     return *pool;

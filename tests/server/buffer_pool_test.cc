@@ -1,6 +1,6 @@
 // BufferPool hands a buffer let go out again, newest first, for any size up
-// to its capacity, keeps no more free bytes than its limit, and stays consistent when many
-// threads take and let go of buffers at once.
+// to its capacity, keeps no more free bytes than its limit, and stays
+// consistent when many threads take and let go of buffers at once.
 #include "server/buffer_pool.h"
 
 #include <thread>
