@@ -16,7 +16,9 @@
 // client CPU seconds per GB moved (servers: /proc of their processes;
 // client: this process), the bytes PsClient sent and received against the payload
 // (selected floats x 4), the balance of the shards' bytes (max over mean),
-// and the limits' GB/s with cserps' share of them. The gTop-k cases time
+// the limits' GB/s with cserps' share of them, how busy the machine's CPUs
+// were over cserps' rounds and over the raw TCP exchange's, and the slowest
+// of cserps' warm-up rounds (a fresh server's first). The gTop-k cases time
 // gtopk-ssgd's sparse exchange (PsClient::ExchangeSparse: each member's k
 // entries of index and value, the shard's k back). Built a second time as
 // cserps-bench-scale, whose defaults are many members against 1 to 8 shards.
@@ -115,7 +117,14 @@ ABSL_FLAG(int64_t, max_message_bytes, 0,
 namespace cserps {
 namespace {
 
-constexpr int kWarmupRounds = 3;
+// cserps' rounds before a case is measured: fresh servers' first rounds
+// are slow while their pools fill (64 MiB rounds: 4 to 8 of them at
+// 250-900 ms on the development VM, against 50-90 ms after), and the
+// warm-up column reports them apart.
+constexpr int kWarmupRounds = 10;
+// The limits' rounds before each slice's: their connections stay open, and
+// their buffers made, from slice to slice.
+constexpr int kLimitWarmupRounds = 3;
 
 // The CPUs of --placement; -1: any.
 struct Placement {
@@ -181,6 +190,32 @@ double MeanSeconds(const std::vector<absl::Duration>& v) {
   return Seconds(total) / v.size();
 }
 
+// The machine's CPU time, all CPUs together, from /proc/stat (clock
+// ticks): busy counts user, system and interrupt time, total adds idle,
+// I/O wait and what the hypervisor took (steal).
+struct MachineCpu {
+  double busy = 0, total = 0;
+
+  static MachineCpu Now() {
+    std::ifstream in("/proc/stat");
+    std::string cpu;
+    double user = 0, nice = 0, system = 0, idle = 0, iowait = 0, irq = 0, softirq = 0,
+           steal = 0;
+    in >> cpu >> user >> nice >> system >> idle >> iowait >> irq >> softirq >> steal;
+    MachineCpu now;
+    now.busy = user + nice + system + irq + softirq;
+    now.total = now.busy + idle + iowait + steal;
+    return now;
+  }
+  MachineCpu& operator+=(const MachineCpu& o) {
+    busy += o.busy;
+    total += o.total;
+    return *this;
+  }
+  MachineCpu operator-(const MachineCpu& o) const { return {busy - o.busy, total - o.total}; }
+  double BusyShare() const { return total > 0 ? busy / total : 0; }
+};
+
 double SelfCpuSeconds() {
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
@@ -237,6 +272,8 @@ struct Measured {
   double wire_bytes = 0;               // serialised, per member per round
   double server_cpu = 0;               // seconds over the measured rounds
   double client_cpu = 0;
+  MachineCpu machine;                  // over the measured rounds
+  double slowest_warmup = 0;           // seconds
   int count = 0;                       // measured rounds
   double balance = 0;                  // max / mean of the shards' bytes
 };
@@ -307,6 +344,7 @@ struct Limits {
   // both its ends took for them (they live in this process).
   int tcp_rounds = 0;
   double tcp_cpu = 0;
+  MachineCpu tcp_machine;
 };
 
 // Times the case's rounds in --slices slices, and after each the limits'
@@ -360,10 +398,11 @@ absl::StatusOr<Measured> MeasureCserps(const Case& c, const std::string& server,
                      : client.traffic(c.stream);
   };
   const int entry_bytes = c.gtopk ? 8 : 4;
-  const absl::Time warm = absl::Now();
-  RETURN_IF_ERROR(RunRounds(members, c, 0, kWarmupRounds, nullptr));
-  const double per_round = Seconds(absl::Now() - warm) / kWarmupRounds;
   Measured result;
+  std::vector<absl::Duration> warmup;
+  RETURN_IF_ERROR(RunRounds(members, c, 0, kWarmupRounds, &warmup));
+  const double per_round = Percentile(warmup, 0.5);
+  result.slowest_warmup = Seconds(*std::max_element(warmup.begin(), warmup.end()));
   result.count = std::clamp(static_cast<int>(absl::GetFlag(FLAGS_seconds) / per_round), 5,
                             absl::GetFlag(FLAGS_max_rounds));
   const int slices = std::clamp(absl::GetFlag(FLAGS_slices), 1, result.count);
@@ -374,7 +413,9 @@ absl::StatusOr<Measured> MeasureCserps(const Case& c, const std::string& server,
     const TrafficCounts slice_before = traffic(*members[0].client);
     const double server_before = servers->CpuSeconds();
     const double client_before = SelfCpuSeconds();
+    const MachineCpu machine_before = MachineCpu::Now();
     RETURN_IF_ERROR(RunRounds(members, c, kWarmupRounds + done, count, &result.rounds));
+    result.machine += MachineCpu::Now() - machine_before;
     result.server_cpu += servers->CpuSeconds() - server_before;
     result.client_cpu += SelfCpuSeconds() - client_before;
     done += count;
@@ -386,12 +427,14 @@ absl::StatusOr<Measured> MeasureCserps(const Case& c, const std::string& server,
     // As many rounds as cserps': a small payload's limit over a few rounds
     // moves by 3x.
     const double tcp_before = SelfCpuSeconds();
+    const MachineCpu tcp_machine_before = MachineCpu::Now();
     ASSIGN_OR_RETURN(std::vector<absl::Duration> tcp,
-                     limits->tcp_exchange->Rounds(payload, kWarmupRounds, count));
+                     limits->tcp_exchange->Rounds(payload, kLimitWarmupRounds, count));
+    limits->tcp_machine += MachineCpu::Now() - tcp_machine_before;
     limits->tcp_cpu += SelfCpuSeconds() - tcp_before;
-    limits->tcp_rounds += kWarmupRounds + count;
+    limits->tcp_rounds += kLimitWarmupRounds + count;
     ASSIGN_OR_RETURN(std::vector<absl::Duration> grpc,
-                     limits->grpc_exchange->Rounds(payload, kWarmupRounds, count));
+                     limits->grpc_exchange->Rounds(payload, kLimitWarmupRounds, count));
     limits->tcp.insert(limits->tcp.end(), tcp.begin(), tcp.end());
     limits->grpc.insert(limits->grpc.end(), grpc.begin(), grpc.end());
   }
@@ -428,13 +471,14 @@ absl::Status RunCase(const Case& c, const std::string& server, const Placement& 
   const double memcpy_rate = payload / Seconds(MemcpyTime(payload, 10)) / 1e9;
   std::printf(
       "%dx%d %8s %c=%-5u %8.3f %8.3f %8.3f %8.3f %7.3f %7.3f %7.3f %7.4f %7.3f %8.3f %8.3f %6.2f "
-      "%6.2f %6.2f %8.3f %6.3f\n",
+      "%6.2f %6.2f %8.3f %6.3f %5.0f%% %5.0f%% %8.3f\n",
       c.shards, c.members, Bytes(c.bytes).c_str(), c.gtopk ? 'K' : 'R', c.ratio, 1e3 * p50,
       1e3 * Percentile(m.rounds, 0.99), per_member, per_member * c.members,
       m.server_cpu / moved_gb, m.client_cpu / moved_gb, limits.tcp_cpu / tcp_moved_gb,
       m.wire_bytes / m.selected_bytes, m.balance, tcp_rate, grpc_rate, per_member / tcp_rate,
       MeanSeconds(limits.tcp) / MeanSeconds(m.rounds), per_member / grpc_rate, memcpy_rate,
-      per_member / memcpy_rate);
+      per_member / memcpy_rate, 100 * m.machine.BusyShare(),
+      100 * limits.tcp_machine.BusyShare(), 1e3 * m.slowest_warmup);
   std::fflush(stdout);
   return absl::OkStatus();
 }
@@ -494,11 +538,16 @@ absl::Status Run() {
       "members; tcp: both ends of the raw TCP exchange); wire: serialised bytes / payload "
       "bytes; shards: max / mean of the shards' bytes; x tcp, x grpc, x mcpy: cserps' GB/s per "
       "member over the limit's; x tcp~: the same from mean rounds, not p50; mcpy: one thread "
-      "copying one member's payload\n");
+      "copying one member's payload; busy, tcp b: the machine's CPUs busy (user, system, "
+      "interrupts; /proc/stat) over cserps' rounds and the raw TCP exchange's; warm-up ms: "
+      "the slowest of cserps' unmeasured first rounds\n");
   std::printf(
-      "%-3s %8s %-7s %8s %8s %8s %8s %7s %7s %7s %7s %7s %8s %8s %6s %6s %6s %8s %6s\n", "SxM",
+      "%-3s %8s %-7s %8s %8s %8s %8s %7s %7s %7s %7s %7s %8s %8s %6s %6s %6s %8s %6s %6s %6s "
+      "%8s\n",
+      "SxM",
       "model", "ratio", "p50 ms", "p99 ms", "GB/s/m", "GB/s", "srv s/G", "cli s/G", "tcp s/G",
-      "wire", "shards", "tcp GB/s", "grpc", "x tcp", "x tcp~", "x grpc", "mcpy", "x mcpy");
+      "wire", "shards", "tcp GB/s", "grpc", "x tcp", "x tcp~", "x grpc", "mcpy", "x mcpy", "busy",
+      "tcp b", "warm-up");
   const bool grad = absl::GetFlag(FLAGS_grad);
   const bool async = absl::GetFlag(FLAGS_async);
   const v1::Stream stream = grad ? v1::GRAD : v1::MODEL;
