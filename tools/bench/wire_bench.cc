@@ -544,10 +544,9 @@ absl::Status Run() {
   std::printf(
       "%-3s %8s %-7s %8s %8s %8s %8s %7s %7s %7s %7s %7s %8s %8s %6s %6s %6s %8s %6s %6s %6s "
       "%8s\n",
-      "SxM",
-      "model", "ratio", "p50 ms", "p99 ms", "GB/s/m", "GB/s", "srv s/G", "cli s/G", "tcp s/G",
-      "wire", "shards", "tcp GB/s", "grpc", "x tcp", "x tcp~", "x grpc", "mcpy", "x mcpy", "busy",
-      "tcp b", "warm-up");
+      "SxM", "model", "ratio", "p50 ms", "p99 ms", "GB/s/m", "GB/s", "srv s/G", "cli s/G",
+      "tcp s/G", "wire", "shards", "tcp GB/s", "grpc", "x tcp", "x tcp~", "x grpc", "mcpy",
+      "x mcpy", "busy", "tcp b", "warm-up");
   const bool grad = absl::GetFlag(FLAGS_grad);
   const bool async = absl::GetFlag(FLAGS_async);
   const v1::Stream stream = grad ? v1::GRAD : v1::MODEL;
