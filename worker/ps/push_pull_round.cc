@@ -304,6 +304,11 @@ class PushPullRound final : public ShardedAverage {
         lost.push_back(i);
         if (status.ok()) status = std::move(one);
       } else {
+        // The later chunks' replies would land in the caller's mean after
+        // it has taken it back, and the channel outlives the round.
+        for (size_t j = i + 1; j < state.bulk_ids.size(); ++j) {
+          state.channel->Wait(state.bulk_ids[j], state.deadline).IgnoreError();
+        }
         return one;
       }
     }

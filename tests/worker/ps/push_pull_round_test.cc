@@ -1,0 +1,145 @@
+// A PushPull round over a bulk channel to a shard scripted by hand from the
+// documented frames (common/bulk_wire.h): when the shard refuses one chunk
+// and answers another later, the round is over only once that answer is in
+// the caller's mean, so no reply lands in memory the caller has taken back.
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/cleanup/cleanup.h"
+#include "absl/status/status.h"
+#include "absl/time/clock.h"
+#include "common/bulk_wire.h"
+#include "common/socket_io.h"
+#include "common/status.h"
+#include "common/traffic_counter.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "worker/ps/bulk_channel.h"
+#include "worker/ps/push_pull_round.h"
+
+namespace cserps {
+namespace {
+
+using ::testing::Each;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+constexpr uint32_t kChunkFloats = 4;
+constexpr char kRefusal[] = "chunk 0 refused by the script";
+
+absl::Time Deadline() { return absl::Now() + absl::Seconds(20); }
+
+absl::Status Send(int fd, const bulk::Reply& reply, const void* body, size_t body_bytes) {
+  char head[bulk::Reply::kBytes];
+  bulk::Encode(reply, head);
+  iovec iov[2] = {{head, sizeof(head)}, {const_cast<void*>(body), body_bytes}};
+  return SendAll(fd, absl::MakeSpan(iov), Deadline(), "scripted shard");
+}
+
+// The next request's head; its floats are read and dropped.
+absl::StatusOr<bulk::Request> NextRequest(int fd) {
+  char head[bulk::Request::kBytes];
+  RETURN_IF_ERROR(RecvAll(fd, head, sizeof(head), Deadline(), "scripted shard"));
+  const bulk::Request request = bulk::DecodeRequest(head);
+  std::vector<float> values(request.count);
+  RETURN_IF_ERROR(RecvAll(fd, values.data(), values.size() * sizeof(float), Deadline(),
+                          "scripted shard"));
+  return request;
+}
+
+absl::Status AnswerWith(int fd, const bulk::Request& request, float value) {
+  const std::vector<float> mean(request.count, value);
+  return Send(fd, {.count = request.count, .request_id = request.request_id, .members = 1},
+              mean.data(), mean.size() * sizeof(float));
+}
+
+// Greets; refuses the first request and answers the second with 2s, both
+// only once both have arrived; answers the third with 3s.
+absl::Status Script(const Socket& listener) {
+  ASSIGN_OR_RETURN(Socket s, AcceptTcp(listener));
+  char hello[bulk::Hello::kBytes];
+  RETURN_IF_ERROR(RecvAll(s.fd(), hello, sizeof(hello), Deadline(), "scripted shard"));
+  RETURN_IF_ERROR(Send(s.fd(), bulk::Reply{}, nullptr, 0));
+  ASSIGN_OR_RETURN(const bulk::Request first, NextRequest(s.fd()));
+  ASSIGN_OR_RETURN(const bulk::Request second, NextRequest(s.fd()));
+  RETURN_IF_ERROR(Send(s.fd(),
+                       {.code = static_cast<uint32_t>(absl::StatusCode::kInvalidArgument),
+                        .request_id = first.request_id,
+                        .message_bytes = sizeof(kRefusal) - 1},
+                       kRefusal, sizeof(kRefusal) - 1));
+  RETURN_IF_ERROR(AnswerWith(s.fd(), second, 2.0f));
+  ASSIGN_OR_RETURN(const bulk::Request third, NextRequest(s.fd()));
+  return AnswerWith(s.fd(), third, 3.0f);
+}
+
+TEST(PushPullRoundTest, ARefusedChunkEndsTheRoundOnlyOnceItsOtherChunksAreAnswered) {
+  int port = 0;
+  absl::StatusOr<Socket> listener = ListenTcp("127.0.0.1", 0, &port);
+  ASSERT_TRUE(listener.ok()) << listener.status();
+  absl::Status script;
+  std::thread shard([&] { script = Script(*listener); });
+  absl::StatusOr<std::unique_ptr<BulkChannel>> channel = absl::UnknownError("not connected");
+  // Whatever the test got to, the script ends: its accept or its reads.
+  absl::Cleanup end_script = [&] {
+    if (channel.ok()) channel->reset();
+    shutdown(listener->fd(), SHUT_RDWR);
+    shard.join();
+  };
+
+  channel = BulkChannel::Connect("127.0.0.1", port, 7, 0, {}, Deadline(), "the scripted shard");
+  ASSERT_TRUE(channel.ok()) << channel.status();
+  TrafficCounter total, traffic;
+  std::atomic<int64_t> waited{0};
+  std::atomic<uint64_t> retries{0};
+  std::atomic<uint32_t> members[1] = {0};
+  RoundSetup setup;
+  setup.stream = v1::MODEL;
+  setup.step = 1;
+  setup.chunk_floats = kChunkFloats;
+  setup.deadline = absl::Seconds(20);
+  setup.bulk = {channel->get()};
+  setup.total = &total;
+  setup.traffic = &traffic;
+  setup.waited_nanos = &waited;
+  setup.retries = &retries;
+  setup.members = members;
+
+  const std::vector<float> payload(2 * kChunkFloats, 1.0f);
+  std::vector<float> mean(2 * kChunkFloats, 0.0f);
+  {
+    std::unique_ptr<ShardedAverage> round = MakePushPullRound(setup, {2 * kChunkFloats});
+    ASSERT_TRUE(round->StartShard(0, payload, absl::MakeSpan(mean)).ok());
+    const absl::Status waited_shard = round->WaitShard(0);
+    EXPECT_TRUE(absl::IsInvalidArgument(waited_shard)) << waited_shard;
+    EXPECT_THAT(std::string(waited_shard.message()), HasSubstr(kRefusal));
+  }
+  // The answered chunk's mean arrived while the round still held the span.
+  EXPECT_THAT(mean, ElementsAre(0, 0, 0, 0, 2, 2, 2, 2));
+
+  // The caller takes its memory back; the channel's next request reads only
+  // its own reply.
+  std::fill(mean.begin(), mean.end(), -1.0f);
+  std::vector<float> next(kChunkFloats);
+  const absl::Span<const float> values[] = {absl::MakeConstSpan(payload).first(kChunkFloats)};
+  absl::StatusOr<uint64_t> id = (*channel)->Send(
+      bulk::Request{.step = 2, .stream = v1::MODEL}, values, {absl::MakeSpan(next)}, Deadline());
+  ASSERT_TRUE(id.ok()) << id.status();
+  const absl::Status answered = (*channel)->Wait(*id, Deadline());
+  EXPECT_TRUE(answered.ok()) << answered;
+  EXPECT_THAT(next, Each(3.0f));
+  EXPECT_THAT(mean, Each(-1.0f));
+
+  std::move(end_script).Invoke();
+  EXPECT_TRUE(script.ok()) << script;
+}
+
+}  // namespace
+}  // namespace cserps
