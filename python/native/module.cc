@@ -180,6 +180,7 @@ class Trainer {
     Call([&] { return trainer_->PullModel(Floats(out, count)); });
   }
   size_t StateSize() {
+    py::gil_scoped_release release;  // mu_ may be held across a step's rounds
     std::lock_guard<std::mutex> lock(mu_);
     return trainer_->StateSize();
   }
@@ -201,11 +202,13 @@ class Trainer {
   uint32_t local_rank() const { return trainer_->local_rank(); }
   uint32_t partition() const { return trainer_->partition(); }
   uint64_t step() {
+    py::gil_scoped_release release;  // mu_ may be held across a step's rounds
     std::lock_guard<std::mutex> lock(mu_);
     return trainer_->step();
   }
   float weight() const { return trainer_->weight(); }
   double achieved_compression() {
+    py::gil_scoped_release release;  // mu_ may be held across a step's rounds
     std::lock_guard<std::mutex> lock(mu_);
     return trainer_->achieved_compression();
   }

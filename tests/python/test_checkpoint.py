@@ -110,6 +110,9 @@ def test_resumed_workers_take_the_same_steps(tmp_path, start_servers, algorithm,
         model = mlp(50 + rank)  # not the checkpoint's: loading must replace it
         optimizer = cserps.torch.Optimizer(model.parameters(), job=job,
                                            servers=second.servers, rank=rank)
+        # An optimizer in use: what it holds is replaced, the averages it
+        # keeps in flight (cocod-sgd's, pipe-sgd's) included.
+        train(model, optimizer, rank, range(3))
         optimizer.load_state_dict(torch.load(io.BytesIO(results[rank][0])))
         assert optimizer.steps == SAVE_AFTER
         return train(model, optimizer, rank, range(SAVE_AFTER, STEPS))
@@ -164,6 +167,19 @@ def test_a_state_of_another_job_is_refused(tmp_path, start_servers):
     broken["cserps"]["buffers"][0] = torch.zeros(3)
     with pytest.raises(ValueError, match=r"buffers\[0\] is not"):
         cser.load_state_dict(broken)
+    # Refused whole: a state found wanting changes nothing.
+    params, steps = cser.flat_params.clone(), cser.steps
+    unfinished = cser.state_dict()
+    unfinished["cserps"]["params"] = torch.zeros_like(params)
+    del unfinished["cserps"]["finished"]
+    with pytest.raises(ValueError, match="the state has no 'finished'"):
+        cser.load_state_dict(unfinished)
+    regrouped = cser.state_dict()
+    regrouped["cserps"]["params"] = torch.zeros_like(params)
+    regrouped["param_groups"][0]["params"] = [0]
+    with pytest.raises(ValueError, match="not one group of 4 parameters"):
+        cser.load_state_dict(regrouped)
+    assert torch.equal(cser.flat_params, params) and cser.steps == steps
 
 
 def test_resuming_without_a_checkpoint_names_the_folder(tmp_path, start_servers):

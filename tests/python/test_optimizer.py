@@ -95,6 +95,24 @@ def test_parameters_and_gradients_are_views_of_the_flat_buffers(tmp_path, start_
     first.grad = None
     optimizer.step()
     assert [p.grad.data_ptr() for p in model.parameters()] == grads
+    # zero_grad() drops a replaced gradient instead.
+    first.grad = torch.ones_like(first)
+    optimizer.zero_grad()
+    assert [p.grad.data_ptr() for p in model.parameters()] == grads
+    assert all(torch.count_nonzero(p.grad) == 0 for p in model.parameters())
+
+
+def test_a_step_refuses_a_learning_rate_the_servers_would(tmp_path, start_servers):
+    model = mlp(2)
+    job = cluster.write_job(tmp_path, cluster.job_text(num_params(model), servers=1))
+    servers = start_servers(job, 1)
+    optimizer = cserps.torch.Optimizer(model.parameters(), job=job, servers=servers.servers)
+    before = optimizer.flat_params.clone()
+    for lr in (float("nan"), float("inf"), -0.1):
+        optimizer.param_groups[0]["lr"] = lr
+        with pytest.raises(ValueError, match=rf"lr'\] is {lr}: it must be finite and >= 0"):
+            optimizer.step()
+    assert optimizer.steps == 0 and torch.equal(optimizer.flat_params, before)
 
 
 def test_unknown_algorithm_lists_the_known_ones(tmp_path):
@@ -166,6 +184,14 @@ def test_bad_arguments_are_value_errors(tmp_path):
         cserps.torch.Optimizer(model.parameters(), job=job, servers=nowhere, lr=-1.0)
     with pytest.raises(ValueError, match="no job config"):
         cserps.torch.Optimizer(model.parameters())
+    # A parameter group's own hyperparameters are the job's.
+    with pytest.raises(ValueError, match="optimizer.lr: must be > 0"):
+        cserps.torch.Optimizer([{"params": layers, "lr": -1.0}], job=job, servers=nowhere)
+    # An endless wait would have no deadline.
+    for timeouts in (dict(setup_timeout=float("inf")), dict(setup_timeout=0),
+                     dict(rpc_slack=float("nan")), dict(rpc_slack=-1.0)):
+        with pytest.raises(ValueError, match="must be a finite number of seconds"):
+            cserps.torch.Optimizer(model.parameters(), job=job, servers=nowhere, **timeouts)
     checkpointed = cluster.write_job(
         tmp_path, cluster.job_text(num_params(model)) +
         f'checkpoint {{ dir: "{tmp_path}/ckpt" every_steps: 5 }}\n', name="checkpointed.textproto")
@@ -210,6 +236,14 @@ def test_unreachable_servers_are_a_connection_error_in_time(tmp_path):
         cserps.torch.Optimizer(model.parameters(), job=job, servers="127.0.0.1:1,127.0.0.1:2",
                                setup_timeout=2.0)
     assert time.monotonic() - start < 20
+    # A job file valid only with the arguments' fields (no lr of its own)
+    # gets as far.
+    text = cluster.job_text(num_params(model))
+    assert "  lr: 0.05\n" in text
+    no_lr = cluster.write_job(tmp_path, text.replace("  lr: 0.05\n", ""), name="no_lr.textproto")
+    with pytest.raises(ConnectionError, match=r"no answer from the servers within 2s"):
+        cserps.torch.Optimizer(model.parameters(), job=no_lr, servers="127.0.0.1:1",
+                               setup_timeout=2.0, lr=0.1, momentum=0.5)
 
 
 def test_a_job_differing_from_the_servers_names_the_field(tmp_path, start_servers):

@@ -185,6 +185,9 @@ absl::Status ExternalTrainer::LoadState(uint64_t step,
   for (size_t i = 0; i < buffers.size(); ++i) {
     RETURN_IF_ERROR(CheckSize(in[i].size(), "a state buffer"));
   }
+  // An average in flight from the steps before would land on the loaded
+  // state at its period's end.
+  algorithm_->AbandonInFlight();
   for (size_t i = 0; i < buffers.size(); ++i) RETURN_IF_ERROR(ops_->Upload(in[i], buffers[i]));
   RETURN_IF_ERROR(algorithm_->ResumeAfter(step));
   step_ = step;

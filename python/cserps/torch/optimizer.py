@@ -2,6 +2,8 @@
 algorithm (its direction, local update and exchanges with the servers), run
 by the worker library on the parameters in place."""
 
+import math
+
 import torch
 
 from cserps import _native
@@ -26,7 +28,11 @@ def _value(value):
 
 
 def _hyperparameter_overrides(algorithm, lr, momentum, nesterov, weight_decay,
-                              algorithm_params, job_momentum):
+                              algorithm_params, job_under):
+    """The job's overrides for the arguments that are not None. job_under(o)
+    loads the job with overrides `o`; it is read only where momentum or
+    nesterov leaves the other to the job, so that a job file valid only with
+    the arguments' fields (no optimizer.lr of its own, say) loads."""
     overrides = []
     if algorithm is not None:
         overrides.append(f"algorithm.name={algorithm}")
@@ -37,15 +43,32 @@ def _hyperparameter_overrides(algorithm, lr, momentum, nesterov, weight_decay,
     if weight_decay is not None:
         overrides.append(f"optimizer.weight_decay={_value(float(weight_decay))}")
     if momentum is not None or nesterov is not None:
-        beta = float(momentum) if momentum is not None else job_momentum
+        job = job_under(overrides) if momentum is None or nesterov is None else None
+        beta = float(momentum) if momentum is not None else job.momentum
         if beta == 0.0:
             if nesterov:
                 raise ValueError("nesterov=True needs a momentum > 0")
             kind = "NONE"
+        elif nesterov is None:
+            # A momentum alone keeps the job's kind of it.
+            kind = job.momentum_kind if job.momentum_kind != "NONE" else "HEAVY_BALL"
         else:
             kind = "NESTEROV" if nesterov else "HEAVY_BALL"
         overrides += [f"optimizer.momentum={_value(beta)}", f"optimizer.momentum_kind={kind}"]
     return overrides
+
+
+def _seconds(name, value, zero_allowed):
+    """`value` as seconds: ValueError unless it is finite and > 0 (>= 0
+    where zero is allowed); an infinite wait would have no deadline."""
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = math.nan
+    if not math.isfinite(seconds) or seconds < 0 or (seconds == 0 and not zero_allowed):
+        raise ValueError(f"{name} is {value!r}; it must be a finite number of seconds "
+                         f"{'>= 0' if zero_allowed else '> 0'}")
+    return seconds
 
 
 class Optimizer(torch.optim.Optimizer):
@@ -111,17 +134,22 @@ class Optimizer(torch.optim.Optimizer):
         self._device = self._check_params(self._params)
         self._num_params = sum(p.numel() for p in self._params)
 
+        setup_timeout = _seconds("setup_timeout", setup_timeout, zero_allowed=False)
+        rpc_slack = _seconds("rpc_slack", rpc_slack, zero_allowed=True)
         path, overrides = settings.resolve(job, servers, set)
-        base = _native.Job(path, overrides)
-        overrides += _hyperparameter_overrides(algorithm, lr, momentum, nesterov,
-                                               weight_decay, algorithm_params, base.momentum)
+        # A group's own hyperparameters (torch's [{"params": ..., "lr": ...}])
+        # are the arguments' values where it gives them.
+        group = self.param_groups[0]
+        overrides += _hyperparameter_overrides(
+            algorithm, group["lr"], group["momentum"], group["nesterov"],
+            group["weight_decay"], algorithm_params,
+            lambda own: _native.Job(path, overrides + own))
         self._job = _native.Job(path, overrides)
         if self._job.num_params != self._num_params:
             raise ValueError(
                 f"the parameters have {self._num_params} floats but the job's model "
                 f"({self._job.model_kind}) has {self._job.num_params}: a PyTorch model "
                 f"needs model {{ kind: FLAT num_params: {self._num_params} }} in the job")
-        group = self.param_groups[0]
         group["lr"] = self._job.lr
         group["momentum"] = self._job.momentum
         group["nesterov"] = self._job.momentum_kind == "NESTEROV"
@@ -214,9 +242,10 @@ class Optimizer(torch.optim.Optimizer):
 
     def zero_grad(self, set_to_none=False):
         """Zeroes the gradients in place (set_to_none is ignored: they stay
-        views of the flat gradient buffer)."""
-        with torch.no_grad():
-            self._flat_grad.zero_()
+        views of the flat gradient buffer). A .grad put elsewhere is dropped,
+        not copied back in."""
+        for p in self._params:
+            p.grad = None
         self._repoint()
 
     @torch.no_grad()
@@ -236,8 +265,11 @@ class Optimizer(torch.optim.Optimizer):
                 raise ValueError(
                     f"param_groups[0][{key!r}] changed from {value} to {group[key]}: "
                     "the job fixes it for every worker and the servers (only lr may change)")
+        lr = float(group["lr"])
+        if not math.isfinite(lr) or lr < 0:
+            raise ValueError(f"param_groups[0]['lr'] is {lr}: it must be finite and >= 0")
         self._repoint()
-        self._trainer.step(float(group["lr"]), self._flat_grad.data_ptr(),
+        self._trainer.step(lr, self._flat_grad.data_ptr(),
                            self._flat.data_ptr(), self._num_params)
         return loss
 
@@ -301,6 +333,9 @@ class Optimizer(torch.optim.Optimizer):
             if saved.get(key, 0 if key == "local_rank" else None) != mine:
                 raise ValueError(f"the state is of {key} {saved.get(key)!r} but this "
                                  f"worker's is {mine!r}")
+        for key in ("step", "finished", "params", "buffers"):
+            if key not in saved:
+                raise ValueError(f"the state has no {key!r}")
         # States saved before shapes were kept have none to compare.
         self._check_shapes(saved.get("shapes"))
         tensors = [saved["params"]] + list(saved["buffers"])
@@ -310,20 +345,27 @@ class Optimizer(torch.optim.Optimizer):
                 what = "params" if i == 0 else f"buffers[{i - 1}]"
                 raise ValueError(f"the state's {what} is not {self._num_params} float32s")
         groups = state_dict.get("param_groups")
-        if not isinstance(groups, list) or len(groups) != 1:
-            raise ValueError("the state's param_groups are not one group")
+        if not isinstance(groups, list) or len(groups) != 1 or \
+                not isinstance(groups[0], dict) or \
+                len(groups[0].get("params", ())) != len(self._params):
+            raise ValueError(f"the state's param_groups are not one group of "
+                             f"{len(self._params)} parameters")
         for key, value in self._fixed.items():
             if groups[0].get(key) != value:
                 raise ValueError(
                     f"the state's {key} is {groups[0].get(key)} but the job's is {value}")
+        try:
+            step, finished = int(saved["step"]), bool(saved["finished"])
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"the state's step {saved['step']!r} is not a count") from error
+        # Checked whole above: from here nothing is refused halfway.
         buffers = [t.detach().cpu().contiguous() for t in tensors[1:]]
-        self._trainer.load_state(int(saved["step"]), [b.data_ptr() for b in buffers],
-                                 self._num_params)
+        self._trainer.load_state(step, [b.data_ptr() for b in buffers], self._num_params)
         super().load_state_dict({"state": {}, "param_groups": groups})
         with torch.no_grad():
             self._flat.copy_(saved["params"])
         self._repoint()
-        self._finished = bool(saved["finished"])
+        self._finished = finished
 
     def _check_shapes(self, shapes):
         """ValueError when `shapes` (a state's, or None) are not this model's
