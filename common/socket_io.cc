@@ -52,6 +52,13 @@ absl::Status Configure(int fd, absl::string_view what) {
   // (SO_RCVBUF would fix its size); the mark itself goes back to 1.
   SetLowWaterMark(fd, kFrameWindowBytes);
   SetLowWaterMark(fd, 1);
+  // A peer whose host vanishes without closing (power, cable, a dropped
+  // route) would hold an idle reader forever: keep-alive probes end such a
+  // connection within about two minutes.
+  setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &kKeepAliveIdleS, sizeof(kKeepAliveIdleS));
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &kKeepAliveIntervalS, sizeof(kKeepAliveIntervalS));
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &kKeepAliveProbes, sizeof(kKeepAliveProbes));
   return absl::OkStatus();
 }
 

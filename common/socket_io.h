@@ -1,7 +1,8 @@
 // TCP sockets for the bulk transport (common/bulk_wire.h): connect, listen
 // and whole-message I/O, every wait bounded by a deadline. Sockets are
-// non-blocking with TCP_NODELAY, and start with a receive buffer that holds
-// a whole frame of a chunk; each call moves all its bytes or fails:
+// non-blocking with TCP_NODELAY and keep-alive probes (kKeepAliveIdleS),
+// and start with a receive buffer that holds a whole frame of a chunk; each
+// call moves all its bytes or fails:
 //   UNAVAILABLE        the peer closed the connection, or a socket error;
 //   DEADLINE_EXCEEDED  the deadline passed first.
 // Messages name `what` (e.g. "bulk connection to shard 1 at host:port").
@@ -20,6 +21,12 @@
 #include "absl/types/span.h"
 
 namespace cserps {
+
+// Keep-alive: probes after this long idle, every kKeepAliveIntervalS, and
+// the connection ends after kKeepAliveProbes unanswered ones.
+inline constexpr int kKeepAliveIdleS = 60;
+inline constexpr int kKeepAliveIntervalS = 10;
+inline constexpr int kKeepAliveProbes = 6;
 
 // An owned socket descriptor, closed on destruction.
 class Socket {

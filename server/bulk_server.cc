@@ -7,6 +7,7 @@
 #include <deque>
 #include <optional>
 #include <string>
+#include <system_error>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -25,6 +26,10 @@ constexpr absl::Duration kHandshakeTimeout = absl::Seconds(10);
 constexpr absl::Duration kHelloTimeout = absl::Seconds(30);
 // At shutdown, how long writers may take to send what is queued.
 constexpr absl::Duration kDrainTimeout = absl::Seconds(3);
+// After a failed accept (out of descriptors), the wait before the next.
+constexpr absl::Duration kAcceptBackoff = absl::Milliseconds(100);
+// A warning for the first connection closed unanswered, then every this many.
+constexpr uint64_t kUnansweredPerWarning = 1000;
 // Replies up to this size may skip the writer (Connection::Enqueue).
 constexpr size_t kDirectReplyBytes = 256 << 10;
 
@@ -43,11 +48,26 @@ class BulkServer::Connection : public std::enable_shared_from_this<Connection> {
         reply_timeout_(absl::Seconds(shard->config().cluster().round_timeout_s())) {}
 
   // Starts both threads; `refusal`, when not OK, is answered to the hello
-  // instead (too many connections) and the connection ends.
-  void Start(absl::Status refusal) {
+  // instead (too many connections) and the connection ends. An error when
+  // the process has no thread to give: then none runs.
+  absl::Status Start(absl::Status refusal) {
     auto self = shared_from_this();
-    writer_ = std::thread([self] { self->WriteLoop(); });
-    reader_ = std::thread([self, refusal = std::move(refusal)] { self->ReadLoop(refusal); });
+    try {
+      writer_ = std::thread([self] { self->WriteLoop(); });
+    } catch (const std::system_error& e) {
+      return NoThread(e);
+    }
+    try {
+      reader_ = std::thread([self, refusal = std::move(refusal)] { self->ReadLoop(refusal); });
+    } catch (const std::system_error& e) {
+      {
+        absl::MutexLock lock(&mu_);
+        reader_done_ = true;  // the writer, with nothing queued, ends
+      }
+      writer_.join();
+      return NoThread(e);
+    }
+    return absl::OkStatus();
   }
 
   bool ended() const {
@@ -82,6 +102,11 @@ class BulkServer::Connection : public std::enable_shared_from_this<Connection> {
     int stream = 0;
     size_t sent = 0;  // bytes of the frame already written
   };
+
+  static absl::Status NoThread(const std::system_error& e) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("no thread to serve a bulk connection: ", e.what()));
+  }
 
   void ReadLoop(const absl::Status& refusal) {
     absl::Status ended = Serve(refusal);
@@ -480,11 +505,23 @@ void BulkServer::AcceptLoop() {
     absl::StatusOr<Socket> socket = AcceptTcp(listener_);
     absl::MutexLock lock(&mu_);
     if (shut_down_) return;
+    Reap();
     if (!socket.ok()) {
       spdlog::warn("shard {}: {}", shard_.shard(), std::string(socket.status().message()));
+      // Out of descriptors the next accept fails at once: give the
+      // connections that end meanwhile a moment, rather than spin.
+      mu_.AwaitWithTimeout(absl::Condition(&shut_down_), kAcceptBackoff);
       continue;
     }
-    Reap();
+    if (connections_.size() >= max_connections_ + kRefusedConnections) {
+      // A flood of connections gets no threads: closed unanswered.
+      if (++unanswered_ % kUnansweredPerWarning == 1) {
+        spdlog::warn("shard {}: {} bulk connections closed unanswered: {} are open, the "
+                     "limit and {} refusals in progress", shard_.shard(), unanswered_,
+                     connections_.size(), kRefusedConnections);
+      }
+      continue;
+    }
     absl::Status refusal;
     if (connections_.size() >= max_connections_) {
       refusal = absl::ResourceExhaustedError(absl::StrCat(
@@ -506,7 +543,10 @@ void BulkServer::AcceptLoop() {
     }
     auto connection =
         std::make_shared<Connection>(std::move(stream), &shard_, &service_, &sparse_, &async_);
-    connection->Start(std::move(refusal));
+    if (absl::Status started = connection->Start(std::move(refusal)); !started.ok()) {
+      spdlog::warn("shard {}: {}", shard_.shard(), std::string(started.message()));
+      continue;
+    }
     connections_.push_back(std::move(connection));
   }
 }

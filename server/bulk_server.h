@@ -35,6 +35,9 @@ class BulkServer {
   // Connections one member may hold at once (each PsClient opens one per
   // shard; a restarted worker's new one may overlap its old one's end).
   static constexpr uint32_t kConnectionsPerMember = 4;
+  // Connections beyond the limit that still get an answer (their hello's
+  // refusal, RESOURCE_EXHAUSTED); more are closed at once.
+  static constexpr uint32_t kRefusedConnections = 16;
 
   // Listens on host:port (port 0 picks a free one). `shard` and the
   // services outlive the server.
@@ -76,6 +79,7 @@ class BulkServer {
   mutable absl::Mutex mu_;
   std::vector<std::shared_ptr<Connection>> connections_ ABSL_GUARDED_BY(mu_);
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t unanswered_ ABSL_GUARDED_BY(mu_) = 0;  // connections closed unanswered
   std::thread acceptor_;
 };
 

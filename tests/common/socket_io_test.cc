@@ -2,9 +2,11 @@
 // connection can take a whole frame of a default chunk before their reader
 // runs, and still wake for a single byte; a peek waits for every byte it
 // asks for, its deadline or the peer's end, and leaves the socket waking
-// for one byte.
+// for one byte; both ends send keep-alive probes.
 #include "common/socket_io.h"
 
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 
 #include <cstring>
@@ -22,12 +24,14 @@ namespace {
 
 absl::Time Soon() { return absl::Now() + absl::Seconds(20); }
 
-int IntOption(int fd, int option) {
+int Option(int fd, int level, int option) {
   int value = 0;
   socklen_t size = sizeof(value);
-  EXPECT_EQ(getsockopt(fd, SOL_SOCKET, option, &value, &size), 0);
+  EXPECT_EQ(getsockopt(fd, level, option, &value, &size), 0);
   return value;
 }
+int IntOption(int fd, int option) { return Option(fd, SOL_SOCKET, option); }
+int TcpOption(int fd, int option) { return Option(fd, IPPROTO_TCP, option); }
 
 // Both ends of one connection on 127.0.0.1.
 struct Pair {
@@ -62,6 +66,17 @@ TEST(SocketIoTest, ANewConnectionHoldsAWholeChunkFrameAndWakesForOneByte) {
   const absl::Status received = RecvAll(pair->accepted.fd(), &got, 1, Soon(), "receive");
   ASSERT_TRUE(received.ok()) << received;
   EXPECT_EQ(got, 'x');
+}
+
+TEST(SocketIoTest, BothEndsProbeAnIdlePeer) {
+  absl::StatusOr<Pair> pair = Connected();
+  ASSERT_TRUE(pair.ok()) << pair.status();
+  for (const Socket* s : {&pair->dialled, &pair->accepted}) {
+    EXPECT_EQ(IntOption(s->fd(), SO_KEEPALIVE), 1);
+    EXPECT_EQ(TcpOption(s->fd(), TCP_KEEPIDLE), kKeepAliveIdleS);
+    EXPECT_EQ(TcpOption(s->fd(), TCP_KEEPINTVL), kKeepAliveIntervalS);
+    EXPECT_EQ(TcpOption(s->fd(), TCP_KEEPCNT), kKeepAliveProbes);
+  }
 }
 
 TEST(SocketIoTest, APeekWaitsForEveryByteItAsksForAndLeavesThemToRead) {

@@ -17,6 +17,7 @@
 #include "common/bulk_wire.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/bulk_server.h"
 #include "server/ps_server.h"
 #include "server/sparse_aggregate.h"
 #include "tests/worker/ps/bulk_test_support.h"
@@ -219,6 +220,39 @@ TEST_F(BulkTransportTest, BadRequestsAreRefusedAndTheShardServesOn) {
   ASSERT_TRUE(again.ok()) << again.status();
   std::vector<float> mean(kD);
   ASSERT_TRUE((*again)->AverageBlocks(v1::MODEL, 2, 1, v, 1.0f, 0.0f, absl::MakeSpan(mean)).ok());
+  EXPECT_EQ(mean, v);
+}
+
+// Connections that never say hello: those within the limit wait for their
+// hello, as many more get their refusal once they say it, and past those
+// the shard closes them unanswered, at no thread's cost; it serves on.
+TEST_F(BulkTransportTest, AFloodOfSilentConnectionsIsClosedUnansweredAndTheShardServesOn) {
+  StartJob(1);
+  const size_t answered =
+      BulkServer::kConnectionsPerMember * 1 + BulkServer::kRefusedConnections;
+  std::vector<RawConnection> silent;
+  for (size_t i = 0; i < answered; ++i) {
+    auto raw = RawConnection::Open(servers_.shard(0));
+    ASSERT_TRUE(raw.ok()) << raw.status();
+    silent.push_back(*std::move(raw));
+  }
+  // Accepted after all of those, which wait for their hellos.
+  auto flood = RawConnection::Open(servers_.shard(0));
+  ASSERT_TRUE(flood.ok()) << flood.status();
+  EXPECT_TRUE(flood->Closed());
+  // The last one within the refusals is answered.
+  ASSERT_TRUE(silent.back().SendHello(fingerprint(), 0).ok());
+  auto refused = silent.back().Receive();
+  ASSERT_TRUE(refused.ok()) << refused.status();
+  EXPECT_EQ(refused->reply.code, static_cast<uint32_t>(absl::StatusCode::kResourceExhausted));
+  EXPECT_THAT(refused->message, HasSubstr("holds its limit of 4 bulk connections"));
+
+  silent.clear();
+  auto member = Member(config_, v1::ClusterConfig::AUTO, 0);
+  ASSERT_TRUE(member.ok()) << member.status();
+  const std::vector<float> v = Values(0);
+  std::vector<float> mean(kD);
+  ASSERT_TRUE((*member)->AverageBlocks(v1::MODEL, 1, 1, v, 1.0f, 0.0f, absl::MakeSpan(mean)).ok());
   EXPECT_EQ(mean, v);
 }
 
