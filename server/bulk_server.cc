@@ -150,6 +150,13 @@ class BulkServer::Connection : public std::enable_shared_from_this<Connection> {
       RETURN_IF_ERROR(stream_->RecvAll(head_bytes, sizeof(head_bytes), absl::InfiniteFuture(),
                                        "bulk request"));
       const bulk::Request request = bulk::DecodeRequest(head_bytes);
+      if (request.request_id == 0) {
+        // A reply to 0 is the connection's end: its refusal could not be told
+        // from that.
+        return Fatal(absl::InvalidArgumentError(
+            "a bulk request with request_id 0, which replies keep for the connection's end "
+            "(ids start at 1)"));
+      }
       if (request.kind == bulk::kSparsePushPull) {
         RETURN_IF_ERROR(ServeSparse(hello, bulk::DecodeSparseRequest(head_bytes)));
         continue;
@@ -179,7 +186,7 @@ class BulkServer::Connection : public std::enable_shared_from_this<Connection> {
       }
       if (!count.ok()) {
         service_.CountRefused(bytes);
-        Enqueue(Failure(request.request_id, count.status()));
+        Enqueue(Failure(request.request_id, shard_.Refusal(count.status())));
         continue;
       }
       JoinRound(head, request.request_id, absl::MakeConstSpan(buffer.get(), request.count),
@@ -342,7 +349,7 @@ class BulkServer::Connection : public std::enable_shared_from_this<Connection> {
 
   // Answers `status` with request_id 0 and ends the connection.
   absl::Status Fatal(const absl::Status& status) {
-    Enqueue(Failure(0, status));
+    Enqueue(Failure(0, shard_.Refusal(status)));
     return status;
   }
 

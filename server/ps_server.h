@@ -48,6 +48,7 @@ class PsServer {
   // The bulk transport's port; 0 when it has none.
   int bulk_port() const { return bulk_ != nullptr ? bulk_->port() : 0; }
   ParameterServerService& service() { return *service_; }
+  const ShardContext& shard() const { return *shard_; }
   SparseExchangeService& sparse_service() { return *sparse_service_; }
   AsyncService& async_service() { return *async_service_; }
   // Rounds failed so far, dense and sparse (timed out, or at shutdown).

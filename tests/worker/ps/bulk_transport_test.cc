@@ -180,6 +180,7 @@ TEST_F(BulkTransportTest, BadRequestsAreRefusedAndTheShardServesOn) {
   StartJob(1);
   auto raw = RegisteredAndGreeted();
   ASSERT_TRUE(raw.ok()) << raw.status();
+  const uint64_t bad_input = servers_.shard(0).shard().bad_input();
 
   const std::vector<float> v = Values(0);
   // Too few floats for the chunk: refused, and the connection reads on.
@@ -214,6 +215,15 @@ TEST_F(BulkTransportTest, BadRequestsAreRefusedAndTheShardServesOn) {
                              .stream = v1::MODEL},
                head);
   ExpectTheEnd(*raw, head, "a chunk holds at most");
+  // Request id 0, which a reply to could not be told from the end.
+  auto zero = Greeted(0);
+  ASSERT_TRUE(zero.ok()) << zero.status();
+  bulk::Encode(bulk::Request{.count = static_cast<uint32_t>(kD), .request_id = 0, .step = 2,
+                             .stream = v1::MODEL},
+               head);
+  ExpectTheEnd(*zero, head, "request_id 0");
+  // Each counted as bad input (cserps_server_refused_total), as over gRPC.
+  EXPECT_EQ(servers_.shard(0).shard().bad_input(), bad_input + 4);
 
   // The shard serves on: the member's next round over a fresh connection.
   auto again = Member(config_, v1::ClusterConfig::AUTO, 0);
