@@ -155,6 +155,24 @@ def test_init_names_the_job_and_servers_and_arguments_still_win(tmp_path, start_
         cserps.torch.Optimizer(mlp(3).parameters())
 
 
+def test_hyperparameters_of_a_group_or_without_their_kind_make_the_servers_job(
+        tmp_path, start_servers):
+    model = mlp(3)
+    # The servers run lr 0.25 with Nesterov momentum 0.5; the workers' file
+    # says lr 0.05 and Nesterov momentum 0.9.
+    servers = start_servers(cluster.write_job(
+        tmp_path, cluster.job_text(num_params(model), servers=1, lr=0.25,
+                                   momentum_kind="NESTEROV", momentum=0.5),
+        "servers.textproto"), 1)
+    job = cluster.write_job(tmp_path, cluster.job_text(
+        num_params(model), servers=1, lr=0.05, momentum_kind="NESTEROV", momentum=0.9))
+    # The group's lr, and a momentum that keeps the job's kind.
+    optimizer = cserps.torch.Optimizer([{"params": model.parameters(), "lr": 0.25}],
+                                       job=job, servers=servers.servers, momentum=0.5)
+    group = optimizer.param_groups[0]
+    assert (group["lr"], group["momentum"], group["nesterov"]) == (0.25, 0.5, True)
+
+
 def test_model_of_another_size_names_both_and_the_fix(tmp_path):
     model = mlp(3)
     job = cluster.write_job(tmp_path, cluster.job_text(num_params(model) + 1))
