@@ -139,6 +139,11 @@ TEST_P(CheckpointResumeTest, ResumedJobTrainsAsTheUninterruptedOne) {
   absl::StatusOr<Outcome> whole = Run("whole", /*resume=*/false, kSteps);
   ASSERT_TRUE(whole.ok()) << whole.status();
   ASSERT_EQ(whole->losses[0].size(), kSteps);
+  // The checkpoints' averages leave no worker apart from the servers.
+  for (int r = 0; r < kWorkers; ++r) {
+    EXPECT_TRUE(SameBits(whole->params[r], whole->servers))
+        << "rank " << r << " ends apart from the servers' model";
+  }
 
   ASSERT_TRUE(Run("cut", /*resume=*/false, kStopAt).status().ok());
   absl::StatusOr<Outcome> resumed = Run("cut", /*resume=*/true, kSteps);

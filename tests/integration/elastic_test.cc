@@ -5,12 +5,14 @@
 // The three then hold the servers' model, every shard names rank 3 as
 // dropped, and rank 3's next push is refused saying so. With
 // cluster.admit_every_steps, a replacement worker (a new worker id) takes
-// rank 3 back at the next admission step and finishes the job with them.
+// rank 3 back at the next admission step and finishes the job with them;
+// with QSparse-local-SGD it syncs to the same common model as they do.
 #include <cstring>
 #include <memory>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "absl/time/clock.h"
 #include "common/status.h"
 #include "gmock/gmock.h"
@@ -30,6 +32,7 @@ using ::testing::HasSubstr;
 constexpr uint64_t kD = 20 * 16 + 16 + 16 * 4 + 4;  // MLP 20 -> 16 -> 4
 constexpr uint64_t kStopsAfter = 5;
 
+constexpr char kCser[] = R"(name: "cser" block_size: 8 period: 4 ratio_c1: 2 ratio_c2: 8)";
 constexpr char kElasticCser[] = R"pb(
     name: "elastic-test"
     seed: 9
@@ -114,8 +117,31 @@ absl::StatusOr<bool> Admitted(PsClient& client, int shards) {
   return true;
 }
 
-TEST(ElasticTest, AReplacementTakesTheDroppedRankAtTheNextAdmissionStep) {
-  v1::JobConfig config = testing::TestConfig(kElasticCser);
+// The replacement's algorithm: CSER, and QSparse-local-SGD, whose common
+// model x̂ the replacement must take from the servers' model (with period 2,
+// so that a round after rank 3's last step times out before the others
+// wait for the replacement).
+struct Replaced {
+  const char* name;
+  const char* algorithm;
+  // Every worker holds x̂ after a sync (QSparse): the models right after the
+  // first sync past the admission are the same on all four.
+  bool synced_models_equal;
+};
+
+class ElasticReplacementTest : public ::testing::TestWithParam<Replaced> {};
+
+INSTANTIATE_TEST_SUITE_P(
+    Algorithms, ElasticReplacementTest,
+    ::testing::Values(Replaced{"cser", kCser, false},
+                      Replaced{"qsparse",
+                               R"(name: "qsparse-local-sgd" block_size: 8 period: 2 ratio: 2)",
+                               true}),
+    [](const ::testing::TestParamInfo<Replaced>& info) { return info.param.name; });
+
+TEST_P(ElasticReplacementTest, AReplacementTakesTheDroppedRankAtTheNextAdmissionStep) {
+  v1::JobConfig config = testing::TestConfig(
+      absl::StrReplaceAll(kElasticCser, {{kCser, GetParam().algorithm}}));
   config.mutable_cluster()->set_admit_every_steps(4);
   ElasticJob job;
   const absl::Status started = job.Start(config);
@@ -132,6 +158,14 @@ TEST(ElasticTest, AReplacementTakesTheDroppedRankAtTheNextAdmissionStep) {
   ASSERT_GT(steps, 12u);
   std::unique_ptr<PsClient> replacement_client;
   std::unique_ptr<Trainer> replacement;
+  // By rank: the model right after step kSynced, before its full average.
+  constexpr uint64_t kSynced = 12;
+  std::vector<std::vector<float>> synced(4);
+  auto keep_if_synced = [&synced](int r, Trainer& trainer) -> absl::Status {
+    if (trainer.step() != kSynced) return absl::OkStatus();
+    ASSIGN_OR_RETURN(synced[r], trainer.Params());
+    return absl::OkStatus();
+  };
   const absl::Status run = cluster->OnEveryRank([&](int r) -> absl::Status {
     Trainer& trainer = *trainers[r];
     RETURN_IF_ERROR(trainer.InitializeModel());
@@ -150,12 +184,14 @@ TEST(ElasticTest, AReplacementTakesTheDroppedRankAtTheNextAdmissionStep) {
       RETURN_IF_ERROR(replacement->InitializeModel());
       while (replacement->step() < steps) {
         RETURN_IF_ERROR(replacement->Step().status());
+        RETURN_IF_ERROR(keep_if_synced(r, *replacement));
         RETURN_IF_ERROR(replacement->FullAverageIfDue());
       }
       return replacement->FinishTraining();
     }
     while (trainer.step() < steps) {
       RETURN_IF_ERROR(trainer.Step().status());
+      RETURN_IF_ERROR(keep_if_synced(r, trainer));
       if (trainer.step() == kPauseAt) {
         const absl::Time deadline = absl::Now() + absl::Seconds(60);
         bool admitted = false;
@@ -186,6 +222,13 @@ TEST(ElasticTest, AReplacementTakesTheDroppedRankAtTheNextAdmissionStep) {
     ASSERT_TRUE(params.ok());
     EXPECT_EQ(0, std::memcmp(params->data(), servers.data(), kD * sizeof(float)))
         << "after the final average every worker holds the servers' model";
+  }
+  if (GetParam().synced_models_equal) {
+    for (int r = 1; r < 4; ++r) {
+      ASSERT_EQ(synced[r].size(), kD) << "rank " << r;
+      EXPECT_EQ(0, std::memcmp(synced[r].data(), synced[0].data(), kD * sizeof(float)))
+          << "rank " << r << " after the sync of step " << kSynced;
+    }
   }
   for (int r = 0; r < 3; ++r) {
     SCOPED_TRACE(absl::StrCat("rank ", r));

@@ -88,7 +88,9 @@ absl::Status Algorithm::Init() {
 absl::Status Algorithm::SettleForCheckpoint(const float*) { return absl::OkStatus(); }
 
 absl::Status Algorithm::AverageForCheckpoint(uint64_t steps, float* x) {
-  return Average(v1::CHECKPOINT, steps, /*ratio=*/1, /*lr=*/0, x, ScatterKind::kAssign, 0, x);
+  RETURN_IF_ERROR(
+      Average(v1::CHECKPOINT, steps, /*ratio=*/1, /*lr=*/0, x, ScatterKind::kAssign, 0, x));
+  return AdoptGlobalModel(x);
 }
 
 std::vector<float*> Algorithm::StateBuffers() {
@@ -99,6 +101,8 @@ std::vector<float*> Algorithm::StateBuffers() {
 }
 
 absl::Status Algorithm::ResumeAfter(uint64_t) { return absl::OkStatus(); }
+
+absl::Status Algorithm::AdoptGlobalModel(const float*) { return absl::OkStatus(); }
 
 absl::Status Algorithm::Finish(uint64_t step, float* x) {
   return AverageModel(step, /*ratio=*/1, x);

@@ -122,6 +122,12 @@ class Algorithm {
   std::vector<float*> StateBuffers();
   // Derives what the loaded state buffers do not hold from the step count.
   virtual absl::Status ResumeAfter(uint64_t steps);
+  // Every worker and the servers hold the model `x`: after a full average
+  // (AverageForCheckpoint calls it), and for a worker admitted into a
+  // running job (elastic) with the servers' model, its state buffers zeroed,
+  // after ResumeAfter. Sets the state that follows (QSparse-local-SGD's
+  // common model x̂ = x).
+  virtual absl::Status AdoptGlobalModel(const float* x);
   // Drops the averages it keeps in flight, waiting for their replies (or
   // their failure): before loading a checkpoint into this algorithm, which
   // goes back to it in place (a restarted server, docs/reliability.md).

@@ -29,9 +29,13 @@ class PipeSgd final : public Algorithm {
     return Land(std::move(previous), x);
   }
 
-  // Applies the last average; the servers applied every round already, so
-  // workers and servers then hold the same model.
-  absl::Status Finish(uint64_t, float* x) override { return Land(std::move(pending_), x); }
+  // Applies the last average, then the final average: the servers applied
+  // every round, but a checkpoint's average set their model to the workers'
+  // before its last update landed, one update behind from then on.
+  absl::Status Finish(uint64_t step, float* x) override {
+    RETURN_IF_ERROR(Land(std::move(pending_), x));
+    return Algorithm::Finish(step, x);
+  }
 
   // The last step's average lands in a copy of x, which the next step's
   // update then is: x is read by that step's direction before it changes.

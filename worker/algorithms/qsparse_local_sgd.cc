@@ -12,6 +12,11 @@ class QsparseLocalSgd final : public Algorithm {
   explicit QsparseLocalSgd(const AlgorithmContext& context)
       : Algorithm(context, {&e_, &x_hat_}, {&u_}) {}
 
+  // The servers' model is x̂ (they apply every sync's AVG(u) to it).
+  absl::Status AdoptGlobalModel(const float* x) override {
+    return ops().Copy(x, x_hat_.data());
+  }
+
   absl::Status Step(uint64_t t, float lr, const float* g, float* x) override {
     // x̂ starts at the common start.
     if (t == 0) RETURN_IF_ERROR(ops().Copy(x, x_hat_.data()));

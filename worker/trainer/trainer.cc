@@ -180,6 +180,7 @@ absl::Status Trainer::RejoinRunningJob() {
   const std::vector<float> zeros(num_params_, 0.0f);
   for (float* buffer : algorithm_->StateBuffers()) RETURN_IF_ERROR(ops_.Upload(zeros, buffer));
   RETURN_IF_ERROR(algorithm_->ResumeAfter(step));
+  RETURN_IF_ERROR(algorithm_->AdoptGlobalModel(x_.data()));
   step_ = first_step_ = joined_at_ = step;
   spdlog::info("{}rejoined the job at step {} with the servers' model and zero state",
                plan_.log_prefix, step_);
