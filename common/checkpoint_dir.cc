@@ -1,6 +1,11 @@
 #include "common/checkpoint_dir.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <system_error>
@@ -102,6 +107,16 @@ absl::Status MakeCheckpointStepDir(const std::string& dir, uint64_t step) {
                                                CheckpointStepDir(dir, step), ": ",
                                                error.message()));
   }
+  // The step's folder is durable once its entry in `dir` is: the files'
+  // own syncs reach only the step's folder.
+  const int fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0 || fsync(fd) != 0) {
+    const int failed = errno;
+    if (fd >= 0) close(fd);
+    return absl::UnavailableError(
+        absl::StrCat("checkpoint folder ", dir, ": fsync: ", std::strerror(failed)));
+  }
+  close(fd);
   return absl::OkStatus();
 }
 

@@ -232,8 +232,14 @@ absl::StatusOr<std::vector<CheckpointSection>> ParseCheckpointFile(absl::string_
     at += name_bytes;
     const uint64_t count = Get<uint64_t>(payload.data() + at);
     at += 8;
-    if (count > payload.size() / sizeof(float)) {
-      return refuse(absl::StatusCode::kDataLoss, "malformed section table");
+    // The sections so far must fit in the bytes after the table read so
+    // far: nothing is allocated beyond the file's own size.
+    const uint64_t room = (payload.size() - at) / sizeof(float);
+    if (count > room || floats + count > room) {
+      return refuse(absl::StatusCode::kDataLoss,
+                    absl::StrCat("malformed section table: section '", s.name, "' claims ",
+                                 count, " floats after ", floats, "; ", payload.size() - at,
+                                 " bytes follow"));
     }
     s.values.resize(count);
     floats += count;

@@ -154,6 +154,29 @@ TEST_F(CheckpointFileTest, ASectionCountTheFileCannotHoldIsRefused) {
               AllOf(HasSubstr("crafted"), HasSubstr("4294967295 sections")));
 }
 
+// Sections that each fit in the file but together would not (made on
+// purpose: each would be allocated before their sum is known) are refused
+// at the first that does not fit.
+TEST_F(CheckpointFileTest, SectionsTheFileCannotHoldTogetherAreRefusedAtTheFirst) {
+  const std::vector<float> model(1000, 1.0f);
+  const std::vector<CheckpointSectionView> sections = {
+      {"a", {}}, {"b", {}}, {"c", {}}, {"d", {}}, {"model", model}};
+  ASSERT_TRUE(WriteCheckpointFile(path_, kId, sections).ok());
+  std::string bytes = Bytes();
+  // The table follows the 56-byte header: per section its name's length,
+  // the name, then its count of floats.
+  const uint64_t claimed = model.size();
+  for (size_t i = 0; i < 4; ++i) std::memcpy(&bytes[56 + 13 * i + 5], &claimed, sizeof(claimed));
+  uint32_t crc = static_cast<uint32_t>(crc32(0, reinterpret_cast<const Bytef*>(bytes.data()), 48));
+  crc = static_cast<uint32_t>(crc32(crc, reinterpret_cast<const Bytef*>(bytes.data()) + 56,
+                                    static_cast<uInt>(bytes.size() - 56)));
+  std::memcpy(&bytes[48], &crc, sizeof(crc));
+  absl::StatusOr<std::vector<CheckpointSection>> read = ParseCheckpointFile(bytes, "crafted", kId);
+  EXPECT_EQ(read.status().code(), absl::StatusCode::kDataLoss) << read.status();
+  EXPECT_THAT(read.status().message(),
+              AllOf(HasSubstr("crafted"), HasSubstr("section 'b' claims 1000 floats after 1000")));
+}
+
 TEST_F(CheckpointFileTest, AnotherJobsStepsOrWritersFileIsRefused) {
   ASSERT_TRUE(WriteSample().ok());
   CheckpointId other = kId;
