@@ -28,6 +28,15 @@ namespace fs = std::filesystem;
 
 constexpr CheckpointId kId{0x1234abcd5678ef00ull, 300, CheckpointRole::kRank, 2};
 
+// The header's CRC (at byte 48, over the header before it and the payload
+// from byte 56) made right again for `bytes`, which a test has altered.
+void Recrc(std::string& bytes) {
+  uint32_t crc = static_cast<uint32_t>(crc32(0, reinterpret_cast<const Bytef*>(bytes.data()), 48));
+  crc = static_cast<uint32_t>(crc32(crc, reinterpret_cast<const Bytef*>(bytes.data()) + 56,
+                                    static_cast<uInt>(bytes.size() - 56)));
+  std::memcpy(&bytes[48], &crc, sizeof(crc));
+}
+
 class CheckpointFileTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -144,10 +153,7 @@ TEST_F(CheckpointFileTest, ASectionCountTheFileCannotHoldIsRefused) {
   std::string bytes = Bytes();
   const uint32_t sections = 0xffffffffu;
   std::memcpy(&bytes[32], &sections, sizeof(sections));
-  uint32_t crc = static_cast<uint32_t>(crc32(0, reinterpret_cast<const Bytef*>(bytes.data()), 48));
-  crc = static_cast<uint32_t>(crc32(crc, reinterpret_cast<const Bytef*>(bytes.data()) + 56,
-                                    static_cast<uInt>(bytes.size() - 56)));
-  std::memcpy(&bytes[48], &crc, sizeof(crc));
+  Recrc(bytes);
   absl::StatusOr<std::vector<CheckpointSection>> read = ParseCheckpointFile(bytes, "crafted", kId);
   EXPECT_EQ(read.status().code(), absl::StatusCode::kDataLoss) << read.status();
   EXPECT_THAT(read.status().message(),
@@ -167,10 +173,7 @@ TEST_F(CheckpointFileTest, SectionsTheFileCannotHoldTogetherAreRefusedAtTheFirst
   // the name, then its count of floats.
   const uint64_t claimed = model.size();
   for (size_t i = 0; i < 4; ++i) std::memcpy(&bytes[56 + 13 * i + 5], &claimed, sizeof(claimed));
-  uint32_t crc = static_cast<uint32_t>(crc32(0, reinterpret_cast<const Bytef*>(bytes.data()), 48));
-  crc = static_cast<uint32_t>(crc32(crc, reinterpret_cast<const Bytef*>(bytes.data()) + 56,
-                                    static_cast<uInt>(bytes.size() - 56)));
-  std::memcpy(&bytes[48], &crc, sizeof(crc));
+  Recrc(bytes);
   absl::StatusOr<std::vector<CheckpointSection>> read = ParseCheckpointFile(bytes, "crafted", kId);
   EXPECT_EQ(read.status().code(), absl::StatusCode::kDataLoss) << read.status();
   EXPECT_THAT(read.status().message(),

@@ -232,6 +232,19 @@ class BulkTransportTest : public ::testing::Test {
     return raw;
   }
 
+  // Rank 0's round of `step` alone, over a fresh connection: the shard
+  // serves on, and the mean is the member's values.
+  void ExpectALoneRoundServed(uint64_t step) {
+    auto member = Member(config_, v1::ClusterConfig::AUTO, 0);
+    ASSERT_TRUE(member.ok()) << member.status();
+    const std::vector<float> v = Values(0);
+    std::vector<float> mean(kD);
+    const absl::Status round =
+        (*member)->AverageBlocks(v1::MODEL, step, 1, v, 1.0f, 0.0f, absl::MakeSpan(mean));
+    ASSERT_TRUE(round.ok()) << round;
+    EXPECT_EQ(mean, v);
+  }
+
   v1::JobConfig config_;
   testing::ServerSet servers_;
 };

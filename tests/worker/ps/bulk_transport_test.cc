@@ -225,12 +225,7 @@ TEST_F(BulkTransportTest, BadRequestsAreRefusedAndTheShardServesOn) {
   // Each counted as bad input (cserps_server_refused_total), as over gRPC.
   EXPECT_EQ(servers_.shard(0).shard().bad_input(), bad_input + 4);
 
-  // The shard serves on: the member's next round over a fresh connection.
-  auto again = Member(config_, v1::ClusterConfig::AUTO, 0);
-  ASSERT_TRUE(again.ok()) << again.status();
-  std::vector<float> mean(kD);
-  ASSERT_TRUE((*again)->AverageBlocks(v1::MODEL, 2, 1, v, 1.0f, 0.0f, absl::MakeSpan(mean)).ok());
-  EXPECT_EQ(mean, v);
+  ExpectALoneRoundServed(2);
 }
 
 // Connections that never say hello: those within the limit wait for their
@@ -258,12 +253,7 @@ TEST_F(BulkTransportTest, AFloodOfSilentConnectionsIsClosedUnansweredAndTheShard
   EXPECT_THAT(refused->message, HasSubstr("holds its limit of 4 bulk connections"));
 
   silent.clear();
-  auto member = Member(config_, v1::ClusterConfig::AUTO, 0);
-  ASSERT_TRUE(member.ok()) << member.status();
-  const std::vector<float> v = Values(0);
-  std::vector<float> mean(kD);
-  ASSERT_TRUE((*member)->AverageBlocks(v1::MODEL, 1, 1, v, 1.0f, 0.0f, absl::MakeSpan(mean)).ok());
-  EXPECT_EQ(mean, v);
+  ExpectALoneRoundServed(1);
 }
 
 // The peer's end of sending is not held open until the acceptor reaps the
