@@ -17,6 +17,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "common/config_fingerprint.h"
+#include "common/status.h"
 
 namespace cserps {
 namespace {
@@ -27,17 +28,26 @@ constexpr char kManifest[] = "MANIFEST";
 constexpr char kManifestFirstLine[] = "cserps checkpoint manifest 1";
 constexpr char kStepPrefix[] = "step-";
 
-// The steps with a folder in `dir`, newest first.
-std::vector<uint64_t> StepsNewestFirst(const std::string& dir) {
+// The steps with a folder in `dir`, newest first; none when `dir` does not
+// exist. A folder that cannot be listed is an error: taken for an empty
+// one, it would start a job afresh over its checkpoints.
+absl::StatusOr<std::vector<uint64_t>> StepsNewestFirst(const std::string& dir) {
   std::vector<uint64_t> steps;
   std::error_code error;
-  for (const auto& entry : fs::directory_iterator(dir, error)) {
-    const std::string name = entry.path().filename().string();
+  fs::directory_iterator it(dir, error);
+  if (error == std::errc::no_such_file_or_directory) return steps;
+  for (; !error && it != fs::directory_iterator(); it.increment(error)) {
+    const std::string name = it->path().filename().string();
     uint64_t step = 0;
-    if (entry.is_directory() && absl::StartsWith(name, kStepPrefix) &&
+    std::error_code kind_error;
+    if (it->is_directory(kind_error) && absl::StartsWith(name, kStepPrefix) &&
         absl::SimpleAtoi(absl::string_view(name).substr(sizeof(kStepPrefix) - 1), &step)) {
       steps.push_back(step);
     }
+  }
+  if (error) {
+    return absl::UnavailableError(
+        absl::StrCat("checkpoint folder ", dir, " cannot be listed: ", error.message()));
   }
   std::sort(steps.rbegin(), steps.rend());
   return steps;
@@ -54,6 +64,11 @@ absl::StatusOr<Manifest> ReadManifest(const std::string& dir, uint64_t step) {
   const std::string path = (fs::path(CheckpointStepDir(dir, step)) / kManifest).string();
   std::ifstream in(path);
   if (!in) {
+    const int failed = errno;
+    if (failed != ENOENT) {
+      return absl::DataLossError(absl::StrCat("checkpoint manifest ", path,
+                                              " cannot be read: ", std::strerror(failed)));
+    }
     return absl::NotFoundError(absl::StrCat("checkpoint of step ", step, ": no ", path,
                                             " (not complete)"));
   }
@@ -134,7 +149,8 @@ absl::Status WriteCheckpointManifest(const std::string& dir, uint64_t fingerprin
 absl::StatusOr<LoadedCheckpoint> LoadNewestCheckpoint(
     const std::string& dir, uint64_t fingerprint, std::vector<std::string>* passed_over,
     const std::function<bool(const CheckpointId&)>& wanted) {
-  for (uint64_t step : StepsNewestFirst(dir)) {
+  ASSIGN_OR_RETURN(const std::vector<uint64_t> steps, StepsNewestFirst(dir));
+  for (uint64_t step : steps) {
     absl::StatusOr<Manifest> manifest = ReadManifest(dir, step);
     if (!manifest.ok()) {
       passed_over->push_back(std::string(manifest.status().message()));
@@ -173,7 +189,9 @@ absl::StatusOr<LoadedCheckpoint> LoadNewestCheckpoint(
 }
 
 bool HasManifestOf(const std::string& dir, uint64_t fingerprint) {
-  for (uint64_t step : StepsNewestFirst(dir)) {
+  const absl::StatusOr<std::vector<uint64_t>> steps = StepsNewestFirst(dir);
+  if (!steps.ok()) return true;
+  for (uint64_t step : *steps) {
     const absl::StatusOr<Manifest> manifest = ReadManifest(dir, step);
     // One that cannot be read may be this job's.
     if (manifest.ok() ? manifest->fingerprint == fingerprint
@@ -186,7 +204,8 @@ bool HasManifestOf(const std::string& dir, uint64_t fingerprint) {
 
 absl::Status PruneCheckpoints(const std::string& dir, uint64_t fingerprint, uint32_t keep) {
   uint32_t kept = 0;
-  for (uint64_t step : StepsNewestFirst(dir)) {
+  ASSIGN_OR_RETURN(const std::vector<uint64_t> steps, StepsNewestFirst(dir));
+  for (uint64_t step : steps) {
     absl::StatusOr<Manifest> manifest = ReadManifest(dir, step);
     const bool complete = manifest.ok() && manifest->fingerprint == fingerprint;
     // Another job's steps, and manifests that cannot be read, are not ours

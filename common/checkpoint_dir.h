@@ -37,7 +37,8 @@ absl::Status WriteCheckpointManifest(const std::string& dir, uint64_t fingerprin
 // (null: all) are kept. Every process of a job checks every file, so that
 // all of them settle on the same step. Newer steps that are incomplete or
 // damaged are passed over, each reason (naming the file and what is wrong)
-// appended to `*passed_over`. NOT_FOUND when no step is complete.
+// appended to `*passed_over`. NOT_FOUND when no step is complete (or `dir`
+// does not exist), UNAVAILABLE when `dir` cannot be listed.
 struct LoadedCheckpoint {
   uint64_t step = 0;
   std::vector<CheckpointId> ids;
@@ -70,7 +71,8 @@ absl::StatusOr<bool> WriteCheckpointPart(const CheckpointJob& job, CheckpointRol
                                          absl::Span<const CheckpointSectionView> sections);
 
 // Whether `dir` holds a manifest of job `fingerprint`, or one that cannot
-// be read: a checkpoint of the job may have been completed there.
+// be read, or cannot be listed: a checkpoint of the job may have been
+// completed there.
 bool HasManifestOf(const std::string& dir, uint64_t fingerprint);
 
 // Removes all but the newest `keep` complete checkpoints of job

@@ -1,6 +1,7 @@
 // A checkpoint folder: the newest complete step is loaded; newer steps that
 // are incomplete, damaged or another job's are passed over, each with its
-// reason; pruning keeps the newest complete ones and what is not the job's.
+// reason; pruning keeps the newest complete ones and what is not the job's;
+// a folder or manifest that cannot be read is never taken for an absent one.
 #include "common/checkpoint_dir.h"
 
 #include <unistd.h>
@@ -98,6 +99,38 @@ TEST_F(CheckpointDirTest, NoCompleteStepIsNotFound) {
   EXPECT_EQ(passed_over.size(), 1u);
   passed_over.clear();
   EXPECT_FALSE(LoadNewestCheckpoint(dir_ + "/absent", kJob, &passed_over).ok());
+}
+
+TEST_F(CheckpointDirTest, AFolderThatCannotBeListedIsAnErrorNotAnEmptyFolder) {
+  fs::create_directories(fs::path(dir_).parent_path());
+  std::ofstream(dir_) << "not a folder";
+  std::vector<std::string> passed_over;
+  auto loaded = LoadNewestCheckpoint(dir_, kJob, &passed_over);
+  EXPECT_EQ(loaded.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(loaded.status().message(),
+              HasSubstr(absl::StrCat("checkpoint folder ", dir_, " cannot be listed")));
+  EXPECT_TRUE(HasManifestOf(dir_, kJob));
+  EXPECT_EQ(PruneCheckpoints(dir_, kJob, 1).code(), absl::StatusCode::kUnavailable);
+}
+
+TEST_F(CheckpointDirTest, AManifestThatCannotBeOpenedIsNotAnIncompleteStep) {
+  WriteStep(100, true);
+  WriteStep(200, false);
+  // A link to itself: open fails with ELOOP, whoever runs the test.
+  const fs::path manifest = fs::path(CheckpointStepDir(dir_, 200)) / "MANIFEST";
+  fs::create_symlink(manifest, manifest);
+  std::vector<std::string> passed_over;
+  auto loaded = LoadNewestCheckpoint(dir_, kJob, &passed_over);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->step, 100u);
+  ASSERT_EQ(passed_over.size(), 1u);
+  EXPECT_THAT(passed_over[0], HasSubstr(absl::StrCat(manifest.string(), " cannot be read")));
+  // Whether step 200 was completed is unknown: it is neither pruned nor
+  // taken for a folder without this job's checkpoints.
+  ASSERT_TRUE(PruneCheckpoints(dir_, kJob, 1).ok());
+  EXPECT_TRUE(StepExists(200));
+  fs::remove_all(CheckpointStepDir(dir_, 100));
+  EXPECT_TRUE(HasManifestOf(dir_, kJob));
 }
 
 TEST_F(CheckpointDirTest, PruningKeepsTheNewestCompleteStepsAndWhatIsNotTheJobs) {
