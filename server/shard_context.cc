@@ -63,6 +63,14 @@ absl::StatusOr<std::unique_ptr<ShardContext>> ShardContext::Create(
       spdlog::info("shard {}: no checkpoint of this job in {} yet: starting fresh", shard,
                    checkpoint.dir());
     }
+  } else if (checkpoint.every_steps() > 0 &&
+             HasManifestOf(checkpoint.dir(), context->fingerprint_)) {
+    // Its steps would land among the earlier run's, and pruning would keep
+    // that run's higher steps over its own.
+    return absl::FailedPreconditionError(absl::StrCat(
+        "shard ", shard, ": checkpoint.dir ", checkpoint.dir(),
+        " already holds a checkpoint of this job (or one that cannot be read): resume it "
+        "(--resume), or start this run in an empty folder"));
   }
   return context;
 }

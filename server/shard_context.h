@@ -42,7 +42,8 @@ class ShardContext {
   // Validates `config` (defaults applied; port 0 allowed) and `shard`, and
   // loads the files of config.security (LoadTransportSecurity's errors);
   // with checkpoint.resume, loads the shard's model from the newest complete
-  // checkpoint (ResumeShard's errors).
+  // checkpoint (ResumeShard's errors). A fresh run that writes checkpoints
+  // into a folder holding this job's is refused (FAILED_PRECONDITION).
   static absl::StatusOr<std::unique_ptr<ShardContext>> Create(
       const v1::JobConfig& config, uint32_t shard);
 

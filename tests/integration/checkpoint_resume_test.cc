@@ -223,6 +223,20 @@ TEST_P(DamagedCheckpointTest, RestartableJobRefusesAFolderOfDamagedCheckpoints) 
   EXPECT_THAT(refused.status().message(), HasSubstr("CRC32"));
 }
 
+// A fresh run in a folder that holds the job's checkpoints would write its
+// own among them, and pruning would keep the earlier run's higher steps.
+TEST_P(DamagedCheckpointTest, FreshRunRefusesAFolderHoldingTheJobsCheckpoints) {
+  ASSERT_TRUE(Run("cut", Start::kFresh, kStopAt).status().ok());
+  const absl::StatusOr<Outcome> refused = Run("cut", Start::kFresh, kSteps);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+  EXPECT_THAT(refused.status().message(),
+              HasSubstr(absl::StrCat("checkpoint.dir ", (root_ / "cut").string(),
+                                     " already holds a checkpoint of this job")));
+  EXPECT_TRUE(fs::exists(fs::path(CheckpointStepDir((root_ / "cut").string(), kResumeStep)) /
+                         "MANIFEST"));
+}
+
 // A worker restarted on its own finds servers in the middle of the job,
 // which it cannot join: it says so instead of initialising a new model.
 TEST_P(DamagedCheckpointTest, RestartedWorkerRefusesServersInTheMiddleOfTheJob) {
