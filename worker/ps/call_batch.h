@@ -1,6 +1,7 @@
 // What the PS client's calls share: a batch of RPCs waited for together,
 // with the first error kept, the deadline every call gets, and the backoff
-// between attempts of the calls that lost their connection.
+// between attempts of the calls that lost their connection or outlived
+// their attempt's deadline.
 #ifndef CSERPS_WORKER_PS_CALL_BATCH_H_
 #define CSERPS_WORKER_PS_CALL_BATCH_H_
 
@@ -65,6 +66,23 @@ inline void SetDeadline(grpc::ClientContext* context, absl::Duration timeout) {
 // (an asynchronous one applied once per rank, offset and step), Register
 // keeps a worker id's rank, PushModel writes the same floats.
 inline bool Retryable(const absl::Status& status) { return absl::IsUnavailable(status); }
+
+// One attempt's deadline: `limit` from now, never past the call's. The
+// servers answer a synchronous round's call within round_timeout_s of its
+// arrival (a round not complete by then fails), so a round's attempt is
+// limited to a little more: one still open then is stuck in its connection
+// (gRPC has been seen to hold a stream cut by a reset mid-message until the
+// call's deadline) and is sent again while the call's deadline allows.
+inline absl::Time AttemptDeadline(absl::Time deadline, absl::Duration limit) {
+  return std::min(deadline, absl::Now() + limit);
+}
+
+// Retryable, or the attempt's own deadline, before the call's, ended it.
+inline bool RetryableAttempt(const absl::Status& status, absl::Time attempt_deadline,
+                             absl::Time deadline) {
+  return Retryable(status) || (absl::IsDeadlineExceeded(status) &&
+                               attempt_deadline < deadline && absl::Now() >= attempt_deadline);
+}
 
 // Capped exponential backoff between attempts: 20 ms, doubling, at most
 // 1 s between two, at most `max_retries` retries, never past the deadline.

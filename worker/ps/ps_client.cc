@@ -65,22 +65,23 @@ absl::Status CheckModelSize(absl::string_view what, size_t size, uint64_t num_pa
 // Starts every call with start(call, done), each with `timeout` from now,
 // then waits for all of them; returns the first error, which names `what`,
 // the shard and its address. With `retries` (null: none), the calls that
-// fail Retryable are sent again after a Backoff while the deadline allows,
-// and counted there.
+// fail RetryableAttempt (each attempt limited to `attempt_timeout`) are
+// sent again after a Backoff while the deadline allows, and counted there.
 template <typename Call, typename StartFn>
 absl::Status RunAll(const std::vector<std::unique_ptr<Call>>& calls, absl::Duration timeout,
-                    absl::string_view what, const std::vector<std::string>& addresses,
-                    std::atomic<int64_t>* waited, std::atomic<uint64_t>* retries,
-                    StartFn start) {
+                    absl::Duration attempt_timeout, absl::string_view what,
+                    const std::vector<std::string>& addresses, std::atomic<int64_t>* waited,
+                    std::atomic<uint64_t>* retries, StartFn start) {
   const absl::Time deadline = absl::Now() + timeout;
   Backoff backoff(deadline);
   std::vector<Call*> pending;
   for (const auto& call : calls) pending.push_back(call.get());
   while (true) {
     CallBatch batch;
+    const absl::Time attempt_deadline = AttemptDeadline(deadline, attempt_timeout);
     for (Call* call : pending) {
       call->context = std::make_unique<grpc::ClientContext>();
-      SetDeadline(call->context.get(), deadline - absl::Now());
+      SetDeadline(call->context.get(), attempt_deadline - absl::Now());
       batch.Add();
       const std::string context =
           absl::StrCat(what, " shard ", call->shard, " at ", addresses[call->shard]);
@@ -93,7 +94,9 @@ absl::Status RunAll(const std::vector<std::unique_ptr<Call>>& calls, absl::Durat
     std::vector<Call*> again;
     for (Call* call : pending) {
       if (call->status.ok()) continue;
-      if (retries == nullptr || !Retryable(call->status)) return call->status;
+      if (retries == nullptr || !RetryableAttempt(call->status, attempt_deadline, deadline)) {
+        return call->status;
+      }
       again.push_back(call);
     }
     if (!backoff.Wait()) return backoff.Exhausted(again.front()->status);
@@ -125,6 +128,14 @@ struct PsClient::Impl {
     uint64_t count = 0;
   };
   std::vector<ModelChunk> ModelChunks() const;
+  // A round's deadline, and one attempt's (AttemptDeadline): a synchronous
+  // round's calls are answered within round_timeout_s.
+  absl::Duration RoundTimeout() const {
+    return absl::Seconds(config_.cluster().round_timeout_s()) + options_.rpc_slack;
+  }
+  absl::Duration RoundAttemptTimeout() const {
+    return absl::Seconds(config_.cluster().round_timeout_s()) + options_.rpc_slack / 2;
+  }
   // One call per chunk of ModelChunks, with its shard and float count set,
   // filled by fill(call, chunk's global offset).
   template <typename Call, typename Fill>
@@ -423,7 +434,8 @@ RoundSetup PsClient::Impl::MakeRoundSetup(v1::Stream stream, uint64_t step, uint
   setup.chunk_floats = chunk_floats_;
   setup.bulk.assign(addresses_.size(), nullptr);
   for (uint32_t s : shards_) setup.bulk[s] = BulkFor(s);
-  setup.deadline = absl::Seconds(config_.cluster().round_timeout_s()) + options_.rpc_slack;
+  setup.deadline = RoundTimeout();
+  setup.attempt_timeout = RoundAttemptTimeout();
   setup.total = &total_;
   setup.traffic = &streams_[stream];
   setup.waited_nanos = &wait_nanos_;
@@ -463,8 +475,8 @@ absl::Status PsClient::PushModel(absl::Span<const float> model) {
     AppendFloats(model.subspan(offset, call.count), call.request.mutable_values());
     impl.total_.AddRequest(call.request.ByteSizeLong());
   });
-  return RunAll(calls, impl.options_.setup_timeout, "PushModel to", impl.addresses_,
-                &impl.wait_nanos_, &impl.retries_, [&](Call& c, auto done) {
+  return RunAll(calls, impl.options_.setup_timeout, impl.options_.setup_timeout, "PushModel to",
+                impl.addresses_, &impl.wait_nanos_, &impl.retries_, [&](Call& c, auto done) {
                   impl.stubs_[c.shard]->async()->PushModel(c.context.get(), &c.request,
                                                            &c.response, std::move(done));
                 });
@@ -480,8 +492,9 @@ absl::Status PsClient::PullModel(absl::Span<float> model, bool wait_for_init) {
     call.request.set_count(call.count);
     call.request.set_wait_for_init(wait_for_init);
   });
-  RETURN_IF_ERROR(RunAll(calls, impl.options_.setup_timeout, "PullModel from", impl.addresses_,
-                         &impl.wait_nanos_, &impl.retries_, [&](Call& c, auto done) {
+  RETURN_IF_ERROR(RunAll(calls, impl.options_.setup_timeout, impl.options_.setup_timeout,
+                         "PullModel from", impl.addresses_, &impl.wait_nanos_, &impl.retries_,
+                         [&](Call& c, auto done) {
                            impl.stubs_[c.shard]->async()->PullModel(
                                c.context.get(), &c.request, &c.response, std::move(done));
                          }));
@@ -503,8 +516,7 @@ absl::Status PsClient::AsyncPushPull(uint64_t step, float lr, absl::Span<const f
   using Call = ShardCall<v1::AsyncPushPullRequest, v1::AsyncPushPullResponse>;
   // A held-back push waits at most until the slowest rank is declared dead,
   // round_timeout_s after it went silent.
-  const absl::Duration timeout =
-      absl::Seconds(impl.config_.cluster().round_timeout_s()) + impl.options_.rpc_slack;
+  const absl::Duration timeout = impl.RoundTimeout();
   const absl::Time deadline = absl::Now() + timeout;
   // gRPC calls not yet run; run_grpc_calls runs them and reads each reply
   // into `model`.
@@ -525,7 +537,7 @@ absl::Status PsClient::AsyncPushPull(uint64_t step, float lr, absl::Span<const f
   };
   auto run_grpc_calls = [&]() -> absl::Status {
     // A push sent again is applied once per (rank, offset, step).
-    RETURN_IF_ERROR(RunAll(calls, timeout, "AsyncPushPull to", impl.addresses_,
+    RETURN_IF_ERROR(RunAll(calls, timeout, timeout, "AsyncPushPull to", impl.addresses_,
                            &impl.wait_nanos_, &impl.retries_, [&](Call& c, auto done) {
                              impl.async_stubs_[c.shard]->async()->AsyncPushPull(
                                  c.context.get(), &c.request, &c.response, std::move(done));
@@ -602,8 +614,7 @@ absl::Status PsClient::ExchangeSparse(uint64_t step, const SparseVector& local,
   }
   using Call = ShardCall<v1::SparsePushPullRequest, v1::SparsePushPullResponse>;
   const uint64_t k = SparseK(impl_->config_.algorithm(), d);
-  const absl::Duration timeout =
-      absl::Seconds(impl_->config_.cluster().round_timeout_s()) + impl_->options_.rpc_slack;
+  const absl::Duration timeout = impl_->RoundTimeout();
   const absl::Time deadline = absl::Now() + timeout;
   // By shard: its entries of `local` [begin, end), its k_s, and its reply.
   struct Share {
@@ -658,8 +669,9 @@ absl::Status PsClient::ExchangeSparse(uint64_t step, const SparseVector& local,
     calls.push_back(std::move(call));
   };
   auto run_grpc_calls = [&]() -> absl::Status {
-    RETURN_IF_ERROR(RunAll(calls, timeout, "SparsePushPull to", impl_->addresses_,
-                           &impl_->wait_nanos_, &impl_->retries_, [&](auto& c, auto done) {
+    RETURN_IF_ERROR(RunAll(calls, timeout, impl_->RoundAttemptTimeout(), "SparsePushPull to",
+                           impl_->addresses_, &impl_->wait_nanos_, &impl_->retries_,
+                           [&](auto& c, auto done) {
                              impl_->sparse_stubs_[c.shard]->async()->SparsePushPull(
                                  c.context.get(), &c.request, &c.response, std::move(done));
                            }));

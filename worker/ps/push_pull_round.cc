@@ -174,6 +174,7 @@ class PushPullRound final : public ShardedAverage {
     bool started = false;
     bool waited = false;
     absl::Time deadline;
+    absl::Time attempt_deadline;  // gRPC: of the current attempt
     PayloadSpans payload;
     MeanSpans mean;
     // gRPC: the calls (also the bulk chunks sent again), those of the
@@ -196,11 +197,12 @@ class PushPullRound final : public ShardedAverage {
     if (state.pending.empty()) return;
     state.batch = std::make_unique<CallBatch>();
     CallBatch* batch = state.batch.get();
+    state.attempt_deadline = AttemptDeadline(state.deadline, setup_.attempt_timeout);
     const std::string context = absl::StrCat("PushPull to shard ", state.shard, " at ",
                                              (*setup_.addresses)[state.shard]);
     for (PushPullCall* call : state.pending) {
       call->context = std::make_unique<grpc::ClientContext>();
-      SetDeadline(call->context.get(), state.deadline - absl::Now());
+      SetDeadline(call->context.get(), state.attempt_deadline - absl::Now());
       batch->Add();
       (*setup_.stubs)[state.shard]->async()->PushPull(
           call->context.get(), &call->request, &call->response,
@@ -212,7 +214,8 @@ class PushPullRound final : public ShardedAverage {
   }
 
   // Waits for the pending calls, sending those that lost their connection
-  // again after a backoff while the deadline allows.
+  // or outlived their attempt again after a backoff while the deadline
+  // allows.
   absl::Status WaitGrpc(ShardState& state) {
     Backoff backoff(state.deadline);
     while (!state.pending.empty()) {
@@ -220,7 +223,9 @@ class PushPullRound final : public ShardedAverage {
       std::vector<PushPullCall*> again;
       for (PushPullCall* call : state.pending) {
         if (call->status.ok()) continue;
-        if (!Retryable(call->status)) return call->status;
+        if (!RetryableAttempt(call->status, state.attempt_deadline, state.deadline)) {
+          return call->status;
+        }
         again.push_back(call);
       }
       if (!backoff.Wait()) return backoff.Exhausted(again.front()->status);

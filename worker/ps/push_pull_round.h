@@ -39,6 +39,8 @@ struct RoundSetup {
   float lr = 0;
   uint64_t chunk_floats = 0;
   absl::Duration deadline;
+  // Of one gRPC attempt (AttemptDeadline); the deadline bounds every attempt.
+  absl::Duration attempt_timeout = absl::InfiniteDuration();
   // By shard: the bulk channel its chunks go over; null (or empty): gRPC.
   std::vector<BulkChannel*> bulk;
   TrafficCounter* total = nullptr;   // every call's bytes

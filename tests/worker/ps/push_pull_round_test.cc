@@ -2,12 +2,17 @@
 // documented frames (common/bulk_wire.h): when the shard refuses one chunk
 // and answers another later, the round is over only once that answer is in
 // the caller's mean, so no reply lands in memory the caller has taken back.
+// Over gRPC, to a shard that holds a call unanswered: the round sends it
+// again once its attempt's deadline passes, and the answer counts.
 #include <sys/socket.h>
 #include <sys/uio.h>
+
+#include <grpcpp/grpcpp.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <thread>
@@ -15,6 +20,7 @@
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/bulk_wire.h"
 #include "common/socket_io.h"
@@ -139,6 +145,115 @@ TEST(PushPullRoundTest, ARefusedChunkEndsTheRoundOnlyOnceItsOtherChunksAreAnswer
 
   std::move(end_script).Invoke();
   EXPECT_TRUE(script.ok()) << script;
+}
+
+// A shard that holds its first PushPull unanswered until the client gives
+// it up, as a call stuck in its connection looks to the client, and answers
+// every later one with the values pushed, times 2.
+class HoldingShard final : public v1::ParameterServer::CallbackService {
+ public:
+  grpc::ServerUnaryReactor* PushPull(grpc::CallbackServerContext* context,
+                                     const v1::PushPullRequest* request,
+                                     v1::PushPullResponse* response) override {
+    if (calls_.fetch_add(1) == 0) return new Held;
+    std::vector<float> mean(request->values().size() / sizeof(float));
+    std::memcpy(mean.data(), request->values().data(), mean.size() * sizeof(float));
+    for (float& v : mean) v *= 2;
+    response->set_step(request->step());
+    response->set_stream(request->stream());
+    response->set_chunk(request->chunk());
+    response->set_mean(mean.data(), mean.size() * sizeof(float));
+    response->set_members(1);
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+  int calls() const { return calls_.load(); }
+
+ private:
+  class Held final : public grpc::ServerUnaryReactor {
+    void OnCancel() override { Finish(grpc::Status::CANCELLED); }
+    void OnDone() override { delete this; }
+  };
+  std::atomic<int> calls_{0};
+};
+
+struct GrpcShard {
+  // A call still held when the case ends is cancelled, not waited for.
+  ~GrpcShard() {
+    if (server != nullptr) server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+  }
+  HoldingShard service;
+  std::unique_ptr<grpc::Server> server;
+  std::vector<std::unique_ptr<v1::ParameterServer::Stub>> stubs;
+  std::vector<std::string> addresses;
+};
+
+void StartGrpcShard(GrpcShard& shard) {
+  int port = 0;
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&shard.service);
+  shard.server = builder.BuildAndStart();
+  ASSERT_NE(shard.server, nullptr);
+  shard.addresses = {absl::StrCat("127.0.0.1:", port)};
+  shard.stubs.push_back(v1::ParameterServer::NewStub(
+      grpc::CreateChannel(shard.addresses[0], grpc::InsecureChannelCredentials())));
+}
+
+// A round of one chunk to `shard` over gRPC, each attempt limited to
+// `attempt_timeout`, the round to 2 s.
+absl::Status GrpcRound(GrpcShard& shard, absl::Duration attempt_timeout,
+                       std::vector<float>& mean, uint64_t* retries) {
+  TrafficCounter total, traffic;
+  std::atomic<int64_t> waited{0};
+  std::atomic<uint64_t> sent_again{0};
+  std::atomic<uint32_t> members[1] = {0};
+  RoundSetup setup;
+  setup.stubs = &shard.stubs;
+  setup.addresses = &shard.addresses;
+  setup.stream = v1::MODEL;
+  setup.step = 1;
+  setup.chunk_floats = kChunkFloats;
+  setup.deadline = absl::Seconds(2);
+  setup.attempt_timeout = attempt_timeout;
+  setup.total = &total;
+  setup.traffic = &traffic;
+  setup.waited_nanos = &waited;
+  setup.retries = &sent_again;
+  setup.members = members;
+  const std::vector<float> payload = {1, 2, 3, 4};
+  std::unique_ptr<ShardedAverage> round = MakePushPullRound(setup, {kChunkFloats});
+  RETURN_IF_ERROR(round->StartShard(0, payload, absl::MakeSpan(mean)));
+  const absl::Status status = round->WaitShard(0);
+  *retries = sent_again.load();
+  return status;
+}
+
+TEST(PushPullRoundTest, ACallHeldPastItsAttemptsDeadlineIsSentAgainWithinTheRounds) {
+  GrpcShard shard;
+  ASSERT_NO_FATAL_FAILURE(StartGrpcShard(shard));
+  std::vector<float> mean(kChunkFloats, 0.0f);
+  uint64_t retries = 0;
+  const absl::Status status = GrpcRound(shard, absl::Milliseconds(500), mean, &retries);
+  EXPECT_TRUE(status.ok()) << status;
+  EXPECT_THAT(mean, ElementsAre(2, 4, 6, 8));
+  EXPECT_EQ(retries, 1u);
+  EXPECT_EQ(shard.service.calls(), 2);
+}
+
+// Without an attempt's own deadline the held call ends the round at the
+// round's deadline, as it did before attempts had one.
+TEST(PushPullRoundTest, ACallHeldWithoutAnAttemptDeadlineEndsTheRoundAtItsDeadline) {
+  GrpcShard shard;
+  ASSERT_NO_FATAL_FAILURE(StartGrpcShard(shard));
+  std::vector<float> mean(kChunkFloats, 0.0f);
+  uint64_t retries = 0;
+  const absl::Status status = GrpcRound(shard, absl::InfiniteDuration(), mean, &retries);
+  EXPECT_TRUE(absl::IsDeadlineExceeded(status)) << status;
+  EXPECT_THAT(mean, Each(0.0f));
+  EXPECT_EQ(retries, 0u);
+  EXPECT_EQ(shard.service.calls(), 1);
 }
 
 }  // namespace
