@@ -122,6 +122,47 @@ using NodeDeviceGroup = DeviceGroup;
 class NodeDeviceGroup;  // a node's collectives on GPUs: none without CUDA
 #endif
 
+// Makes a GPU current on this thread until it goes, then the one that was
+// again: torch's current device is the script's.
+class CurrentDevice {
+ public:
+  CurrentDevice() = default;
+  CurrentDevice(const CurrentDevice&) = delete;
+  CurrentDevice& operator=(const CurrentDevice&) = delete;
+#ifdef CSERPS_HAVE_CUDA
+  ~CurrentDevice() {
+    if (previous_ >= 0) cudaSetDevice(previous_);
+  }
+  // `device` current; -1 (host memory) leaves the current one.
+  absl::Status Set(int device) {
+    if (device < 0) return absl::OkStatus();
+    int current = -1;
+    CSERPS_CUDA_RETURN_IF_ERROR(cudaGetDevice(&current));
+    previous_ = current;
+    CSERPS_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+    return absl::OkStatus();
+  }
+
+ private:
+  int previous_ = -1;
+#else
+  absl::Status Set(int) { return absl::OkStatus(); }
+#endif
+};
+
+#ifdef CSERPS_HAVE_CUDA
+// A stream destroyed with its owner, also one whose construction failed.
+struct OwnedStream {
+  OwnedStream() = default;
+  OwnedStream(const OwnedStream&) = delete;
+  OwnedStream& operator=(const OwnedStream&) = delete;
+  ~OwnedStream() {
+    if (stream != nullptr) cudaStreamDestroy(stream);
+  }
+  cudaStream_t stream = nullptr;
+};
+#endif
+
 // ExternalTrainer with a mutex: the GIL is released during its calls, so
 // two Python threads could otherwise enter it at once.
 class Trainer {
@@ -139,7 +180,9 @@ class Trainer {
     absl::StatusOr<std::unique_ptr<ExternalTrainer>> trainer;
     {
       py::gil_scoped_release release;
-      trainer = Create(options, local_rank);
+      CurrentDevice current;
+      const absl::Status set = current.Set(device_);
+      trainer = set.ok() ? Create(options, local_rank) : set;
     }
     ThrowIfError(trainer.status());
     trainer_ = *std::move(trainer);
@@ -150,15 +193,19 @@ class Trainer {
       // An average left in flight waits for its round's replies, which may
       // need another Python thread's push.
       py::gil_scoped_release release;
-      trainer_.reset();  // its ops queue on stream_
+      CurrentDevice current;
+      current.Set(device_).IgnoreError();  // the trainer goes on whichever is current
+      trainer_.reset();  // before stream_, which its ops queue on
     }
-#ifdef CSERPS_HAVE_CUDA
-    if (stream_ != nullptr) cudaStreamDestroy(stream_);
-#endif
   }
 
   void InitializeModel(uintptr_t params, size_t count) {
-    Call([&] { return trainer_->InitializeModel(Floats(params, count)); });
+    Call([&] {
+      // Rank 0 reads torch's copies into `params`; torch then reads the model.
+      RETURN_IF_ERROR(SynchronizeDevice());
+      RETURN_IF_ERROR(trainer_->InitializeModel(Floats(params, count)));
+      return SynchronizeDevice();
+    });
   }
   void Step(float lr, uintptr_t grad, uintptr_t params, size_t count) {
     Call([&] {
@@ -251,7 +298,6 @@ class Trainer {
       return ExternalTrainer::Create(config, options, nullptr, std::move(joined));
     }
 #ifdef CSERPS_HAVE_NCCL
-    CSERPS_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
     NcclGroupOptions group;
     group.id_path = absl::StrCat(dir, "/nccl_id");
     group.device = device_;
@@ -275,12 +321,12 @@ class Trainer {
       [[maybe_unused]] NodeDeviceGroup* node_group) {
     if (device_ < 0) return nullptr;
 #ifdef CSERPS_HAVE_CUDA
-    CSERPS_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
-    CSERPS_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    CSERPS_CUDA_RETURN_IF_ERROR(
+        cudaStreamCreateWithFlags(&stream_.stream, cudaStreamNonBlocking));
     ASSIGN_OR_RETURN(std::unique_ptr<CudaDeviceOps> ops,
                      CudaDeviceOps::Create(job_->num_params,
-                                           job_->config.algorithm().block_size(), stream_,
-                                           node_group));
+                                           job_->config.algorithm().block_size(),
+                                           stream_.stream, node_group));
     return std::unique_ptr<DeviceOps>(std::move(ops));
 #else
     return absl::FailedPreconditionError(
@@ -304,11 +350,8 @@ class Trainer {
     {
       py::gil_scoped_release release;
       std::lock_guard<std::mutex> lock(mu_);
-#ifdef CSERPS_HAVE_CUDA
-      if (device_ >= 0) {
-        status = CudaStatus(cudaSetDevice(device_), "cudaSetDevice", __FILE__, __LINE__);
-      }
-#endif
+      CurrentDevice current;
+      status = current.Set(device_);
       if (status.ok()) status = f();
     }
     ThrowIfError(status);
@@ -317,7 +360,7 @@ class Trainer {
   const std::shared_ptr<Job> job_;
   const int device_;                // -1: host memory
 #ifdef CSERPS_HAVE_CUDA
-  cudaStream_t stream_ = nullptr;  // the CUDA device ops', with device_ >= 0
+  OwnedStream stream_;  // the CUDA device ops', with device_ >= 0
 #endif
   std::mutex mu_;  // guards the calls into trainer_
   std::unique_ptr<ExternalTrainer> trainer_;

@@ -115,7 +115,11 @@ def test_resumed_workers_take_the_same_steps(tmp_path, start_servers, algorithm,
         train(model, optimizer, rank, range(3))
         optimizer.load_state_dict(torch.load(io.BytesIO(results[rank][0])))
         assert optimizer.steps == SAVE_AFTER
-        return train(model, optimizer, rank, range(SAVE_AFTER, STEPS))
+        history = train(model, optimizer, rank, range(SAVE_AFTER, STEPS))
+        # Of the steps since the load alone: S-SGD's is 1.
+        if algorithm == "ssgd":
+            assert optimizer.achieved_compression == 1.0
+        return history
 
     for rank, history in enumerate(on_threads(resumed)):
         for t, (a, b) in enumerate(zip(results[rank][1], history)):
@@ -179,6 +183,22 @@ def test_a_state_of_another_job_is_refused(tmp_path, start_servers):
     regrouped["param_groups"][0]["params"] = [0]
     with pytest.raises(ValueError, match="not one group of 4 parameters"):
         cser.load_state_dict(regrouped)
+    # Entries of the wrong kind are ValueErrors too, not TypeErrors.
+    malformed = [
+        (("cserps", "buffers"), None, "the state's buffers are NoneType"),
+        (("cserps", "shapes"), [3, 4], "are not a list of shapes"),
+        (("cserps", "step"), -1, "the state's step is -1; it must be a whole number"),
+        (("param_groups", 0, "lr"), None, "the state's lr is None"),
+    ]
+    for path, value, message in malformed:
+        bad = cser.state_dict()
+        bad["cserps"]["params"] = torch.zeros_like(params)
+        entry = bad
+        for key in path[:-1]:
+            entry = entry[key]
+        entry[path[-1]] = value
+        with pytest.raises(ValueError, match=message):
+            cser.load_state_dict(bad)
     assert torch.equal(cser.flat_params, params) and cser.steps == steps
 
 

@@ -102,6 +102,32 @@ def test_parameters_and_gradients_are_views_of_the_flat_buffers(tmp_path, start_
     assert all(torch.count_nonzero(p.grad) == 0 for p in model.parameters())
 
 
+def test_a_sparse_gradient_is_taken_dense(tmp_path, start_servers):
+    # nn.Embedding(sparse=True) leaves a sparse .grad where the .grad was
+    # None: the step is torch's SGD step with it.
+    torch.manual_seed(4)
+    model = torch.nn.Sequential(torch.nn.Embedding(10, 4, sparse=True), torch.nn.Linear(4, 3))
+    reference = copy.deepcopy(model)
+    job = cluster.write_job(tmp_path, cluster.job_text(
+        num_params(model), servers=1, momentum_kind="NONE", weight_decay=0.0))
+    servers = start_servers(job, 1)
+    optimizer = cserps.torch.Optimizer(model.parameters(), job=job, servers=servers.servers)
+    torch_sgd = torch.optim.SGD(reference.parameters(), lr=0.05)
+    generator = torch.Generator().manual_seed(6)
+    for t in range(5):
+        # Distinct indices: a dense and a sparse gradient sum no duplicates.
+        x = torch.randperm(10, generator=generator)[:6]
+        y = torch.randint(0, 3, (6,), generator=generator)
+        for m, o in ((model, optimizer), (reference, torch_sgd)):
+            m.zero_grad(set_to_none=True)
+            torch.nn.functional.cross_entropy(m(x), y).backward()
+            assert m[0].weight.grad.is_sparse
+            o.step()
+        for a, b in zip(model.parameters(), reference.parameters()):
+            assert torch.equal(a, b), f"step {t}"
+    assert not model[0].weight.grad.is_sparse
+
+
 def test_a_step_refuses_a_learning_rate_the_servers_would(tmp_path, start_servers):
     model = mlp(2)
     job = cluster.write_job(tmp_path, cluster.job_text(num_params(model), servers=1))
@@ -210,6 +236,11 @@ def test_bad_arguments_are_value_errors(tmp_path):
                      dict(rpc_slack=float("nan")), dict(rpc_slack=-1.0)):
         with pytest.raises(ValueError, match="must be a finite number of seconds"):
             cserps.torch.Optimizer(model.parameters(), job=job, servers=nowhere, **timeouts)
+    # Counts the native layer could not take, or would read as "none given".
+    for counts in (dict(steps_per_epoch=-1), dict(rank=-5), dict(rank=2**31), dict(rank=1.5),
+                   dict(local_rank=-1), dict(rank=True)):
+        with pytest.raises(ValueError, match=r"must be a whole number in \[0, "):
+            cserps.torch.Optimizer(model.parameters(), job=job, servers=nowhere, **counts)
     checkpointed = cluster.write_job(
         tmp_path, cluster.job_text(num_params(model)) +
         f'checkpoint {{ dir: "{tmp_path}/ckpt" every_steps: 5 }}\n', name="checkpointed.textproto")

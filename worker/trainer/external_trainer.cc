@@ -190,12 +190,15 @@ absl::Status ExternalTrainer::LoadState(uint64_t step,
   algorithm_->AbandonInFlight();
   for (size_t i = 0; i < buffers.size(); ++i) RETURN_IF_ERROR(ops_->Upload(in[i], buffers[i]));
   RETURN_IF_ERROR(algorithm_->ResumeAfter(step));
-  step_ = step;
+  step_ = first_step_ = step;
+  floats_before_first_step_ = TrainingFloatsPushed(*client_);
+  training_floats_.reset();
   return absl::OkStatus();
 }
 
 double ExternalTrainer::achieved_compression() const {
-  const uint64_t floats = training_floats_.value_or(TrainingFloatsPushed(*client_));
+  const uint64_t floats =
+      training_floats_.value_or(TrainingFloatsPushed(*client_)) - floats_before_first_step_;
   return floats == 0 ? 0.0
                      : static_cast<double>(step_ - first_step_) * plan_.shard_floats / floats;
 }

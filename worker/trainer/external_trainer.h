@@ -117,7 +117,7 @@ class ExternalTrainer {
   // Steps times the floats of this process's shards (all d when flat) over
   // the training floats it pushed so far (S-SGD: 1); after Finish, those of
   // the steps alone, as cserps-worker's summary reports. In a resumed job,
-  // of the steps since the resume.
+  // of the steps since the resume; after LoadState, since the load.
   double achieved_compression() const;
   // This process's client: in a node, of this local rank's shards only.
   const PsClient& client() const { return *client_; }
@@ -140,7 +140,10 @@ class ExternalTrainer {
   TrainerPlan plan_;
   std::unique_ptr<Algorithm> algorithm_;  // on ops_, client_ and group_
   uint64_t step_ = 0;
-  uint64_t first_step_ = 0;  // the checkpoint's step in a resumed job
+  // The step achieved_compression counts from: a resumed or loaded state's,
+  // and the training floats this process pushed before it.
+  uint64_t first_step_ = 0;
+  uint64_t floats_before_first_step_ = 0;
   // The training floats pushed before Finish; unset until then.
   std::optional<uint64_t> training_floats_;
 };

@@ -3,6 +3,7 @@ algorithm (its direction, local update and exchanges with the servers), run
 by the worker library on the parameters in place."""
 
 import math
+import numbers
 
 import torch
 
@@ -71,6 +72,14 @@ def _seconds(name, value, zero_allowed):
     return seconds
 
 
+def _count(name, value, limit):
+    """`value` as an int in [0, limit): ValueError otherwise."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or \
+            not 0 <= value < limit:
+        raise ValueError(f"{name} is {value!r}; it must be a whole number in [0, {limit})")
+    return int(value)
+
+
 class Optimizer(torch.optim.Optimizer):
     """Runs the job's cserps algorithm on `params` at every step().
 
@@ -136,6 +145,11 @@ class Optimizer(torch.optim.Optimizer):
 
         setup_timeout = _seconds("setup_timeout", setup_timeout, zero_allowed=False)
         rpc_slack = _seconds("rpc_slack", rpc_slack, zero_allowed=True)
+        steps_per_epoch = _count("steps_per_epoch", steps_per_epoch, 2**63)
+        if rank is not None:
+            rank = _count("rank", rank, 2**31)
+        if local_rank is not None:
+            local_rank = _count("local_rank", local_rank, 2**31)
         path, overrides = settings.resolve(job, servers, set)
         # A group's own hyperparameters (torch's [{"params": ..., "lr": ...}])
         # are the arguments' values where it gives them.
@@ -232,12 +246,16 @@ class Optimizer(torch.optim.Optimizer):
                     self._flat[offset:offset + n].copy_(p.reshape(-1))
                     p.data = self._view(self._flat, p, offset, n)
                 g = p.grad
-                if g is not None and g.data_ptr() == grad_ptr + 4 * offset and g.is_contiguous():
+                if g is not None and g.layout == torch.strided and \
+                        g.data_ptr() == grad_ptr + 4 * offset and g.is_contiguous():
                     continue
                 if g is None:
                     self._flat_grad[offset:offset + n].zero_()
                 else:
-                    self._flat_grad[offset:offset + n].copy_(g.reshape(-1))
+                    # A sparse one (nn.Embedding(sparse=True) after its
+                    # .grad was set to None) is copied in dense.
+                    dense = g if g.layout == torch.strided else g.to_dense()
+                    self._flat_grad[offset:offset + n].copy_(dense.reshape(-1))
                 p.grad = self._view(self._flat_grad, p, offset, n)
 
     def zero_grad(self, set_to_none=False):
@@ -336,6 +354,9 @@ class Optimizer(torch.optim.Optimizer):
         for key in ("step", "finished", "params", "buffers"):
             if key not in saved:
                 raise ValueError(f"the state has no {key!r}")
+        if not isinstance(saved["buffers"], (list, tuple)):
+            raise ValueError(f"the state's buffers are {type(saved['buffers']).__name__}, "
+                             "not a list of tensors")
         # States saved before shapes were kept have none to compare.
         self._check_shapes(saved.get("shapes"))
         tensors = [saved["params"]] + list(saved["buffers"])
@@ -354,10 +375,12 @@ class Optimizer(torch.optim.Optimizer):
             if groups[0].get(key) != value:
                 raise ValueError(
                     f"the state's {key} is {groups[0].get(key)} but the job's is {value}")
-        try:
-            step, finished = int(saved["step"]), bool(saved["finished"])
-        except (TypeError, ValueError) as error:
-            raise ValueError(f"the state's step {saved['step']!r} is not a count") from error
+        lr = groups[0].get("lr")
+        if isinstance(lr, bool) or not isinstance(lr, numbers.Real) or \
+                not math.isfinite(lr) or lr < 0:
+            raise ValueError(f"the state's lr is {lr!r}: it must be finite and >= 0")
+        step = _count("the state's step", saved["step"], 2**63)
+        finished = bool(saved["finished"])
         # Checked whole above: from here nothing is refused halfway.
         buffers = [t.detach().cpu().contiguous() for t in tensors[1:]]
         self._trainer.load_state(step, [b.data_ptr() for b in buffers], self._num_params)
@@ -373,6 +396,9 @@ class Optimizer(torch.optim.Optimizer):
         if shapes is None:
             return
         mine = [list(p.shape) for p in self._params]
+        if not isinstance(shapes, (list, tuple)) or \
+                not all(isinstance(s, (list, tuple, torch.Size)) for s in shapes):
+            raise ValueError(f"the state's shapes {shapes!r} are not a list of shapes")
         if len(shapes) != len(mine):
             raise ValueError(f"the state is of a model of {len(shapes)} parameters but this "
                              f"worker's has {len(mine)}")
