@@ -26,10 +26,10 @@
 // then complete once every remaining member has pushed (those already open
 // too), and a dropped rank's pushes are refused with FAILED_PRECONDITION.
 // A round that no remaining member pushed to fails as before. Admit takes a
-// dropped rank back as a member from a step on whose rounds have not begun
-// to complete: it is expected in that step's rounds after its full average
-// (Aggregate::kFullAverageStream), which it does not join, and in every
-// later step's.
+// dropped rank back as a member from a step on none of whose rounds it
+// would join has begun: it is expected in that step's rounds after its full
+// average (Aggregate::kFullAverageStream), which it does not join, and in
+// every later step's. A round is sized for the members it begins with.
 //
 // What Aggregate provides (see WeightedSum and SparsePushes):
 //   Key            the round's identity; ordered by operator<
@@ -156,9 +156,9 @@ class RoundLifecycle {
   // on: the rounds of that step after its full average, and every later
   // step's, wait for it. FAILED_PRECONDITION when the table is not elastic,
   // `rank` is a member (not dropped, or admitted already at another step;
-  // the same step again is OK), or a round of `step` or later has completed
-  // (too late: a later step can still be taken); INVALID_ARGUMENT for a rank
-  // out of range.
+  // the same step again is OK), or a round it would join has begun, or a
+  // round of `step` or later has completed (too late: a later step can
+  // still be taken); INVALID_ARGUMENT for a rank out of range.
   absl::Status Admit(uint32_t rank, uint64_t step);
 
   // The members rounds wait for, the ranks dropped, in drop order, and the
@@ -238,6 +238,8 @@ class RoundLifecycle {
   static void Answer(FailedRounds& failed);
   // Whether round `key` waits for `rank`'s push.
   bool ExpectsLocked(const Key& key, uint32_t rank) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether a rank admitted back from step `since` joins round `key`.
+  static bool JoinsFrom(const Key& key, uint64_t since);
   uint32_t ExpectedLocked(const Key& key) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether every rank round `key` waits for has pushed to `round`.
   bool CompleteLocked(const Key& key, const Round& round) const

@@ -123,10 +123,14 @@ template <typename Aggregate>
 bool RoundLifecycle<Aggregate>::ExpectsLocked(const Key& key, uint32_t rank) const {
   if (!member_[rank]) return false;
   const std::optional<uint64_t>& since = admitted_at_[rank];
-  if (!since.has_value()) return true;
+  return !since.has_value() || JoinsFrom(key, *since);
+}
+
+template <typename Aggregate>
+bool RoundLifecycle<Aggregate>::JoinsFrom(const Key& key, uint64_t since) {
   const uint64_t step = Aggregate::Step(key);
-  return step > *since ||
-         (step == *since && Aggregate::Stream(key) != Aggregate::kFullAverageStream);
+  return step > since ||
+         (step == since && Aggregate::Stream(key) != Aggregate::kFullAverageStream);
 }
 
 template <typename Aggregate>
@@ -431,6 +435,15 @@ absl::Status RoundLifecycle<Aggregate>::Admit(uint32_t rank, uint64_t step) {
         "rank ", rank, " cannot be admitted from step ", step, ": ", Aggregate::kKind,
         "rounds up to step ", newest_step_, " have completed"));
   }
+  // Its aggregate counts the pushes of the members it began with.
+  auto begun = [&](const Key& key) -> absl::Status {
+    if (!JoinsFrom(key, step)) return absl::OkStatus();
+    return absl::FailedPreconditionError(
+        absl::StrCat("rank ", rank, " cannot be admitted from step ", step, ": ",
+                     Aggregate::RoundName(key), " has begun without it"));
+  };
+  for (const auto& [key, round] : open_) RETURN_IF_ERROR(begun(key));
+  for (const auto& [key, round] : completing_) RETURN_IF_ERROR(begun(key));
   member_[rank] = true;
   admitted_at_[rank] = step;
   ++members_;

@@ -700,6 +700,50 @@ TEST(RoundTableTest, ElasticAdmitTakesADroppedRankBackAfterTheStepsFullAverage) 
   EXPECT_THAT(table.admitted_ranks(), ElementsAreArray({2u, 2u}));
 }
 
+// Elastic: a round that has begun counts the pushes of the members it
+// began with, so a dropped rank is not admitted into it (its push would be
+// left out of the mean), only from a step none of whose rounds it would
+// join has begun; a full average under way does not stand in the way.
+TEST(RoundTableTest, ElasticAdmitRefusesAStepWhoseRoundsHaveBegun) {
+  RoundTable::Options o = SmallOptions(3);
+  o.limits.timeout = absl::Seconds(10);
+  o.limits.elastic = true;
+  o.limits.max_step_lag = 16;
+  RoundTable table(o);
+  constexpr int kGrad = 1, kFull = 3;
+  Answer dropping[2];
+  for (uint32_t r = 0; r < 2; ++r) {
+    table.Push({4, kGrad, 0}, r, 1.0f, kLr, std::vector<float>{1.0f}, kT0,
+               dropping[r].Callback());
+  }
+  ASSERT_EQ(table.ExpireOverdue(kT0 + absl::Seconds(10)), 1);
+  const absl::Time t = kT0 + absl::Seconds(11);
+
+  Answer begun[2];
+  table.Push({8, kGrad, 0}, 0, 1.0f, kLr, std::vector<float>{1.0f}, t, begun[0].Callback());
+  const absl::Status refused = table.Admit(2, 8);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(refused.message(),
+              HasSubstr("cannot be admitted from step 8: round (step 8, stream GRAD, chunk 0) "
+                        "has begun without it"));
+  EXPECT_EQ(table.members(), 2u);
+  table.Push({8, kGrad, 0}, 1, 1.0f, kLr, std::vector<float>{3.0f}, t, begun[1].Callback());
+  for (Answer& a : begun) {
+    ASSERT_TRUE(a.ok()) << a.status();
+    EXPECT_THAT(a.mean(), ElementsAreArray({2.0f}));
+  }
+
+  Answer full[2];
+  table.Push({12, kFull, 0}, 0, 1.0f, kLr, std::vector<float>{1.0f}, t, full[0].Callback());
+  ASSERT_TRUE(table.Admit(2, 12).ok());
+  EXPECT_EQ(table.members(), 3u);
+  table.Push({12, kFull, 0}, 1, 1.0f, kLr, std::vector<float>{3.0f}, t, full[1].Callback());
+  for (Answer& a : full) {
+    ASSERT_TRUE(a.ok()) << a.status();
+    EXPECT_THAT(a.mean(), ElementsAreArray({2.0f}));
+  }
+}
+
 TEST(RoundTableTest, AdmitRefusesOutsideAnElasticJob) {
   RoundTable fixed(SmallOptions(2));
   const absl::Status refused = fixed.Admit(1, 8);
