@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <string>
@@ -47,11 +48,12 @@ Result Launch(const std::string& overrides, const std::string& flags = "") {
 }
 
 // cserps-launch on configs/tiny.textproto (2 workers) with `flags`, the
-// workers being `command` (after "--").
-Result LaunchCommand(const std::string& flags, const std::string& command) {
-  return Run(absl::StrCat(CSERPS_LAUNCH_BIN, " --config=", CSERPS_SOURCE_DIR,
-                          "/configs/tiny.textproto --timeout_s=60 ", flags, " -- ", command,
-                          " 2>&1"));
+// workers being `command` (after "--"), run by `env` ("env ...", or none).
+Result LaunchCommand(const std::string& flags, const std::string& command,
+                     const std::string& env = "") {
+  return Run(absl::StrCat(env, env.empty() ? "" : " ", CSERPS_LAUNCH_BIN, " --config=",
+                          CSERPS_SOURCE_DIR, "/configs/tiny.textproto --timeout_s=60 ", flags,
+                          " -- ", command, " 2>&1"));
 }
 
 // Runs the shell command `line` (a launcher, bounded by its --timeout_s),
@@ -466,6 +468,56 @@ TEST(LaunchCommandTest, AFailingProcessFailsTheJob) {
   EXPECT_NE(r.output.find("worker 1 exited with code 3"), std::string::npos) << r.output;
 }
 
+// What a worker started in its process group (a DataLoader's workers, say)
+// is stopped with it, also once the worker itself has exited: here each
+// leaves a process behind that says when it is stopped.
+TEST(LaunchCommandTest, WhatAWorkerLeftBehindIsStoppedWithTheJob) {
+  const std::filesystem::path script =
+      std::filesystem::path(testing::TempDir()) / "leaves_a_process_behind.sh";
+  {
+    std::ofstream out(script);
+    out << "ready=$(mktemp -u) && mkfifo \"$ready\" || exit 1\n"
+           "( trap 'echo left behind, stopped; exit 0' TERM; echo > \"$ready\"; "
+           "sleep 90 & wait ) &\n"
+           "read _ < \"$ready\"\n"
+           "rm -f \"$ready\"\n";
+  }
+  const Result r = LaunchCommand("--nproc=2", absl::StrCat("sh ", script.string()));
+  std::filesystem::remove(script);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  for (const char* expected : {"[worker 0] left behind, stopped",
+                               "[worker 1] left behind, stopped"}) {
+    EXPECT_NE(r.output.find(expected), std::string::npos) << expected << "\n" << r.output;
+  }
+}
+
+// A hang-up (a closed terminal or ssh session) stops the cluster as Ctrl-C
+// does, and the launcher exits as a shell reports a process ended by it.
+TEST(LaunchCommandTest, AHangUpStopsTheCluster) {
+  const Result r =
+      LaunchCommand("--nproc=2", "sh -c '[ $RANK = 0 ] && kill -HUP $PPID; exec sleep 90'");
+  EXPECT_EQ(r.exit_code, 128 + SIGHUP) << r.output;
+  EXPECT_NE(r.output.find("[launch] signal 1 (Hangup): stopping the cluster"), std::string::npos)
+      << r.output;
+}
+
+// One thread per process and Python's output line by line, unless given.
+TEST(LaunchCommandTest, ThreadsAndBufferingAreSetUnlessGiven) {
+  const std::string print =
+      "sh -c 'echo threads $OPENBLAS_NUM_THREADS $OMP_NUM_THREADS python $PYTHONUNBUFFERED'";
+  const Result unset = LaunchCommand(
+      "--nproc=2", print, "env -u OPENBLAS_NUM_THREADS -u OMP_NUM_THREADS -u PYTHONUNBUFFERED");
+  ASSERT_EQ(unset.exit_code, 0) << unset.output;
+  EXPECT_NE(unset.output.find("[worker 1] threads 1 1 python 1"), std::string::npos)
+      << unset.output;
+  const Result given = LaunchCommand("--nproc=2", print,
+                                     "env -u OPENBLAS_NUM_THREADS OMP_NUM_THREADS=8 "
+                                     "PYTHONUNBUFFERED=0");
+  ASSERT_EQ(given.exit_code, 0) << given.output;
+  EXPECT_NE(given.output.find("[worker 1] threads 1 8 python 0"), std::string::npos)
+      << given.output;
+}
+
 TEST(LaunchCommandTest, MismatchesAreRefusedBeforeAnythingStarts) {
   const struct {
     const char* flags;
@@ -476,6 +528,8 @@ TEST(LaunchCommandTest, MismatchesAreRefusedBeforeAnythingStarts) {
        "--nproc=3 but the job has cluster.num_workers 2 x cluster.local_size 1 = 2 processes"},
       {"", "true", "a command after \"--\" needs --nproc >= 1 (got 0)"},
       {"--nproc=2", "no-such-program-here", "\"no-such-program-here\" is not a program on PATH"},
+      {"--nproc=2", "/no/such/train.py",
+       "\"/no/such/train.py\" cannot be executed: No such file or directory"},
       {"--nproc=2 --set=cluster.local_size=2", "true",
        "--nproc=2 but the job has cluster.num_workers 2 x cluster.local_size 2 = 4"},
   };

@@ -43,6 +43,7 @@ absl::StatusOr<ChildProcess> ChildProcess::Start(
   for (const std::string& e : extra_env) env.push_back(const_cast<char*>(e.c_str()));
   env.push_back(nullptr);
   const pid_t parent = getpid();
+  const std::string exec_failed = absl::StrCat("cannot execute ", argv[0], ": errno ");
 
   const pid_t pid = fork();
   if (pid < 0) {
@@ -57,13 +58,25 @@ absl::StatusOr<ChildProcess> ChildProcess::Start(
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, nullptr);
+    // The launcher ignores SIGPIPE; exec keeps an ignored signal ignored.
+    struct sigaction default_action = {};
+    default_action.sa_handler = SIG_DFL;
+    sigaction(SIGPIPE, &default_action, nullptr);
     dup2(fds[1], STDOUT_FILENO);
     dup2(fds[1], STDERR_FILENO);
     execve(args[0], args.data(), env.data());
-    const char msg[] = "exec failed\n";
-    (void)!write(STDERR_FILENO, msg, sizeof(msg) - 1);
+    // Only async-signal-safe calls here: the errno's digits by hand.
+    const int failed = errno;
+    char digits[16];
+    int n = 0;
+    for (int e = failed; n == 0 || e > 0; e /= 10) digits[n++] = static_cast<char>('0' + e % 10);
+    (void)!write(STDERR_FILENO, exec_failed.data(), exec_failed.size());
+    while (n > 0) (void)!write(STDERR_FILENO, &digits[--n], 1);
+    (void)!write(STDERR_FILENO, "\n", 1);
     _exit(127);
   }
+  // Also here, so that the group exists before Signal can be called.
+  setpgid(pid, pid);
   close(fds[1]);
   fcntl(fds[0], F_SETFL, fcntl(fds[0], F_GETFL) | O_NONBLOCK);
   ChildProcess child;
@@ -110,7 +123,10 @@ void ChildProcess::SetExited(int wait_status) {
 }
 
 void ChildProcess::Signal(int signo) const {
-  if (running() && pid_ > 0) kill(pid_, signo);
+  // A child that has exited may have left processes in its group, holding
+  // its output open. Its pid stays allocated while they use it as their
+  // group's id, so it cannot name another process's group.
+  if (pid_ > 0 && (running() || fd_ >= 0)) kill(-pid_, signo);
 }
 
 }  // namespace cserps

@@ -18,7 +18,9 @@ class ChildProcess {
  public:
   // Starts `argv` (argv[0] is the program's path) in its own process group
   // with `extra_env` ("NAME=value") added to the environment (replacing
-  // the variables of those names it inherits).
+  // the variables of those names it inherits). A program that cannot be
+  // executed writes "cannot execute <path>: errno N" to its output and
+  // exits with code 127.
   static absl::StatusOr<ChildProcess> Start(const std::string& name,
                                             const std::vector<std::string>& argv,
                                             const std::vector<std::string>& extra_env);
@@ -36,6 +38,8 @@ class ChildProcess {
   std::vector<std::string> ReadLines();
   // Records the exit status from waitpid.
   void SetExited(int wait_status);
+  // Sends `signo` to the child's process group (what it started there
+  // too), while the child runs or its output is open.
   void Signal(int signo) const;
 
  private:

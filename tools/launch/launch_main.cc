@@ -1,7 +1,9 @@
 // cserps-launch: a local cluster on 127.0.0.1 from one job config. Starts
 // the S servers (each picks a free port and reports it), then the n workers
 // pointed at them; prefixes and streams their output; stops everything when
-// one fails or on Ctrl-C; exits non-zero if any failed; prints a summary.
+// one fails or on Ctrl-C (SIGINT, SIGTERM, SIGHUP, SIGQUIT: exit code 128 +
+// the signal's number), each process with what it started in its process
+// group; exits non-zero if any failed; prints a summary.
 // With cluster.local_size L > 1 each worker is a node of L local ranks
 // (docs/node_groups.md): one process running L threads (--backend=cpu), or
 // L processes, one per GPU (--backend=cuda).
@@ -22,8 +24,9 @@
 // place) a dead server is restarted alone instead, at its address, from the
 // newest complete checkpoint, and the workers roll back to it in place. In
 // an elastic job that admits ranks back (cluster.admit_every_steps) a dead
-// cserps-worker is replaced instead, up to N times: a new process takes its
-// rank at the next admission step.
+// cserps-worker is replaced instead: a new process takes its rank at the
+// next admission step. Every restart, of the job or of one process, is one
+// of the N.
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
@@ -32,8 +35,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -109,7 +114,11 @@ std::string SelfDir() {
 
 // `program` as execve needs it: a path as given, a bare name found on PATH.
 absl::StatusOr<std::string> FindProgram(const std::string& program) {
-  if (program.find('/') != std::string::npos) return program;
+  if (program.find('/') != std::string::npos) {
+    if (access(program.c_str(), X_OK) == 0) return program;
+    return absl::NotFoundError(
+        absl::StrCat("\"", program, "\" cannot be executed: ", std::strerror(errno)));
+  }
   const char* path = std::getenv("PATH");
   for (absl::string_view dir : absl::StrSplit(path == nullptr ? "" : path, ':')) {
     if (dir.empty()) continue;
@@ -222,12 +231,12 @@ class Cluster {
  public:
   // `command` (its program resolved) empty: the workers are cserps-workers.
   // Everything stops and fails at `deadline` (--timeout_s).
-  // `restarts`: the dead processes that may be restarted alone (workers of
-  // an elastic job that admits ranks back, servers whose workers roll back
-  // in place).
+  // `restarts_left`: the restarts --max_restarts leaves, which a dead
+  // process restarted alone also takes (a worker of an elastic job that
+  // admits ranks back, a server whose workers roll back in place).
   Cluster(cserps::v1::JobConfig config, std::string config_path, std::string overrides,
           std::string bin_dir, std::vector<std::string> command, absl::Time deadline,
-          int restarts)
+          int* restarts_left)
       : config_(std::move(config)),
         config_path_(std::move(config_path)),
         overrides_(std::move(overrides)),
@@ -237,11 +246,11 @@ class Cluster {
         replaces_workers_(config_.cluster().elastic() &&
                           config_.cluster().admit_every_steps() > 0 && command_.empty()),
         restarts_servers_(WorkersRollBackInPlace()),
-        restarts_left_(restarts) {}
+        restarts_left_(*restarts_left) {}
 
   // After Run: whether it failed for a reason a restart may cure (a
   // process that died or could not start), not a signal or the deadline.
-  bool restartable() const { return !succeeded_ && !interrupted_ && !timed_out_; }
+  bool restartable() const { return !succeeded_ && interrupted_by_ == 0 && !timed_out_; }
 
   int Run(int signal_fd) {
     const int num_servers = config_.cluster().servers_size();
@@ -294,10 +303,15 @@ class Cluster {
 
   bool Start(const std::string& name, const std::vector<std::string>& argv,
              std::vector<std::string> env) {
-    // One BLAS (and OpenMP) thread per process: several share this
-    // machine's cores.
-    env.push_back("OPENBLAS_NUM_THREADS=1");
-    env.push_back("OMP_NUM_THREADS=1");
+    // One BLAS (and OpenMP) thread per process, since several share this
+    // machine's cores, and Python's output line by line, so that a stopped
+    // process's last lines are not lost in its buffer; unless the caller
+    // set them, as torchrun does.
+    for (const char* variable :
+         {"OPENBLAS_NUM_THREADS=1", "OMP_NUM_THREADS=1", "PYTHONUNBUFFERED=1"}) {
+      const std::string name(variable, std::strchr(variable, '=') - variable);
+      if (std::getenv(name.c_str()) == nullptr) env.push_back(variable);
+    }
     absl::StatusOr<ChildProcess> child = ChildProcess::Start(name, argv, env);
     if (!child.ok()) {
       Fail(absl::StrCat("cannot start ", name, ": ", child.status().message()));
@@ -419,9 +433,10 @@ class Cluster {
     if (fds[0].revents & POLLIN) {
       signalfd_siginfo info;
       while (read(signal_fd, &info, sizeof(info)) == sizeof(info)) {
-        if (info.ssi_signo == SIGINT || info.ssi_signo == SIGTERM) {
-          interrupted_ = true;
-          Fail(absl::StrCat("signal ", info.ssi_signo, ": stopping the cluster"));
+        if (info.ssi_signo != SIGCHLD) {
+          if (interrupted_by_ == 0) interrupted_by_ = static_cast<int>(info.ssi_signo);
+          Fail(absl::StrCat("signal ", info.ssi_signo, " (", strsignal(info.ssi_signo),
+                            "): stopping the cluster"));
         }
       }
     }
@@ -578,7 +593,8 @@ class Cluster {
       return 0;
     }
     std::printf("[launch] failed: %s\n", failure_.c_str());
-    return interrupted_ ? 130 : 1;
+    // As a shell reports a process its signal ended.
+    return interrupted_by_ != 0 ? 128 + interrupted_by_ : 1;
   }
 
   const cserps::v1::JobConfig config_;
@@ -599,12 +615,12 @@ class Cluster {
   // restarts_left_ lasts.
   const bool replaces_workers_;
   const bool restarts_servers_;
-  int restarts_left_;
+  int& restarts_left_;
   int replaced_ = 0;
   std::string worker_overrides_;  // the workers' --set: the job's and the servers'
   bool stopping_ = false;
   bool succeeded_ = false;
-  bool interrupted_ = false;
+  int interrupted_by_ = 0;  // the first signal that stopped the cluster
   bool timed_out_ = false;
   absl::Time stop_time_;
   std::string failure_;
@@ -621,10 +637,13 @@ int main(int argc, char** argv) {
   std::vector<std::string> command(positional.begin() + 1, positional.end());
   sigset_t mask;
   sigemptyset(&mask);
-  sigaddset(&mask, SIGINT);
-  sigaddset(&mask, SIGTERM);
-  sigaddset(&mask, SIGCHLD);
+  // Each stops the cluster, as Ctrl-C does: the children are in process
+  // groups of their own, and die with the launcher only by SIGTERM.
+  for (int signo : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGCHLD}) sigaddset(&mask, signo);
   sigprocmask(SIG_BLOCK, &mask, nullptr);
+  // A closed reader of the launcher's output is not a reason to leave the
+  // cluster running.
+  signal(SIGPIPE, SIG_IGN);
   const int signal_fd = signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
 
   const std::string path = absl::GetFlag(FLAGS_config);
@@ -697,13 +716,15 @@ int main(int argc, char** argv) {
   std::string resume_overrides = overrides;
   absl::StrAppend(&resume_overrides, resume_overrides.empty() ? "" : ";", "checkpoint.resume=true");
   std::string attempt_overrides = absl::GetFlag(FLAGS_resume) ? resume_overrides : overrides;
-  for (int restarts = 0;; ++restarts) {
+  int restarts_left = max_restarts;
+  while (true) {
     Cluster cluster(*config, path, attempt_overrides, bin_dir, command, deadline,
-                    max_restarts);
+                    &restarts_left);
     const int code = cluster.Run(signal_fd);
-    if (code == 0 || !cluster.restartable() || restarts == max_restarts) return code;
+    if (code == 0 || !cluster.restartable() || restarts_left == 0) return code;
+    --restarts_left;
     const std::optional<uint64_t> step = NewestCheckpointStep(*config);
-    std::printf("[launch] restart %d of %d: %s\n", restarts + 1, max_restarts,
+    std::printf("[launch] restart %d of %d: %s\n", max_restarts - restarts_left, max_restarts,
                 step.has_value() ? absl::StrCat("resuming from the checkpoint of step ", *step).c_str()
                                  : "no complete checkpoint yet, starting from step 0");
     std::fflush(stdout);
