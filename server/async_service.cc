@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <string>
 #include <utility>
 
@@ -16,6 +17,10 @@
 
 namespace cserps {
 namespace {
+
+// 2^62 - 1: no run takes as many steps, and the staleness gate's signed
+// sums of a step and the bound cannot overflow.
+constexpr uint64_t kMaxAsyncStep = (uint64_t{1} << 62) - 1;
 
 std::string Describe(const AsyncService::PushHead& head) {
   return absl::StrCat("AsyncPushPull (step ", head.step, ", offset ", head.offset,
@@ -86,6 +91,11 @@ absl::Status AsyncService::Validate(const PushHead& head) const {
   }
   if (!std::isfinite(head.lr) || head.lr < 0) {
     return absl::InvalidArgumentError(absl::StrCat("lr ", head.lr, " must be finite and >= 0"));
+  }
+  // The staleness gate counts steps signed, and adds the bound to them.
+  if (head.step > kMaxAsyncStep) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("step ", head.step, " is beyond any run's: at most ", kMaxAsyncStep));
   }
   if (head.count == 0) return absl::InvalidArgumentError("gradient is empty");
   if (head.count > shard_.chunk_floats()) {

@@ -492,6 +492,11 @@ TEST_F(AsyncServiceTest, BadInputIsRefusedAndTheServerKeepsServing) {
                    grpc::StatusCode::INVALID_ARGUMENT, {"lr"}});
   cases.push_back({"lr negative", MakePush(0, 0, 0, one, -1.0f),
                    grpc::StatusCode::INVALID_ARGUMENT, {"lr"}});
+  // It would pass the staleness gate as a negative step, and hide the
+  // rank's later pushes at that offset as old ones.
+  cases.push_back({"step beyond any run's", MakePush(0, uint64_t{1} << 62, 0, one),
+                   grpc::StatusCode::INVALID_ARGUMENT,
+                   {"step 4611686018427387904 is beyond any run's"}});
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
     v1::AsyncPushPullResponse response;
@@ -507,6 +512,12 @@ TEST_F(AsyncServiceTest, BadInputIsRefusedAndTheServerKeepsServing) {
   grpc::Status s = Push(MakePush(1, 0, 8, one), &response);
   ASSERT_TRUE(s.ok()) << s.error_message();
   std::vector<float> expected(x0_.begin() + 8, x0_.begin() + 16);
+  for (float& v : expected) v -= 0.25f;
+  EXPECT_TRUE(Floats(response.model()) == expected);
+  // Rank 0's pushes at offset 0 are still applied from step 0 on.
+  s = Push(MakePush(0, 0, 0, one), &response);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  expected.assign(x0_.begin(), x0_.begin() + 8);
   for (float& v : expected) v -= 0.25f;
   EXPECT_TRUE(Floats(response.model()) == expected);
 }
