@@ -631,15 +631,21 @@ TEST(RoundTableTest, ElasticRoundOfDroppedRanksOnlyFails) {
   EXPECT_EQ(table.members(), 1u);
 }
 
-// Elastic: a dropped rank admitted back from step 8 is not waited for in
-// step 8's full average (stream 3), which the others complete alone and
-// which refuses its push, but in every later round of step 8 and after.
-TEST(RoundTableTest, ElasticAdmitTakesADroppedRankBackAfterTheStepsFullAverage) {
+// An elastic table of 3 ranks whose rounds time out after 10 s, for
+// admissions up to 16 steps ahead.
+RoundTable::Options AdmittingOptions() {
   RoundTable::Options o = SmallOptions(3);
   o.limits.timeout = absl::Seconds(10);
   o.limits.elastic = true;
   o.limits.max_step_lag = 16;
-  RoundTable table(o);
+  return o;
+}
+
+// Elastic: a dropped rank admitted back from step 8 is not waited for in
+// step 8's full average (stream 3), which the others complete alone and
+// which refuses its push, but in every later round of step 8 and after.
+TEST(RoundTableTest, ElasticAdmitTakesADroppedRankBackAfterTheStepsFullAverage) {
+  RoundTable table(AdmittingOptions());
   constexpr int kGrad = 1, kFull = 3;
   auto push_all = [&](const RoundKey& key, const std::vector<uint32_t>& ranks,
                       absl::Time now, std::vector<Answer>* answers) {
@@ -705,11 +711,7 @@ TEST(RoundTableTest, ElasticAdmitTakesADroppedRankBackAfterTheStepsFullAverage) 
 // left out of the mean), only from a step none of whose rounds it would
 // join has begun; a full average under way does not stand in the way.
 TEST(RoundTableTest, ElasticAdmitRefusesAStepWhoseRoundsHaveBegun) {
-  RoundTable::Options o = SmallOptions(3);
-  o.limits.timeout = absl::Seconds(10);
-  o.limits.elastic = true;
-  o.limits.max_step_lag = 16;
-  RoundTable table(o);
+  RoundTable table(AdmittingOptions());
   constexpr int kGrad = 1, kFull = 3;
   Answer dropping[2];
   for (uint32_t r = 0; r < 2; ++r) {
