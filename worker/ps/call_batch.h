@@ -77,11 +77,13 @@ inline absl::Time AttemptDeadline(absl::Time deadline, absl::Duration limit) {
   return std::min(deadline, absl::Now() + limit);
 }
 
-// Retryable, or the attempt's own deadline, before the call's, ended it.
+// Retryable, or the attempt's own deadline, before the call's, ended it
+// (give or take 10 ms: gRPC keeps its deadlines in milliseconds).
 inline bool RetryableAttempt(const absl::Status& status, absl::Time attempt_deadline,
                              absl::Time deadline) {
-  return Retryable(status) || (absl::IsDeadlineExceeded(status) &&
-                               attempt_deadline < deadline && absl::Now() >= attempt_deadline);
+  return Retryable(status) ||
+         (absl::IsDeadlineExceeded(status) && attempt_deadline < deadline &&
+          absl::Now() >= attempt_deadline - absl::Milliseconds(10));
 }
 
 // Capped exponential backoff between attempts: 20 ms, doubling, at most
