@@ -16,11 +16,13 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/bulk_wire.h"
 #include "common/socket_io.h"
@@ -147,15 +149,24 @@ TEST(PushPullRoundTest, ARefusedChunkEndsTheRoundOnlyOnceItsOtherChunksAreAnswer
   EXPECT_TRUE(script.ok()) << script;
 }
 
-// A shard that holds its first PushPull unanswered until the client gives
-// it up, as a call stuck in its connection looks to the client, and answers
-// every later one with the values pushed, times 2.
+// A shard that holds its first PushPull unanswered, as a call stuck in its
+// connection looks to the client, until the client sends it again (having
+// given it up) or the case ends; it answers every later one with the
+// values pushed, times 2.
 class HoldingShard final : public v1::ParameterServer::CallbackService {
  public:
   grpc::ServerUnaryReactor* PushPull(grpc::CallbackServerContext* context,
                                      const v1::PushPullRequest* request,
                                      v1::PushPullResponse* response) override {
-    if (calls_.fetch_add(1) == 0) return new Held;
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    {
+      absl::MutexLock lock(&mu_);
+      if (calls_++ == 0) {
+        held_ = reactor;
+        return reactor;
+      }
+    }
+    ReleaseHeld();
     std::vector<float> mean(request->values().size() / sizeof(float));
     std::memcpy(mean.data(), request->values().data(), mean.size() * sizeof(float));
     for (float& v : mean) v *= 2;
@@ -164,23 +175,32 @@ class HoldingShard final : public v1::ParameterServer::CallbackService {
     response->set_chunk(request->chunk());
     response->set_mean(mean.data(), mean.size() * sizeof(float));
     response->set_members(1);
-    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
     reactor->Finish(grpc::Status::OK);
     return reactor;
   }
-  int calls() const { return calls_.load(); }
+  // Ends the held call, which its client has given up by then.
+  void ReleaseHeld() {
+    grpc::ServerUnaryReactor* held = nullptr;
+    {
+      absl::MutexLock lock(&mu_);
+      std::swap(held, held_);
+    }
+    if (held != nullptr) held->Finish(grpc::Status::CANCELLED);
+  }
+  int calls() const {
+    absl::MutexLock lock(&mu_);
+    return calls_;
+  }
 
  private:
-  class Held final : public grpc::ServerUnaryReactor {
-    void OnCancel() override { Finish(grpc::Status::CANCELLED); }
-    void OnDone() override { delete this; }
-  };
-  std::atomic<int> calls_{0};
+  mutable absl::Mutex mu_;
+  int calls_ ABSL_GUARDED_BY(mu_) = 0;
+  grpc::ServerUnaryReactor* held_ ABSL_GUARDED_BY(mu_) = nullptr;
 };
 
 struct GrpcShard {
-  // A call still held when the case ends is cancelled, not waited for.
   ~GrpcShard() {
+    service.ReleaseHeld();
     if (server != nullptr) server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
   }
   HoldingShard service;
