@@ -72,6 +72,18 @@ def _seconds(name, value, zero_allowed):
     return seconds
 
 
+def _learning_rate(name, value):
+    """`value` as a learning rate: ValueError unless it is a finite number
+    >= 0, as the servers require."""
+    try:
+        lr = math.nan if isinstance(value, bool) else float(value)
+    except (TypeError, ValueError):
+        lr = math.nan
+    if not math.isfinite(lr) or lr < 0:
+        raise ValueError(f"{name} is {value!r}: it must be finite and >= 0")
+    return lr
+
+
 def _count(name, value, limit):
     """`value` as an int in [0, limit): ValueError otherwise."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or \
@@ -283,9 +295,7 @@ class Optimizer(torch.optim.Optimizer):
                 raise ValueError(
                     f"param_groups[0][{key!r}] changed from {value} to {group[key]}: "
                     "the job fixes it for every worker and the servers (only lr may change)")
-        lr = float(group["lr"])
-        if not math.isfinite(lr) or lr < 0:
-            raise ValueError(f"param_groups[0]['lr'] is {lr}: it must be finite and >= 0")
+        lr = _learning_rate("param_groups[0]['lr']", group["lr"])
         self._repoint()
         self._trainer.step(lr, self._flat_grad.data_ptr(),
                            self._flat.data_ptr(), self._num_params)
@@ -375,10 +385,7 @@ class Optimizer(torch.optim.Optimizer):
             if groups[0].get(key) != value:
                 raise ValueError(
                     f"the state's {key} is {groups[0].get(key)} but the job's is {value}")
-        lr = groups[0].get("lr")
-        if isinstance(lr, bool) or not isinstance(lr, numbers.Real) or \
-                not math.isfinite(lr) or lr < 0:
-            raise ValueError(f"the state's lr is {lr!r}: it must be finite and >= 0")
+        _learning_rate("the state's lr", groups[0].get("lr"))
         step = _count("the state's step", saved["step"], 2**63)
         finished = bool(saved["finished"])
         # Checked whole above: from here nothing is refused halfway.
