@@ -87,17 +87,16 @@ inline bool RetryableAttempt(const absl::Status& status, absl::Time attempt_dead
 }
 
 // Capped exponential backoff between attempts: 20 ms, doubling, at most
-// 1 s between two, at most `max_retries` retries, never past the deadline.
+// 1 s between two, as many as the deadline allows (so at most about one a
+// second): a call whose connection is reset again and again still has the
+// time its deadline gives it, which a count of retries would cut short.
 class Backoff {
  public:
-  static constexpr int kMaxRetries = 10;
-
-  explicit Backoff(absl::Time deadline, int max_retries = kMaxRetries)
-      : deadline_(deadline), max_retries_(max_retries) {}
+  explicit Backoff(absl::Time deadline) : deadline_(deadline) {}
 
   // Sleeps before the next attempt; false, at once, when none is left.
   bool Wait() {
-    if (retries_ >= max_retries_ || absl::Now() + delay_ >= deadline_) return false;
+    if (absl::Now() + delay_ >= deadline_) return false;
     absl::SleepFor(delay_);
     delay_ = std::min(2 * delay_, absl::Seconds(1));
     ++retries_;
@@ -112,7 +111,6 @@ class Backoff {
 
  private:
   const absl::Time deadline_;
-  const int max_retries_;
   absl::Duration delay_ = absl::Milliseconds(20);
   int retries_ = 0;
 };

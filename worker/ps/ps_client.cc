@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
-#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -280,7 +279,7 @@ absl::StatusOr<uint32_t> PsClient::Register(int requested_rank,
     const absl::Time deadline = absl::Now() + impl_->options_.setup_timeout;
     // Until the deadline: an elastic job's replacement waits here for the
     // shards to drop the rank it takes.
-    Backoff backoff(deadline, std::numeric_limits<int>::max());
+    Backoff backoff(deadline);
     while (true) {
       grpc::ClientContext context;
       SetDeadline(&context, deadline - absl::Now());

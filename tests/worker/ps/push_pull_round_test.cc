@@ -3,7 +3,8 @@
 // and answers another later, the round is over only once that answer is in
 // the caller's mean, so no reply lands in memory the caller has taken back.
 // Over gRPC, to a shard that holds a call unanswered: the round sends it
-// again once its attempt's deadline passes, and the answer counts.
+// again once its attempt's deadline passes, and the answer counts; to one
+// that refuses a call eleven times, it sends it until the round's deadline.
 #include <sys/socket.h>
 #include <sys/uio.h>
 
@@ -149,24 +150,33 @@ TEST(PushPullRoundTest, ARefusedChunkEndsTheRoundOnlyOnceItsOtherChunksAreAnswer
   EXPECT_TRUE(script.ok()) << script;
 }
 
-// A shard that holds its first PushPull unanswered, as a call stuck in its
-// connection looks to the client, until the client sends it again (having
-// given it up) or the case ends; it answers every later one with the
-// values pushed, times 2.
-class HoldingShard final : public v1::ParameterServer::CallbackService {
+// A shard that, when told to, holds its first PushPull unanswered, as a
+// call stuck in its connection looks to the client, until the client sends
+// it again (having given it up) or the case ends; then answers `refusals`
+// calls UNAVAILABLE, as a reset connection ends them, and every later one
+// with the values pushed, times 2.
+class ScriptedShard final : public v1::ParameterServer::CallbackService {
  public:
+  ScriptedShard(bool hold_first, int refusals) : hold_first_(hold_first), refusals_(refusals) {}
+
   grpc::ServerUnaryReactor* PushPull(grpc::CallbackServerContext* context,
                                      const v1::PushPullRequest* request,
                                      v1::PushPullResponse* response) override {
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    int call = 0;
     {
       absl::MutexLock lock(&mu_);
-      if (calls_++ == 0) {
+      call = calls_++;
+      if (hold_first_ && call == 0) {
         held_ = reactor;
         return reactor;
       }
     }
     ReleaseHeld();
+    if (call < (hold_first_ ? 1 : 0) + refusals_) {
+      reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "refused by the script"));
+      return reactor;
+    }
     std::vector<float> mean(request->values().size() / sizeof(float));
     std::memcpy(mean.data(), request->values().data(), mean.size() * sizeof(float));
     for (float& v : mean) v *= 2;
@@ -194,16 +204,19 @@ class HoldingShard final : public v1::ParameterServer::CallbackService {
 
  private:
   mutable absl::Mutex mu_;
+  const bool hold_first_;
+  const int refusals_;
   int calls_ ABSL_GUARDED_BY(mu_) = 0;
   grpc::ServerUnaryReactor* held_ ABSL_GUARDED_BY(mu_) = nullptr;
 };
 
 struct GrpcShard {
+  GrpcShard(bool hold_first, int refusals) : service(hold_first, refusals) {}
   ~GrpcShard() {
     service.ReleaseHeld();
     if (server != nullptr) server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
   }
-  HoldingShard service;
+  ScriptedShard service;
   std::unique_ptr<grpc::Server> server;
   std::vector<std::unique_ptr<v1::ParameterServer::Stub>> stubs;
   std::vector<std::string> addresses;
@@ -222,8 +235,8 @@ void StartGrpcShard(GrpcShard& shard) {
 }
 
 // A round of one chunk to `shard` over gRPC, each attempt limited to
-// `attempt_timeout`, the round to 2 s.
-absl::Status GrpcRound(GrpcShard& shard, absl::Duration attempt_timeout,
+// `attempt_timeout`, the round to `timeout`.
+absl::Status GrpcRound(GrpcShard& shard, absl::Duration timeout, absl::Duration attempt_timeout,
                        std::vector<float>& mean, uint64_t* retries) {
   TrafficCounter total, traffic;
   std::atomic<int64_t> waited{0};
@@ -235,7 +248,7 @@ absl::Status GrpcRound(GrpcShard& shard, absl::Duration attempt_timeout,
   setup.stream = v1::MODEL;
   setup.step = 1;
   setup.chunk_floats = kChunkFloats;
-  setup.deadline = absl::Seconds(2);
+  setup.deadline = timeout;
   setup.attempt_timeout = attempt_timeout;
   setup.total = &total;
   setup.traffic = &traffic;
@@ -251,11 +264,11 @@ absl::Status GrpcRound(GrpcShard& shard, absl::Duration attempt_timeout,
 }
 
 TEST(PushPullRoundTest, ACallHeldPastItsAttemptsDeadlineIsSentAgainWithinTheRounds) {
-  GrpcShard shard;
+  GrpcShard shard(/*hold_first=*/true, /*refusals=*/0);
   ASSERT_NO_FATAL_FAILURE(StartGrpcShard(shard));
   std::vector<float> mean(kChunkFloats, 0.0f);
   uint64_t retries = 0;
-  const absl::Status status = GrpcRound(shard, absl::Milliseconds(500), mean, &retries);
+  const absl::Status status = GrpcRound(shard, absl::Seconds(2), absl::Milliseconds(500), mean, &retries);
   EXPECT_TRUE(status.ok()) << status;
   EXPECT_THAT(mean, ElementsAre(2, 4, 6, 8));
   EXPECT_EQ(retries, 1u);
@@ -265,15 +278,30 @@ TEST(PushPullRoundTest, ACallHeldPastItsAttemptsDeadlineIsSentAgainWithinTheRoun
 // Without an attempt's own deadline the held call ends the round at the
 // round's deadline, as it did before attempts had one.
 TEST(PushPullRoundTest, ACallHeldWithoutAnAttemptDeadlineEndsTheRoundAtItsDeadline) {
-  GrpcShard shard;
+  GrpcShard shard(/*hold_first=*/true, /*refusals=*/0);
   ASSERT_NO_FATAL_FAILURE(StartGrpcShard(shard));
   std::vector<float> mean(kChunkFloats, 0.0f);
   uint64_t retries = 0;
-  const absl::Status status = GrpcRound(shard, absl::InfiniteDuration(), mean, &retries);
+  const absl::Status status = GrpcRound(shard, absl::Seconds(2), absl::InfiniteDuration(), mean, &retries);
   EXPECT_TRUE(absl::IsDeadlineExceeded(status)) << status;
   EXPECT_THAT(mean, Each(0.0f));
   EXPECT_EQ(retries, 0u);
   EXPECT_EQ(shard.service.calls(), 1);
+}
+
+// A call whose connection is reset again and again is sent as often as the
+// round's deadline allows: more than ten times, which used to be the most.
+TEST(PushPullRoundTest, ACallRefusedElevenTimesIsSentAgainWithinTheRoundsDeadline) {
+  GrpcShard shard(/*hold_first=*/false, /*refusals=*/11);
+  ASSERT_NO_FATAL_FAILURE(StartGrpcShard(shard));
+  std::vector<float> mean(kChunkFloats, 0.0f);
+  uint64_t retries = 0;
+  const absl::Status status =
+      GrpcRound(shard, absl::Seconds(20), absl::Seconds(5), mean, &retries);
+  EXPECT_TRUE(status.ok()) << status;
+  EXPECT_THAT(mean, ElementsAre(2, 4, 6, 8));
+  EXPECT_EQ(retries, 11u);
+  EXPECT_EQ(shard.service.calls(), 12);
 }
 
 }  // namespace
