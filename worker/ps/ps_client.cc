@@ -160,7 +160,7 @@ struct PsClient::Impl {
   }
   // The bulk channel of `shard`, (re)connected when it is offered and
   // wanted; null: the shard's rounds go over gRPC.
-  BulkChannel* BulkFor(uint32_t shard);
+  std::shared_ptr<BulkChannel> BulkFor(uint32_t shard);
   // `waited` (a call that waited for `shard`'s channel until its deadline)
   // with why the channel is not ready, from one call that does not wait: a
   // refused TLS handshake or connection says so only there.
@@ -188,7 +188,7 @@ struct PsClient::Impl {
   bool secured_ = false;  // TLS or a token
   BulkChannel::Credentials bulk_credentials_;
   uint64_t resumed_from_step_ = 0;  // the shards' (Register)
-  std::vector<std::unique_ptr<BulkChannel>> bulk_;
+  std::vector<std::shared_ptr<BulkChannel>> bulk_;
   uint32_t rank_ = 0;
   std::string worker_id_;  // the last Register's
   std::vector<uint64_t> incarnations_;  // by shard, as Register reported them
@@ -336,11 +336,11 @@ absl::Status PsClient::Impl::WhyUnreachable(uint32_t shard, const absl::Status& 
                                             : ""));
 }
 
-BulkChannel* PsClient::Impl::BulkFor(uint32_t shard) {
+std::shared_ptr<BulkChannel> PsClient::Impl::BulkFor(uint32_t shard) {
   if (config_.cluster().transport() == v1::ClusterConfig::GRPC || bulk_ports_[shard] == 0) {
     return nullptr;
   }
-  if (bulk_[shard] != nullptr && !bulk_[shard]->broken()) return bulk_[shard].get();
+  if (bulk_[shard] != nullptr && !bulk_[shard]->broken()) return bulk_[shard];
   const std::string name =
       absl::StrCat("shard ", shard, " at ", addresses_[shard], " (bulk port ", bulk_ports_[shard], ")");
   std::string host;
@@ -359,7 +359,7 @@ BulkChannel* PsClient::Impl::BulkFor(uint32_t shard) {
     return nullptr;
   }
   bulk_[shard] = *std::move(channel);
-  return bulk_[shard].get();
+  return bulk_[shard];
 }
 
 std::vector<PsClient::Impl::ModelChunk> PsClient::Impl::ModelChunks() const {
@@ -553,7 +553,7 @@ absl::Status PsClient::AsyncPushPull(uint64_t step, float lr, absl::Span<const f
   };
   struct BulkPush {
     Impl::ModelChunk chunk;
-    BulkChannel* bulk = nullptr;
+    std::shared_ptr<BulkChannel> bulk;
     uint64_t id = 0;
   };
   std::vector<BulkPush> bulk_pushes;
@@ -567,7 +567,7 @@ absl::Status PsClient::AsyncPushPull(uint64_t step, float lr, absl::Span<const f
   // Every chunk leaves before this member waits for any: a push held back
   // by the staleness bound must not hold up this member's other pushes.
   for (const Impl::ModelChunk& chunk : impl.ModelChunks()) {
-    if (BulkChannel* bulk = impl.BulkFor(chunk.shard); bulk != nullptr) {
+    if (std::shared_ptr<BulkChannel> bulk = impl.BulkFor(chunk.shard); bulk != nullptr) {
       absl::StatusOr<uint64_t> id =
           bulk->SendAsync(step, lr, chunk.offset, grad.subspan(chunk.offset, chunk.count),
                           model.subspan(chunk.offset, chunk.count), deadline);
@@ -621,7 +621,7 @@ absl::Status PsClient::ExchangeSparse(uint64_t step, const SparseVector& local,
     size_t begin = 0, end = 0;
     uint64_t k = 0;
     SparseVector reply;
-    BulkChannel* bulk = nullptr;
+    std::shared_ptr<BulkChannel> bulk;
     uint64_t bulk_id = 0;
   };
   std::vector<Share> shares;

@@ -184,7 +184,7 @@ class PushPullRound final : public ShardedAverage {
     std::unique_ptr<CallBatch> batch;
     // bulk: the channel, the requests sent (their chunk, offset, floats),
     // the first error
-    BulkChannel* channel = nullptr;
+    std::shared_ptr<BulkChannel> channel;
     std::vector<uint64_t> bulk_ids;
     std::vector<uint32_t> bulk_chunks;
     std::vector<uint64_t> bulk_begins;

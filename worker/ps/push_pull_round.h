@@ -42,7 +42,9 @@ struct RoundSetup {
   // Of one gRPC attempt (AttemptDeadline); the deadline bounds every attempt.
   absl::Duration attempt_timeout = absl::InfiniteDuration();
   // By shard: the bulk channel its chunks go over; null (or empty): gRPC.
-  std::vector<BulkChannel*> bulk;
+  // Shared: a client replaces a broken channel at its next round, while a
+  // round begun before may still wait on it.
+  std::vector<std::shared_ptr<BulkChannel>> bulk;
   TrafficCounter* total = nullptr;   // every call's bytes
   TrafficCounter* traffic = nullptr;  // the stream's
   std::atomic<int64_t>* waited_nanos = nullptr;

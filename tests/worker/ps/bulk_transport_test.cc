@@ -3,7 +3,8 @@
 // same rounds; the shard's refusals of bad hellos and frames, spoken here
 // with raw sockets from the documented frame layout (common/bulk_wire.h),
 // name what is wrong, and the shard serves on; a shutdown answers a waiting
-// member.
+// member; a round in flight when its connection breaks lands after the
+// client has connected anew.
 #include <sys/socket.h>
 
 #include <cstdint>
@@ -22,6 +23,7 @@
 #include "server/sparse_aggregate.h"
 #include "tests/worker/ps/bulk_test_support.h"
 #include "worker/ps/ps_client.h"
+#include "worker/ps/sharded_average.h"
 
 namespace cserps {
 namespace {
@@ -128,6 +130,54 @@ TEST_F(BulkTransportTest, APushWhoseConnectionIsCutGoesOverGrpcAndIsCountedOnce)
   EXPECT_EQ(after.request_bytes - before.request_bytes,
             bulk::Request::kBytes + kD * sizeof(float));
   EXPECT_EQ(after.reply_bytes - before.reply_bytes, bulk::Reply::kBytes + kD * sizeof(float));
+}
+
+// Two rounds in flight on one connection when it is cut: the first is
+// sent again over gRPC, the next round begun connects anew, and the second,
+// waited for after that, is still answered through the channel it began on.
+TEST_F(BulkTransportTest, ARoundInFlightOutlivesTheReplacementOfItsChannel) {
+  StartJob(2);
+  auto cut_member = Member(config_, v1::ClusterConfig::AUTO, 0);
+  auto other = Member(config_, v1::ClusterConfig::GRPC, 1);
+  ASSERT_TRUE(cut_member.ok()) << cut_member.status();
+  ASSERT_TRUE(other.ok()) << other.status();
+  const std::vector<float> v0 = Values(0), v1 = Values(1);
+  std::vector<float> first_mean(kD), second_mean(kD);
+  std::unique_ptr<ShardedAverage> first =
+      (*cut_member)->BeginShardedAverage(v1::MODEL, 1, 1, 1.0f, 0.0f);
+  std::unique_ptr<ShardedAverage> second =
+      (*cut_member)->BeginShardedAverage(v1::MODEL, 2, 1, 1.0f, 0.0f);
+  ASSERT_TRUE(first->StartShard(0, v0, absl::MakeSpan(first_mean)).ok());
+  ASSERT_TRUE(second->StartShard(0, v0, absl::MakeSpan(second_mean)).ok());
+  ParameterServerService& service = servers_.shard(0).service();
+  ASSERT_TRUE(service.WaitForWaitingCalls(2, bulk_test::kIo));
+  ASSERT_EQ(bulk_test::CutBulkConnections(servers_.shard(0).bulk_port()), 1);
+
+  absl::Status other_rounds;
+  std::thread t([&] {
+    std::vector<float> mean(kD);
+    for (uint64_t step : {1, 2}) {
+      other_rounds =
+          (*other)->AverageBlocks(v1::MODEL, step, 1, v1, 1.0f, 0.0f, absl::MakeSpan(mean));
+      if (!other_rounds.ok()) return;
+    }
+  });
+  const absl::Status first_landed = first->WaitShard(0);
+  // Finds the channel broken and replaces it.
+  std::unique_ptr<ShardedAverage> third =
+      (*cut_member)->BeginShardedAverage(v1::MODEL, 3, 1, 1.0f, 0.0f);
+  const absl::Status second_landed = second->WaitShard(0);
+  t.join();
+  ASSERT_TRUE(first_landed.ok()) << first_landed;
+  ASSERT_TRUE(second_landed.ok()) << second_landed;
+  ASSERT_TRUE(other_rounds.ok()) << other_rounds;
+  for (uint64_t i = 0; i < kD; ++i) {
+    const float want = static_cast<float>((1.0 * v0[i] + 1.0 * v1[i]) / 2.0);
+    ASSERT_EQ(first_mean[i], want) << i;
+    ASSERT_EQ(second_mean[i], want) << i;
+  }
+  EXPECT_EQ((*cut_member)->retries(), 2u);
+  EXPECT_EQ(service.counters().model_rounds_completed, 2u);
 }
 
 TEST_F(BulkTransportTest, WithoutABulkPortMembersUseGrpc) {

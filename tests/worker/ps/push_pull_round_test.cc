@@ -95,7 +95,7 @@ TEST(PushPullRoundTest, ARefusedChunkEndsTheRoundOnlyOnceItsOtherChunksAreAnswer
   ASSERT_TRUE(listener.ok()) << listener.status();
   absl::Status script;
   std::thread shard([&] { script = Script(*listener); });
-  absl::StatusOr<std::unique_ptr<BulkChannel>> channel = absl::UnknownError("not connected");
+  absl::StatusOr<std::shared_ptr<BulkChannel>> channel = absl::UnknownError("not connected");
   // Whatever the test got to, the script ends: its accept or its reads.
   absl::Cleanup end_script = [&] {
     if (channel.ok()) channel->reset();
@@ -114,7 +114,7 @@ TEST(PushPullRoundTest, ARefusedChunkEndsTheRoundOnlyOnceItsOtherChunksAreAnswer
   setup.step = 1;
   setup.chunk_floats = kChunkFloats;
   setup.deadline = absl::Seconds(20);
-  setup.bulk = {channel->get()};
+  setup.bulk = {*channel};
   setup.total = &total;
   setup.traffic = &traffic;
   setup.waited_nanos = &waited;
