@@ -468,21 +468,30 @@ grpc::ServerUnaryReactor* ParameterServerService::RollBack(grpc::CallbackServerC
                            " keeps state outside its checkpoint's files or averages in flight"),
         "; restart every process of the job with --resume")));
   }
-  uint64_t loaded = 0;
+  const uint64_t step = request->step();
   const std::string reason = absl::StrCat("shard ", shard_.shard(),
-                                          " rolls back to the checkpoint of step ",
-                                          request->step(), ", which a restarted shard resumed from");
-  absl::Status reloaded = rounds_.Restart(request->step(), reason, [&]() -> absl::Status {
-    ASSIGN_OR_RETURN(const ResumedShard resumed, ResumeShard(config_, shard_.shard(), &store_));
-    loaded = resumed.step;
-    if (loaded != request->step() || !on_roll_back_) return absl::OkStatus();
-    return on_roll_back_(loaded, resumed.sections, reason);
-  });
-  if (reloaded.ok() && loaded != request->step()) {
-    reloaded = absl::FailedPreconditionError(absl::StrCat(
-        "the newest complete checkpoint in ", config_.checkpoint().dir(), " is of step ", loaded,
-        ", not ", request->step()));
-  }
+                                          " rolls back to the checkpoint of step ", step,
+                                          ", which a restarted shard resumed from");
+  // Every service's rounds stop before the model is loaded, and the ranks
+  // that have not rolled back are refused before any takes pushes again: a
+  // round completing or opened in between would mix the two timelines.
+  const Reload reload = [&]() -> absl::StatusOr<std::vector<CheckpointSection>> {
+    std::vector<CheckpointSection> sections;
+    RETURN_IF_ERROR(rounds_.Restart(step, reason, [&]() -> absl::Status {
+      ASSIGN_OR_RETURN(ResumedShard resumed, ResumeShard(config_, shard_.shard(), &store_));
+      if (resumed.step != step) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("the newest complete checkpoint in ", config_.checkpoint().dir(),
+                         " is of step ", resumed.step, ", not ", step));
+      }
+      sections = std::move(resumed.sections);
+      shard_.RecordRollBack(request->restarted(), step);
+      return absl::OkStatus();
+    }));
+    return sections;
+  };
+  const absl::Status reloaded =
+      on_roll_back_ ? on_roll_back_(step, reason, reload) : reload().status();
   if (!reloaded.ok()) {
     // The shard's model is no longer the one its rounds had reached.
     Shutdown();
@@ -490,11 +499,10 @@ grpc::ServerUnaryReactor* ParameterServerService::RollBack(grpc::CallbackServerC
                   reloaded.ToString());
     return refuse(reloaded);
   }
-  checkpoint_->RollBack(loaded);
-  shard_.RecordRollBack(request->restarted(), loaded);
+  checkpoint_->RollBack(step);
   shard_.Acknowledge(request->rank());
   spdlog::warn("shard {}: rolled back to the checkpoint of step {}, which a restarted shard "
-               "resumed from", shard_.shard(), loaded);
+               "resumed from", shard_.shard(), step);
   return FinishWith(context, absl::OkStatus());
 }
 

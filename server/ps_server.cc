@@ -45,8 +45,10 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(
       return sum;
     });
     server->service_->set_on_roll_back(
-        [sparse](uint64_t step, const std::vector<CheckpointSection>& sections,
-                 const std::string& reason) { return sparse->RollBack(step, sections, reason); });
+        [sparse](uint64_t step, const std::string& reason,
+                 const ParameterServerService::Reload& reload) {
+          return sparse->RollBack(step, reason, reload);
+        });
   }
   if (ShardCheckpoint* checkpoint = server->service_->checkpoint();
       checkpoint != nullptr && server->sparse_service_->checkpoints_momentum()) {

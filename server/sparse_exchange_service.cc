@@ -70,10 +70,11 @@ absl::StatusOr<std::unique_ptr<SparseExchangeService>> SparseExchangeService::Cr
       new SparseExchangeService(shard, std::move(options), sparse_job, k_s));
 }
 
-absl::Status SparseExchangeService::RollBack(uint64_t step,
-                                             const std::vector<CheckpointSection>& sections,
-                                             const std::string& reason) {
+absl::Status SparseExchangeService::RollBack(
+    uint64_t step, const std::string& reason,
+    const std::function<absl::StatusOr<std::vector<CheckpointSection>>()>& reload) {
   return rounds_.Restart(step, reason, [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(const std::vector<CheckpointSection> sections, reload());
     if (!checkpoints_momentum()) return absl::OkStatus();
     absl::MutexLock lock(&apply_mu_);
     for (const CheckpointSection& section : sections) {

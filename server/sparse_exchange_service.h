@@ -67,11 +67,14 @@ class SparseExchangeService final : public v1::SparseExchange::CallbackService {
   bool checkpoints_momentum() const { return sparse_job_ && UsesMomentum(rule_.kind); }
   // The shard goes back to the checkpoint of `step` in place
   // (ParameterServerService::RollBack): open sparse rounds are aborted with
-  // `reason`, the servers' momentum is the checkpoint's (its `sections`),
-  // and the rounds start over from `step`. DATA_LOSS when the momentum
-  // section is missing or of another size.
-  absl::Status RollBack(uint64_t step, const std::vector<CheckpointSection>& sections,
-                        const std::string& reason);
+  // `reason`, and with none completing or opened, `reload` loads the model
+  // and answers the checkpoint's other sections; the servers' momentum is
+  // then the checkpoint's, and the rounds start over from `step`.
+  // `reload`'s error, or DATA_LOSS when the momentum section is missing or
+  // of another size.
+  absl::Status RollBack(
+      uint64_t step, const std::string& reason,
+      const std::function<absl::StatusOr<std::vector<CheckpointSection>>()>& reload);
   std::vector<float> MomentumForCheckpoint();
 
   // What the service counts, for metrics (docs/metrics.md, stream "sparse").

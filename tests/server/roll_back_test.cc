@@ -1,0 +1,142 @@
+// A shard rolling back in place to a checkpoint (docs/protocol.md 7.12)
+// while a sparse round is open: the round is aborted, and while the model
+// is loaded no round of any of the shard's services completes or opens, so
+// the shard ends with exactly the checkpoint's model and servers' momentum.
+#include <unistd.h>
+
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/checkpoint_dir.h"
+#include "common/status.h"
+#include "common/sparse_vector.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/ps_server.h"
+#include "server/sparse_exchange_service.h"
+#include "tests/testing/test_support.h"
+#include "worker/ps/ps_client.h"
+
+namespace cserps {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::Each;
+
+constexpr uint64_t kD = 200;
+constexpr uint64_t kCheckpointStep = 4;
+constexpr float kCheckpointModel = 0.5f;
+constexpr float kCheckpointMomentum = 0.25f;
+// Not this shard's incarnation: another shard restarted.
+constexpr uint64_t kRestarted = 77;
+
+v1::JobConfig MakeConfig(const fs::path& dir) {
+  return testing::TestConfig(absl::StrCat(R"pb(
+    name: "roll-back-test"
+    seed: 5
+    cluster { servers: "127.0.0.1:0" num_workers: 2 round_timeout_s: 20 }
+    model { kind: FLAT num_params: )pb", kD, R"pb( }
+    data { batch_size: 1 }
+    optimizer { lr: 0.1 momentum_kind: HEAVY_BALL momentum: 0.9 }
+    algorithm { name: "gtopk-ssgd" density: 0.05 }
+    epochs: 1
+    checkpoint { dir: ")pb", dir.string(), R"pb(" every_steps: 4 keep: 2 }
+  )pb"));
+}
+
+// Ten entries of the gTop-k exchange (k = 0.05 x 200).
+SparseVector Entries() {
+  SparseVector e;
+  for (uint32_t i = 0; i < 10; ++i) {
+    e.indices.push_back(i * 20);
+    e.values.push_back(1.0f + static_cast<float>(i));
+  }
+  return e;
+}
+
+absl::StatusOr<std::unique_ptr<PsClient>> Member(const v1::JobConfig& config, int rank) {
+  v1::JobConfig grpc = config;
+  grpc.mutable_cluster()->set_transport(v1::ClusterConfig::GRPC);
+  ASSIGN_OR_RETURN(std::unique_ptr<PsClient> client, PsClient::Connect(grpc, kD));
+  RETURN_IF_ERROR(client->Register(rank, absl::StrCat("member-", rank)).status());
+  return client;
+}
+
+// The complete checkpoint of kCheckpointStep: the shard's model and
+// servers' momentum, and a file of each rank.
+absl::Status WriteCheckpoint(const v1::JobConfig& config) {
+  const CheckpointJob job = CheckpointJob::Of(config);
+  const std::vector<float> model(kD, kCheckpointModel), momentum(kD, kCheckpointMomentum);
+  const std::vector<float> state = {1.0f};
+  const CheckpointSectionView shard[] = {{"model", model},
+                                         {SparseExchangeService::kMomentumSection, momentum}};
+  RETURN_IF_ERROR(
+      WriteCheckpointPart(job, CheckpointRole::kShard, 0, kCheckpointStep, shard).status());
+  const CheckpointSectionView rank[] = {{"state", state}};
+  for (uint32_t r = 0; r < 2; ++r) {
+    RETURN_IF_ERROR(
+        WriteCheckpointPart(job, CheckpointRole::kRank, r, kCheckpointStep, rank).status());
+  }
+  return absl::OkStatus();
+}
+
+TEST(RollBackTest, NoRoundCompletesOrOpensWhileTheShardLoadsItsCheckpoint) {
+  const fs::path dir =
+      fs::path(::testing::TempDir()) / absl::StrCat("roll_back_test.", getpid());
+  fs::remove_all(dir);
+  v1::JobConfig config = MakeConfig(dir);
+  testing::ServerSet servers;
+  ASSERT_TRUE(servers.Start(&config).ok());
+  SparseExchangeService& sparse = servers.shard(0).sparse_service();
+  auto rank0 = Member(config, 0);
+  auto rank1 = Member(config, 1);
+  ASSERT_TRUE(rank0.ok()) << rank0.status();
+  ASSERT_TRUE(rank1.ok()) << rank1.status();
+  ASSERT_TRUE((*rank0)->PushModel(std::vector<float>(kD, 1.0f)).ok());
+  ASSERT_TRUE(WriteCheckpoint(config).ok());
+
+  // Rank 1 pushes its half of the open round while the model is loaded,
+  // before the shard's services take pushes again.
+  absl::Status pushed_while_loading;
+  servers.shard(0).service().set_on_roll_back(
+      [&](uint64_t step, const std::string& reason, const ParameterServerService::Reload& reload) {
+        return sparse.RollBack(step, reason,
+                               [&]() -> absl::StatusOr<std::vector<CheckpointSection>> {
+                                 auto sections = reload();
+                                 SparseVector mean;
+                                 pushed_while_loading =
+                                     (*rank1)->ExchangeSparse(kCheckpointStep + 1, Entries(), &mean);
+                                 return sections;
+                               });
+      });
+
+  absl::Status waited;
+  std::thread open_round([&] {
+    SparseVector mean;
+    waited = (*rank0)->ExchangeSparse(kCheckpointStep + 1, Entries(), &mean);
+  });
+  const bool opened = sparse.WaitForWaitingCalls(1, absl::Seconds(20));
+  // Rank 0's other process asks for the roll back (its first is waiting).
+  auto asking = Member(config, 0);
+  ASSERT_TRUE(asking.ok()) << asking.status();
+  const absl::Status rolled_back = (*asking)->RollBack(0, kCheckpointStep, kRestarted);
+  open_round.join();
+  ASSERT_TRUE(opened);
+  ASSERT_TRUE(rolled_back.ok()) << rolled_back;
+  EXPECT_TRUE(absl::IsAborted(waited)) << waited;
+  EXPECT_TRUE(absl::IsAborted(pushed_while_loading)) << pushed_while_loading;
+
+  std::vector<float> model(kD);
+  ASSERT_TRUE(servers.shard(0).shard().store().Read(0, absl::MakeSpan(model)).ok());
+  EXPECT_THAT(model, Each(kCheckpointModel));
+  EXPECT_THAT(sparse.MomentumForCheckpoint(), Each(kCheckpointMomentum));
+  EXPECT_EQ(sparse.counters().rounds_completed, 0u);
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace cserps
