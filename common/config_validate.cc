@@ -325,8 +325,8 @@ absl::Status ValidateElastic(const AlgorithmInfo& algorithm) {
                  absl::StrCat("must be false with algorithm.name \"", algorithm.name, "\": ", why));
 }
 
-absl::Status ValidateCheckpoint(const v1::CheckpointConfig& checkpoint,
-                                const AlgorithmInfo& algorithm) {
+absl::Status ValidateCheckpoint(const v1::JobConfig& config, const AlgorithmInfo& algorithm) {
+  const v1::CheckpointConfig& checkpoint = config.checkpoint();
   if (checkpoint.every_steps() == 0) {
     if (checkpoint.resume()) {
       return Invalid("checkpoint.resume", "needs checkpoint.every_steps > 0 and checkpoint.dir");
@@ -347,6 +347,23 @@ absl::Status ValidateCheckpoint(const v1::CheckpointConfig& checkpoint,
     return Invalid("checkpoint.every_steps",
                    "must be 0 with algorithm.name \"async-sgd\": its servers' state depends "
                    "on the order pushes arrive in, so it cannot be resumed exactly");
+  }
+  // A checkpoint is complete once every shard's file is written, and a
+  // shard writes its file when a full average reaches it: never, for one
+  // that owns no block.
+  const absl::StatusOr<ModelSpec> spec = MakeModelSpec(config.model());
+  if (!spec.ok()) return spec.status();
+  const BlockLayout layout(spec->num_params, config.algorithm().block_size(),
+                           static_cast<uint32_t>(config.cluster().servers_size()));
+  uint32_t owning = 0;
+  while (owning < layout.num_shards() && layout.ShardSize(owning) > 0) ++owning;
+  if (owning < layout.num_shards()) {
+    return Invalid("checkpoint.every_steps",
+                   absl::StrCat("shard ", owning, " of ", layout.num_shards(),
+                                " owns no block of the model (", layout.num_blocks(),
+                                " blocks of algorithm.block_size ", layout.block_size(),
+                                "), so it writes no checkpoint file and no checkpoint would "
+                                "complete: use at most ", owning, " servers"));
   }
   return absl::OkStatus();
 }
@@ -402,7 +419,7 @@ absl::Status ValidateJobConfig(const v1::JobConfig& config,
                                   config.cluster().local_size(), ")"));
     }
   }
-  return ValidateCheckpoint(config.checkpoint(), *algorithm);
+  return ValidateCheckpoint(config, *algorithm);
 }
 
 }  // namespace cserps

@@ -579,6 +579,32 @@ TEST(ValidateJobConfigTest, EachRuleNamesItsField) {
   }
 }
 
+// 9 blocks over 4 shards leave shard 3 none (docs/protocol.md, "Block
+// layout"): a job may run so, but its checkpoints could never complete.
+TEST(ValidateJobConfigTest, CheckpointsNeedEveryShardToOwnABlock) {
+  v1::JobConfig config = ValidConfig();
+  v1::ModelConfig* model = config.mutable_model();
+  model->clear_hidden();
+  model->set_kind(v1::ModelConfig::FLAT);
+  model->set_num_params(72);
+  config.mutable_algorithm()->set_block_size(8);
+  config.mutable_cluster()->clear_servers();
+  for (int s = 0; s < 4; ++s) {
+    config.mutable_cluster()->add_servers(absl::StrCat("127.0.0.1:", 7000 + s));
+  }
+  ASSERT_TRUE(ValidateJobConfig(config).ok()) << ValidateJobConfig(config);
+  config.mutable_checkpoint()->set_dir("/tmp/ckpt");
+  config.mutable_checkpoint()->set_every_steps(10);
+  const absl::Status status = ValidateJobConfig(config);
+  EXPECT_TRUE(absl::IsInvalidArgument(status)) << status;
+  EXPECT_EQ(status.message(),
+            "checkpoint.every_steps: shard 3 of 4 owns no block of the model (9 blocks of "
+            "algorithm.block_size 8), so it writes no checkpoint file and no checkpoint would "
+            "complete: use at most 3 servers");
+  config.mutable_cluster()->mutable_servers()->RemoveLast();
+  EXPECT_TRUE(ValidateJobConfig(config).ok()) << ValidateJobConfig(config);
+}
+
 TEST(ValidateJobConfigTest, FlatModelHasOnlyItsSize) {
   v1::JobConfig config = ValidConfig();
   v1::ModelConfig* model = config.mutable_model();
