@@ -1,7 +1,5 @@
 #include "common/checkpoint_dir.h"
 
-#include <fcntl.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -124,15 +122,7 @@ absl::Status MakeCheckpointStepDir(const std::string& dir, uint64_t step) {
   }
   // The step's folder is durable once its entry in `dir` is: the files'
   // own syncs reach only the step's folder.
-  const int fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0 || fsync(fd) != 0) {
-    const int failed = errno;
-    if (fd >= 0) close(fd);
-    return absl::UnavailableError(
-        absl::StrCat("checkpoint folder ", dir, ": fsync: ", std::strerror(failed)));
-  }
-  close(fd);
-  return absl::OkStatus();
+  return SyncFolder(dir);
 }
 
 absl::Status WriteCheckpointManifest(const std::string& dir, uint64_t fingerprint,
@@ -223,6 +213,29 @@ absl::Status PruneCheckpoints(const std::string& dir, uint64_t fingerprint, uint
       return absl::UnavailableError(absl::StrCat("removing ", CheckpointStepDir(dir, step), ": ",
                                                  error.message()));
     }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ForgetPartsAfter(const CheckpointJob& job, CheckpointRole role, uint32_t index,
+                              uint64_t step) {
+  if (job.dir.empty()) return absl::OkStatus();
+  ASSIGN_OR_RETURN(const std::vector<uint64_t> steps, StepsNewestFirst(job.dir));
+  for (uint64_t later : steps) {
+    if (later <= step) break;
+    const std::string folder = CheckpointStepDir(job.dir, later);
+    const std::string path = (fs::path(folder) / CheckpointFileName(role, index)).string();
+    // Another job's file (the folder may be shared), or one that is not
+    // whole, is not this process's to remove.
+    if (!ReadCheckpointFile(path, CheckpointId{job.fingerprint, later, role, index}).ok()) {
+      continue;
+    }
+    std::error_code error;
+    fs::remove(path, error);
+    if (error) {
+      return absl::UnavailableError(absl::StrCat("removing ", path, ": ", error.message()));
+    }
+    RETURN_IF_ERROR(SyncFolder(folder));
   }
   return absl::OkStatus();
 }

@@ -70,6 +70,17 @@ absl::StatusOr<bool> WriteCheckpointPart(const CheckpointJob& job, CheckpointRol
                                          uint32_t index, uint64_t step,
                                          absl::Span<const CheckpointSectionView> sections);
 
+// Removes process `role` `index`'s file of job `job.fingerprint` from every
+// step folder after `step`. A process that starts, or rolls back, from the
+// checkpoint of `step` (0: none) will write those steps again: its file of
+// an earlier run left there would count towards completing such a step (a
+// step is complete once every process's file is there) next to the other
+// processes' new ones. Files of other jobs, and those that do not read back
+// whole, are left. UNAVAILABLE when job.dir cannot be listed or a file
+// cannot be removed.
+absl::Status ForgetPartsAfter(const CheckpointJob& job, CheckpointRole role, uint32_t index,
+                              uint64_t step);
+
 // Whether `dir` holds a manifest of job `fingerprint`, or one that cannot
 // be read, or cannot be listed: a checkpoint of the job may have been
 // completed there.

@@ -129,7 +129,10 @@ absl::Status WriteFileAtomically(const std::string& path,
     return ok;
   }
   // The rename is durable once the folder is.
-  const std::string folder = std::filesystem::path(path).parent_path().string();
+  return SyncFolder(std::filesystem::path(path).parent_path().string());
+}
+
+absl::Status SyncFolder(const std::string& folder) {
   const int dir = open(folder.empty() ? "." : folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dir < 0) return Errno(folder, "open the folder");
   const bool synced = fsync(dir) == 0;

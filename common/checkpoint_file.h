@@ -48,6 +48,10 @@ absl::Status WriteCheckpointFile(const std::string& path, const CheckpointId& id
 absl::Status WriteFileAtomically(const std::string& path,
                                  std::initializer_list<absl::string_view> parts);
 
+// Makes the entries of `folder` (files written, renamed or removed in it)
+// durable.
+absl::Status SyncFolder(const std::string& folder);
+
 // Reads `path`, which must be `want`'s file. Every refusal names the file:
 //   NOT_FOUND            it cannot be opened;
 //   DATA_LOSS            not a checkpoint file, an unknown format version,

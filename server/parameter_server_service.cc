@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/algorithm_catalog.h"
+#include "common/checkpoint_dir.h"
 #include "common/config.h"
 #include "common/float_bytes.h"
 #include "common/grpc_status.h"
@@ -484,6 +485,8 @@ grpc::ServerUnaryReactor* ParameterServerService::RollBack(grpc::CallbackServerC
             absl::StrCat("the newest complete checkpoint in ", config_.checkpoint().dir(),
                          " is of step ", resumed.step, ", not ", step));
       }
+      RETURN_IF_ERROR(ForgetPartsAfter(CheckpointJob::Of(config_), CheckpointRole::kShard,
+                                       shard_.shard(), step));
       sections = std::move(resumed.sections);
       shard_.RecordRollBack(request->restarted(), step);
       return absl::OkStatus();

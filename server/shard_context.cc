@@ -72,6 +72,10 @@ absl::StatusOr<std::unique_ptr<ShardContext>> ShardContext::Create(
         " already holds a checkpoint of this job (or one that cannot be read): resume it "
         "(--resume), or start this run in an empty folder"));
   }
+  if (checkpoint.every_steps() > 0) {
+    RETURN_IF_ERROR(ForgetPartsAfter(CheckpointJob::Of(config), CheckpointRole::kShard, shard,
+                                     context->resumed_from_step()));
+  }
   return context;
 }
 

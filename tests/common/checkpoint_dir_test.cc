@@ -1,7 +1,8 @@
 // A checkpoint folder: the newest complete step is loaded; newer steps that
 // are incomplete, damaged or another job's are passed over, each with its
 // reason; pruning keeps the newest complete ones and what is not the job's;
-// a folder or manifest that cannot be read is never taken for an absent one.
+// a folder or manifest that cannot be read is never taken for an absent one;
+// a process that resumes forgets its files of the later steps.
 #include "common/checkpoint_dir.h"
 
 #include <unistd.h>
@@ -145,6 +146,55 @@ TEST_F(CheckpointDirTest, PruningKeepsTheNewestCompleteStepsAndWhatIsNotTheJobs)
   auto loaded = LoadNewestCheckpoint(dir_, kJob, &passed_over);
   ASSERT_TRUE(loaded.ok());
   EXPECT_EQ(loaded->step, 500u);
+}
+
+// A run that died after some processes wrote their files of step 4 left
+// them there; the run that resumes from step 2 writes step 4 again. Each of
+// its processes forgets its own files after step 2 when it starts, so step 4
+// is complete only once every file of the new run is written.
+TEST_F(CheckpointDirTest, AStepIsCompletedOnlyByTheFilesOfTheRunThatResumedBeforeIt) {
+  const CheckpointJob job{.dir = dir_, .fingerprint = kJob, .num_shards = 1, .num_ranks = 2};
+  auto write = [&](CheckpointRole role, uint32_t index, uint64_t step, float value) {
+    const std::vector<float> values = {value};
+    return WriteCheckpointPart(job, role, index, step, {{"model", values}});
+  };
+  for (uint32_t rank = 0; rank < 2; ++rank) {
+    ASSERT_TRUE(write(CheckpointRole::kRank, rank, 2, 2).ok());
+  }
+  absl::StatusOr<bool> complete = write(CheckpointRole::kShard, 0, 2, 2);
+  ASSERT_TRUE(complete.ok() && *complete) << complete.status();
+  // The run that died: the shard's and rank 1's files of step 4.
+  ASSERT_TRUE(write(CheckpointRole::kShard, 0, 4, -1).ok());
+  ASSERT_TRUE(write(CheckpointRole::kRank, 1, 4, -1).ok());
+  // Another job's file of step 6 in the same folder stays.
+  const CheckpointId foreign{kJob + 1, 6, CheckpointRole::kRank, 1};
+  ASSERT_TRUE(MakeCheckpointStepDir(dir_, 6).ok());
+  ASSERT_TRUE(WriteCheckpointFile(FilePath(6, foreign), foreign, {{"model", {}}}).ok());
+
+  ASSERT_TRUE(ForgetPartsAfter(job, CheckpointRole::kShard, 0, 2).ok());
+  for (uint32_t rank = 0; rank < 2; ++rank) {
+    ASSERT_TRUE(ForgetPartsAfter(job, CheckpointRole::kRank, rank, 2).ok());
+  }
+  EXPECT_FALSE(fs::exists(FilePath(4, {kJob, 4, CheckpointRole::kRank, 1})));
+  EXPECT_TRUE(fs::exists(FilePath(6, foreign)));
+
+  complete = write(CheckpointRole::kShard, 0, 4, 4);
+  ASSERT_TRUE(complete.ok()) << complete.status();
+  EXPECT_FALSE(*complete);
+  complete = write(CheckpointRole::kRank, 0, 4, 4);
+  ASSERT_TRUE(complete.ok()) << complete.status();
+  EXPECT_FALSE(*complete);
+  std::vector<std::string> passed_over;
+  absl::StatusOr<LoadedCheckpoint> loaded = LoadNewestCheckpoint(dir_, kJob, &passed_over);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->step, 2u);
+  complete = write(CheckpointRole::kRank, 1, 4, 4);
+  ASSERT_TRUE(complete.ok()) << complete.status();
+  EXPECT_TRUE(*complete);
+  loaded = LoadNewestCheckpoint(dir_, kJob, &passed_over);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->step, 4u);
+  for (const auto& file : loaded->files) EXPECT_EQ(file[0].values, std::vector<float>{4.0f});
 }
 
 }  // namespace

@@ -293,6 +293,32 @@ TEST_P(DamagedCheckpointTest, DamagedNewestIsPassedOverForThePreviousOne) {
   ExpectSameEnd(*whole, *resumed);
 }
 
+// A run that died may have left files of a step after its newest complete
+// checkpoint; the run that resumes forgets each process's own before it
+// writes any (checkpoint_dir.h, ForgetPartsAfter), and leaves another job's.
+TEST_P(DamagedCheckpointTest, AResumedRunForgetsItsProcessesFilesOfLaterSteps) {
+  ASSERT_TRUE(Run("cut", Start::kFresh, kStopAt).status().ok());
+  const std::string dir = (root_ / "cut").string();
+  const uint64_t fingerprint = JobFingerprint(MakeConfig(GetParam(), ""));
+  // Past the job's end, so that the resumed run never writes it again.
+  constexpr uint64_t kLeft = 40;
+  const std::vector<CheckpointId> left = {{fingerprint, kLeft, CheckpointRole::kShard, 1},
+                                          {fingerprint, kLeft, CheckpointRole::kRank, 1},
+                                          {fingerprint + 1, kLeft, CheckpointRole::kRank, 0}};
+  ASSERT_TRUE(MakeCheckpointStepDir(dir, kLeft).ok());
+  auto path = [&](const CheckpointId& id) {
+    return fs::path(CheckpointStepDir(dir, kLeft)) / CheckpointFileName(id.role, id.index);
+  };
+  const std::vector<float> values = {1.0f};
+  for (const CheckpointId& id : left) {
+    ASSERT_TRUE(WriteCheckpointFile(path(id).string(), id, {{"model", values}}).ok());
+  }
+  ASSERT_TRUE(Run("cut", Start::kResume, kSteps).status().ok());
+  EXPECT_FALSE(fs::exists(path(left[0])));
+  EXPECT_FALSE(fs::exists(path(left[1])));
+  EXPECT_TRUE(fs::exists(path(left[2])));
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Ssgd, DamagedCheckpointTest,
     ::testing::Values(Case{"damaged", "momentum_kind: NESTEROV momentum: 0.9",

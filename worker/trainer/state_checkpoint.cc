@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/checkpoint_dir.h"
 #include "common/status.h"
 #include "spdlog/spdlog.h"
 
@@ -61,6 +62,8 @@ absl::StatusOr<RankCheckpoint> ResumeState(const v1::JobConfig& config, const Ps
             : absl::StrCat("resumed from step ", client.resumed_from_step()),
         ": start every server of the job with --resume and the same checkpoint.dir"));
   }
+  RETURN_IF_ERROR(ForgetPartsAfter(CheckpointJob::Of(config), CheckpointRole::kRank, partition,
+                                   loaded->step));
   for (size_t i = 0; i < buffers.size(); ++i) {
     RETURN_IF_ERROR(ops.Upload(loaded->state[i], buffers[i]));
   }

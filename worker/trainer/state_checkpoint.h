@@ -40,7 +40,8 @@ absl::Status WriteStateCheckpoint(const v1::JobConfig& config, uint32_t partitio
 
 // Loads process `partition`'s file of the newest complete checkpoint in
 // checkpoint.dir (LoadRankCheckpoint, with `steps_per_epoch`), checks that
-// `client`'s servers resumed from the same step, and puts its state into
+// `client`'s servers resumed from the same step, removes the process's
+// files of later steps (ForgetPartsAfter), and puts its state into
 // `algorithm`'s buffers (ResumeAfter its step). The model is the servers'
 // and is not loaded here. Errors: LoadRankCheckpoint's; FAILED_PRECONDITION
 // naming both steps when the servers resumed from another (or started
