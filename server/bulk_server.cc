@@ -45,6 +45,7 @@ class BulkServer::Connection : public std::enable_shared_from_this<Connection> {
         sparse_(*sparse),
         async_(*async),
         chunk_floats_(shard->chunk_floats()),
+        max_queued_(MaxWaitingCallsPerRank(shard->store().size(), chunk_floats_)),
         reply_timeout_(absl::Seconds(shard->config().cluster().round_timeout_s())) {}
 
   // Starts both threads; `refusal`, when not OK, is answered to the hello
@@ -146,6 +147,7 @@ class BulkServer::Connection : public std::enable_shared_from_this<Connection> {
     Enqueue(Outgoing{});  // the hello's OK
 
     for (;;) {
+      AwaitRoomForReplies();
       char head_bytes[bulk::Request::kBytes];
       RETURN_IF_ERROR(stream_->RecvAll(head_bytes, sizeof(head_bytes), absl::InfiniteFuture(),
                                        "bulk request"));
@@ -192,6 +194,21 @@ class BulkServer::Connection : public std::enable_shared_from_this<Connection> {
       JoinRound(head, request.request_id, absl::MakeConstSpan(buffer.get(), request.count),
                 bytes, arrived, buffer);
     }
+  }
+
+  // A peer that does not read its replies is not read either, so that they
+  // cannot pile up here without bound: its requests wait in the sockets
+  // until the writer, stuck for a round's timeout, ends the connection. As
+  // many as a member may keep waiting in rounds (MaxWaitingCallsPerRank)
+  // may be queued, so a member that has sent a round's chunks before it
+  // reads the first reply is read on.
+  void AwaitRoomForReplies() {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](Connection* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(c->mu_) {
+          return c->queue_.size() < c->max_queued_ || c->writer_done_;
+        },
+        this));
   }
 
   // A request's `count` floats, at most a chunk (more cannot be read past:
@@ -452,6 +469,7 @@ class BulkServer::Connection : public std::enable_shared_from_this<Connection> {
   SparseExchangeService& sparse_;
   AsyncService& async_;
   const uint64_t chunk_floats_;
+  const size_t max_queued_;  // replies queued before the reader waits
   const absl::Duration reply_timeout_;
   mutable absl::Mutex mu_;
   std::deque<Outgoing> queue_ ABSL_GUARDED_BY(mu_);

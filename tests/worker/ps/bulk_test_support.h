@@ -75,9 +75,10 @@ class RawConnection {
     return RawConnection(std::move(socket));
   }
 
-  absl::Status Send(const void* data, size_t size) {
+  absl::Status Send(const void* data, size_t size) { return SendFor(data, size, kIo); }
+  absl::Status SendFor(const void* data, size_t size, absl::Duration timeout) {
     iovec iov{const_cast<void*>(data), size};
-    return SendAll(socket_.fd(), absl::MakeSpan(&iov, 1), absl::Now() + kIo, "raw send");
+    return SendAll(socket_.fd(), absl::MakeSpan(&iov, 1), absl::Now() + timeout, "raw send");
   }
   absl::Status SendHello(uint64_t fingerprint, uint32_t rank, uint32_t magic = bulk::kMagic) {
     char bytes[bulk::Hello::kBytes];
@@ -138,6 +139,7 @@ class RawConnection {
   }
   // Says no more requests will come.
   void CloseSending() { shutdown(socket_.fd(), SHUT_WR); }
+  void Close() { socket_ = Socket(); }
   // True when the shard has closed the connection (within kIo).
   bool Closed() {
     char byte;

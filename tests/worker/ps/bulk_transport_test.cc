@@ -322,6 +322,30 @@ TEST_F(BulkTransportTest, APeerThatStopsSendingGetsItsRepliesAndTheEnd) {
   EXPECT_TRUE(raw->Closed());
 }
 
+// A peer that sends request after request and reads none of the replies:
+// once the replies queued for it reach a bound, the shard stops reading its
+// requests instead of queueing replies without end, so the peer's sends stall
+// (here requests the shard refuses at once, 19 MB of them, more than the
+// sockets' buffers hold); the shard serves on.
+TEST_F(BulkTransportTest, APeerThatReadsNoRepliesIsReadNoFurther) {
+  StartJob(1);
+  auto raw = RegisteredAndGreeted();
+  ASSERT_TRUE(raw.ok()) << raw.status();
+  constexpr uint64_t kRequests = 400000;
+  std::string requests(kRequests * bulk::Request::kBytes, '\0');
+  for (uint64_t i = 0; i < kRequests; ++i) {
+    // A step far past the step window: refused as soon as it is read.
+    bulk::Encode(bulk::Request{.count = 0, .request_id = i + 1, .step = 1000000,
+                               .stream = v1::MODEL},
+                 requests.data() + i * bulk::Request::kBytes);
+  }
+  const absl::Status sent = raw->SendFor(requests.data(), requests.size(), absl::Seconds(3));
+  EXPECT_TRUE(absl::IsDeadlineExceeded(sent)) << sent;
+  EXPECT_LT(servers_.shard(0).service().counters().other.request_bytes, requests.size());
+  raw->Close();
+  ExpectALoneRoundServed(1);
+}
+
 TEST_F(BulkTransportTest, APushCutShortIsNotCounted) {
   StartJob(2);
   auto member0 = Member(config_, v1::ClusterConfig::AUTO, 0);
