@@ -445,6 +445,12 @@ grpc::ServerUnaryReactor* ParameterServerService::RollBack(grpc::CallbackServerC
   absl::Status ok = shard_.CheckFingerprint(request->fingerprint());
   if (!ok.ok()) return refuse(ok);
   absl::MutexLock lock(&roll_back_mu_);
+  // A roll back that failed shut the shard down, after it may have recorded
+  // it: the later callers must not take it for done.
+  if (shut_down_.load()) {
+    return refuse(absl::UnavailableError(
+        absl::StrCat("server shard ", shard_.shard(), " is shutting down")));
+  }
   // The restarted shard itself (which lost its registrations), or a roll
   // back another member started.
   const bool restarted_here = request->restarted() == shard_.incarnation();

@@ -294,30 +294,55 @@ TEST_P(DamagedCheckpointTest, DamagedNewestIsPassedOverForThePreviousOne) {
 }
 
 // A run that died may have left files of a step after its newest complete
-// checkpoint; the run that resumes forgets each process's own before it
-// writes any (checkpoint_dir.h, ForgetPartsAfter), and leaves another job's.
-TEST_P(DamagedCheckpointTest, AResumedRunForgetsItsProcessesFilesOfLaterSteps) {
+// checkpoint (or, before any was complete, of any step); the run that
+// resumes, or starts fresh, forgets each process's own before it writes any
+// (checkpoint_dir.h, ForgetPartsAfter), and leaves another job's.
+class LeftFilesTest : public DamagedCheckpointTest {
+ protected:
+  // Files of step kLeft, past the job's end (so that no run writes it
+  // again): shard 1's and rank 1's of this job, rank 0's of another.
+  static constexpr uint64_t kLeft = 40;
+  void LeaveFiles(const std::string& dir) {
+    const uint64_t fingerprint = JobFingerprint(MakeConfig(GetParam(), ""));
+    left_ = {{fingerprint, kLeft, CheckpointRole::kShard, 1},
+             {fingerprint, kLeft, CheckpointRole::kRank, 1},
+             {fingerprint + 1, kLeft, CheckpointRole::kRank, 0}};
+    ASSERT_TRUE(MakeCheckpointStepDir(dir, kLeft).ok());
+    const std::vector<float> values = {1.0f};
+    for (const CheckpointId& id : left_) {
+      ASSERT_TRUE(WriteCheckpointFile(Path(dir, id).string(), id, {{"model", values}}).ok());
+    }
+  }
+  void ExpectOnlyTheOtherJobsLeft(const std::string& dir) {
+    EXPECT_FALSE(fs::exists(Path(dir, left_[0])));
+    EXPECT_FALSE(fs::exists(Path(dir, left_[1])));
+    EXPECT_TRUE(fs::exists(Path(dir, left_[2])));
+  }
+  static fs::path Path(const std::string& dir, const CheckpointId& id) {
+    return fs::path(CheckpointStepDir(dir, kLeft)) / CheckpointFileName(id.role, id.index);
+  }
+  std::vector<CheckpointId> left_;
+};
+
+TEST_P(LeftFilesTest, AResumedRunForgetsItsProcessesFilesOfLaterSteps) {
   ASSERT_TRUE(Run("cut", Start::kFresh, kStopAt).status().ok());
   const std::string dir = (root_ / "cut").string();
-  const uint64_t fingerprint = JobFingerprint(MakeConfig(GetParam(), ""));
-  // Past the job's end, so that the resumed run never writes it again.
-  constexpr uint64_t kLeft = 40;
-  const std::vector<CheckpointId> left = {{fingerprint, kLeft, CheckpointRole::kShard, 1},
-                                          {fingerprint, kLeft, CheckpointRole::kRank, 1},
-                                          {fingerprint + 1, kLeft, CheckpointRole::kRank, 0}};
-  ASSERT_TRUE(MakeCheckpointStepDir(dir, kLeft).ok());
-  auto path = [&](const CheckpointId& id) {
-    return fs::path(CheckpointStepDir(dir, kLeft)) / CheckpointFileName(id.role, id.index);
-  };
-  const std::vector<float> values = {1.0f};
-  for (const CheckpointId& id : left) {
-    ASSERT_TRUE(WriteCheckpointFile(path(id).string(), id, {{"model", values}}).ok());
-  }
+  ASSERT_NO_FATAL_FAILURE(LeaveFiles(dir));
   ASSERT_TRUE(Run("cut", Start::kResume, kSteps).status().ok());
-  EXPECT_FALSE(fs::exists(path(left[0])));
-  EXPECT_FALSE(fs::exists(path(left[1])));
-  EXPECT_TRUE(fs::exists(path(left[2])));
+  ExpectOnlyTheOtherJobsLeft(dir);
 }
+
+TEST_P(LeftFilesTest, AFreshRunForgetsItsProcessesFilesOfEveryStep) {
+  const std::string dir = (root_ / "fresh").string();
+  ASSERT_NO_FATAL_FAILURE(LeaveFiles(dir));
+  ASSERT_TRUE(Run("fresh", Start::kFresh, kStopAt).status().ok());
+  ExpectOnlyTheOtherJobsLeft(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Ssgd, LeftFilesTest,
+    ::testing::Values(Case{"left", "momentum_kind: NESTEROV momentum: 0.9", R"(name: "ssgd")"}),
+    [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
 
 INSTANTIATE_TEST_SUITE_P(
     Ssgd, DamagedCheckpointTest,

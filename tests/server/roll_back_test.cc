@@ -1,7 +1,11 @@
 // A shard rolling back in place to a checkpoint (docs/protocol.md 7.12)
-// while a sparse round is open: the round is aborted, and while the model
-// is loaded no round of any of the shard's services completes or opens, so
-// the shard ends with exactly the checkpoint's model and servers' momentum.
+// while a sparse round is open: the round is aborted, the other member's
+// push that would have completed it, sent once the model is loaded, is
+// refused, and the shard ends with exactly the checkpoint's model and
+// servers' momentum. (With the sparse rounds still taken while the model
+// loaded and the roll back recorded last, as before, that push completed
+// the round on the loaded model.) A roll back that fails shuts the shard
+// down, and the next member's call is refused, not taken for done.
 #include <unistd.h>
 
 #include <filesystem>
@@ -66,16 +70,17 @@ absl::StatusOr<std::unique_ptr<PsClient>> Member(const v1::JobConfig& config, in
   return client;
 }
 
-// The complete checkpoint of kCheckpointStep: the shard's model and
-// servers' momentum, and a file of each rank.
-absl::Status WriteCheckpoint(const v1::JobConfig& config) {
+// The complete checkpoint of kCheckpointStep: the shard's model and, when
+// asked, servers' momentum, and a file of each rank.
+absl::Status WriteCheckpoint(const v1::JobConfig& config, bool with_momentum = true) {
   const CheckpointJob job = CheckpointJob::Of(config);
   const std::vector<float> model(kD, kCheckpointModel), momentum(kD, kCheckpointMomentum);
   const std::vector<float> state = {1.0f};
   const CheckpointSectionView shard[] = {{"model", model},
                                          {SparseExchangeService::kMomentumSection, momentum}};
-  RETURN_IF_ERROR(
-      WriteCheckpointPart(job, CheckpointRole::kShard, 0, kCheckpointStep, shard).status());
+  RETURN_IF_ERROR(WriteCheckpointPart(job, CheckpointRole::kShard, 0, kCheckpointStep,
+                                      absl::MakeConstSpan(shard, with_momentum ? 2 : 1))
+                      .status());
   const CheckpointSectionView rank[] = {{"state", state}};
   for (uint32_t r = 0; r < 2; ++r) {
     RETURN_IF_ERROR(
@@ -135,6 +140,31 @@ TEST(RollBackTest, NoRoundCompletesOrOpensWhileTheShardLoadsItsCheckpoint) {
   EXPECT_THAT(model, Each(kCheckpointModel));
   EXPECT_THAT(sparse.MomentumForCheckpoint(), Each(kCheckpointMomentum));
   EXPECT_EQ(sparse.counters().rounds_completed, 0u);
+  fs::remove_all(dir);
+}
+
+// The checkpoint holds no servers' momentum: the first roll back fails and
+// shuts the shard down; the next member's, for the same restarted shard,
+// must not find it done.
+TEST(RollBackTest, AFailedRollBackIsNotTakenForDoneByTheNextMember) {
+  const fs::path dir =
+      fs::path(::testing::TempDir()) / absl::StrCat("roll_back_test_failed.", getpid());
+  fs::remove_all(dir);
+  v1::JobConfig config = MakeConfig(dir);
+  testing::ServerSet servers;
+  ASSERT_TRUE(servers.Start(&config).ok());
+  auto rank0 = Member(config, 0);
+  auto rank1 = Member(config, 1);
+  ASSERT_TRUE(rank0.ok()) << rank0.status();
+  ASSERT_TRUE(rank1.ok()) << rank1.status();
+  ASSERT_TRUE((*rank0)->PushModel(std::vector<float>(kD, 1.0f)).ok());
+  ASSERT_TRUE(WriteCheckpoint(config, /*with_momentum=*/false).ok());
+
+  const absl::Status first = (*rank0)->RollBack(0, kCheckpointStep, kRestarted);
+  EXPECT_TRUE(absl::IsDataLoss(first)) << first;
+  const absl::Status second = (*rank1)->RollBack(0, kCheckpointStep, kRestarted);
+  EXPECT_TRUE(absl::IsUnavailable(second)) << second;
+  EXPECT_THAT(second.message(), ::testing::HasSubstr("shutting down"));
   fs::remove_all(dir);
 }
 

@@ -116,6 +116,8 @@ absl::Status ExternalTrainer::InitializeModel(absl::Span<float> params) {
   if (config_.checkpoint().restart_on_failure()) {
     RETURN_IF_ERROR(SharedStatus(link(), CheckServersStartedFresh(*client_), "restart"));
   }
+  RETURN_IF_ERROR(SharedStatus(link(), ForgetEarlierRun(config_, plan_.partition),
+                               "checkpoint files of an earlier run"));
   if (rank() == 0) {
     RETURN_IF_ERROR(ops_->Download(params.data(), absl::MakeSpan(model)));
     RETURN_IF_ERROR(cserps::PushModel(link(), model));

@@ -73,6 +73,11 @@ absl::StatusOr<RankCheckpoint> ResumeState(const v1::JobConfig& config, const Ps
   return loaded;
 }
 
+absl::Status ForgetEarlierRun(const v1::JobConfig& config, uint32_t partition) {
+  if (config.checkpoint().every_steps() == 0) return absl::OkStatus();
+  return ForgetPartsAfter(CheckpointJob::Of(config), CheckpointRole::kRank, partition, 0);
+}
+
 absl::Status CheckServersStartedFresh(PsClient& client) {
   for (uint32_t s = 0; s < client.layout().num_shards(); ++s) {
     absl::StatusOr<v1::GetStatusResponse> status = client.GetStatus(s);

@@ -51,6 +51,10 @@ absl::StatusOr<RankCheckpoint> ResumeState(const v1::JobConfig& config, const Ps
                                            Algorithm& algorithm, DeviceOps& ops,
                                            const std::string& log_prefix);
 
+// Process `partition` starts the job without a checkpoint: its files of
+// an earlier run in checkpoint.dir are removed (ForgetPartsAfter step 0).
+absl::Status ForgetEarlierRun(const v1::JobConfig& config, uint32_t partition);
+
 // OK when none of `client`'s shards has completed a round: a worker that
 // restarted without a checkpoint joins only servers that restarted with it
 // (checkpoint.restart_on_failure). FAILED_PRECONDITION naming the shard.

@@ -9,7 +9,6 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/algorithm_catalog.h"
-#include "common/checkpoint_dir.h"
 #include "common/status.h"
 #include "spdlog/spdlog.h"
 #include "worker/algorithms/registry.h"
@@ -146,12 +145,8 @@ absl::Status Trainer::InitializeModel() {
   if (config_.checkpoint().restart_on_failure()) {
     RETURN_IF_ERROR(SharedStatus(link_, CheckServersStartedFresh(*client_), "restart"));
   }
-  if (config_.checkpoint().every_steps() > 0) {
-    RETURN_IF_ERROR(SharedStatus(link_,
-                                 ForgetPartsAfter(CheckpointJob::Of(config_),
-                                                  CheckpointRole::kRank, plan_.partition, 0),
-                                 "checkpoint files of an earlier run"));
-  }
+  RETURN_IF_ERROR(SharedStatus(link_, ForgetEarlierRun(config_, plan_.partition),
+                               "checkpoint files of an earlier run"));
   std::vector<float> x(num_params_);
   if (plan_.rank == 0) {
     // Only local rank 0's model is pushed; every local rank joins the push.

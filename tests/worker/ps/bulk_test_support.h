@@ -219,6 +219,17 @@ class BulkTransportTest : public ::testing::Test {
     ASSERT_TRUE(servers_.Start(&config_).ok());
     ASSERT_NE(servers_.shard(0).bulk_port(), 0);
   }
+  // StartJob(2), and rank 0 registered on the bulk transport (AUTO), rank 1
+  // on gRPC.
+  void StartBulkAndGrpcMembers() {
+    StartJob(2);
+    auto bulk = Member(config_, v1::ClusterConfig::AUTO, 0);
+    auto grpc = Member(config_, v1::ClusterConfig::GRPC, 1);
+    ASSERT_TRUE(bulk.ok()) << bulk.status();
+    ASSERT_TRUE(grpc.ok()) << grpc.status();
+    bulk_member_ = *std::move(bulk);
+    grpc_member_ = *std::move(grpc);
+  }
   uint64_t fingerprint() const { return JobFingerprint(config_); }
   // Rank 0 registered (over gRPC), and a raw connection greeted as it.
   absl::StatusOr<RawConnection> RegisteredAndGreeted() {
@@ -249,6 +260,7 @@ class BulkTransportTest : public ::testing::Test {
 
   v1::JobConfig config_;
   testing::ServerSet servers_;
+  std::unique_ptr<PsClient> bulk_member_, grpc_member_;  // StartBulkAndGrpcMembers
 };
 
 }  // namespace cserps::bulk_test

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <thread>
@@ -88,11 +89,9 @@ TEST_F(BulkTransportTest, MembersOnGrpcAndOnBulkAverageIntoTheSameRound) {
 // the push again over gRPC, the round counts it once, and the next round
 // goes over a new connection.
 TEST_F(BulkTransportTest, APushWhoseConnectionIsCutGoesOverGrpcAndIsCountedOnce) {
-  StartJob(2);
-  auto cut_member = Member(config_, v1::ClusterConfig::AUTO, 0);
-  auto other = Member(config_, v1::ClusterConfig::GRPC, 1);
-  ASSERT_TRUE(cut_member.ok()) << cut_member.status();
-  ASSERT_TRUE(other.ok()) << other.status();
+  ASSERT_NO_FATAL_FAILURE(StartBulkAndGrpcMembers());
+  PsClient& cut_member = *bulk_member_;
+  PsClient& other = *grpc_member_;
   const std::vector<float> v0 = Values(0), v1 = Values(1);
   std::vector<float> mean0(kD), mean1(kD);
   absl::Status s0, s1;
@@ -101,10 +100,10 @@ TEST_F(BulkTransportTest, APushWhoseConnectionIsCutGoesOverGrpcAndIsCountedOnce)
       servers_.shard(0).bulk_port(),
       [&](size_t n) { return service.WaitForWaitingCalls(n, bulk_test::kIo); },
       [&] {
-        s0 = (*cut_member)->AverageBlocks(v1::MODEL, 1, 1, v0, 1.0f, 0.0f, absl::MakeSpan(mean0));
+        s0 = cut_member.AverageBlocks(v1::MODEL, 1, 1, v0, 1.0f, 0.0f, absl::MakeSpan(mean0));
       },
       [&] {
-        s1 = (*other)->AverageBlocks(v1::MODEL, 1, 1, v1, 3.0f, 0.0f, absl::MakeSpan(mean1));
+        s1 = other.AverageBlocks(v1::MODEL, 1, 1, v1, 3.0f, 0.0f, absl::MakeSpan(mean1));
       });
   ASSERT_TRUE(cut.waited);
   ASSERT_EQ(cut.connections, 1);
@@ -115,18 +114,18 @@ TEST_F(BulkTransportTest, APushWhoseConnectionIsCutGoesOverGrpcAndIsCountedOnce)
     ASSERT_EQ(mean0[i], static_cast<float>((1.0 * v0[i] + 3.0 * v1[i]) / 4.0)) << i;
     ASSERT_EQ(std::memcmp(&mean0[i], &mean1[i], sizeof(float)), 0) << i;
   }
-  EXPECT_EQ((*cut_member)->retries(), 1u);
+  EXPECT_EQ(cut_member.retries(), 1u);
   EXPECT_EQ(service.counters().model_rounds_completed, 1u);
 
-  const TrafficCounts before = (*cut_member)->traffic(v1::MODEL);
+  const TrafficCounts before = cut_member.traffic(v1::MODEL);
   std::thread t1([&] {
-    s1 = (*other)->AverageBlocks(v1::MODEL, 2, 1, v1, 1.0f, 0.0f, absl::MakeSpan(mean1));
+    s1 = other.AverageBlocks(v1::MODEL, 2, 1, v1, 1.0f, 0.0f, absl::MakeSpan(mean1));
   });
-  s0 = (*cut_member)->AverageBlocks(v1::MODEL, 2, 1, v0, 1.0f, 0.0f, absl::MakeSpan(mean0));
+  s0 = cut_member.AverageBlocks(v1::MODEL, 2, 1, v0, 1.0f, 0.0f, absl::MakeSpan(mean0));
   t1.join();
   ASSERT_TRUE(s0.ok()) << s0;
   ASSERT_TRUE(s1.ok()) << s1;
-  const TrafficCounts after = (*cut_member)->traffic(v1::MODEL);
+  const TrafficCounts after = cut_member.traffic(v1::MODEL);
   EXPECT_EQ(after.request_bytes - before.request_bytes,
             bulk::Request::kBytes + kD * sizeof(float));
   EXPECT_EQ(after.reply_bytes - before.reply_bytes, bulk::Reply::kBytes + kD * sizeof(float));
@@ -136,17 +135,15 @@ TEST_F(BulkTransportTest, APushWhoseConnectionIsCutGoesOverGrpcAndIsCountedOnce)
 // sent again over gRPC, the next round begun connects anew, and the second,
 // waited for after that, is still answered through the channel it began on.
 TEST_F(BulkTransportTest, ARoundInFlightOutlivesTheReplacementOfItsChannel) {
-  StartJob(2);
-  auto cut_member = Member(config_, v1::ClusterConfig::AUTO, 0);
-  auto other = Member(config_, v1::ClusterConfig::GRPC, 1);
-  ASSERT_TRUE(cut_member.ok()) << cut_member.status();
-  ASSERT_TRUE(other.ok()) << other.status();
+  ASSERT_NO_FATAL_FAILURE(StartBulkAndGrpcMembers());
+  PsClient& cut_member = *bulk_member_;
+  PsClient& other = *grpc_member_;
   const std::vector<float> v0 = Values(0), v1 = Values(1);
   std::vector<float> first_mean(kD), second_mean(kD);
   std::unique_ptr<ShardedAverage> first =
-      (*cut_member)->BeginShardedAverage(v1::MODEL, 1, 1, 1.0f, 0.0f);
+      cut_member.BeginShardedAverage(v1::MODEL, 1, 1, 1.0f, 0.0f);
   std::unique_ptr<ShardedAverage> second =
-      (*cut_member)->BeginShardedAverage(v1::MODEL, 2, 1, 1.0f, 0.0f);
+      cut_member.BeginShardedAverage(v1::MODEL, 2, 1, 1.0f, 0.0f);
   ASSERT_TRUE(first->StartShard(0, v0, absl::MakeSpan(first_mean)).ok());
   ASSERT_TRUE(second->StartShard(0, v0, absl::MakeSpan(second_mean)).ok());
   ParameterServerService& service = servers_.shard(0).service();
@@ -158,14 +155,14 @@ TEST_F(BulkTransportTest, ARoundInFlightOutlivesTheReplacementOfItsChannel) {
     std::vector<float> mean(kD);
     for (uint64_t step : {1, 2}) {
       other_rounds =
-          (*other)->AverageBlocks(v1::MODEL, step, 1, v1, 1.0f, 0.0f, absl::MakeSpan(mean));
+          other.AverageBlocks(v1::MODEL, step, 1, v1, 1.0f, 0.0f, absl::MakeSpan(mean));
       if (!other_rounds.ok()) return;
     }
   });
   const absl::Status first_landed = first->WaitShard(0);
   // Finds the channel broken and replaces it.
   std::unique_ptr<ShardedAverage> third =
-      (*cut_member)->BeginShardedAverage(v1::MODEL, 3, 1, 1.0f, 0.0f);
+      cut_member.BeginShardedAverage(v1::MODEL, 3, 1, 1.0f, 0.0f);
   const absl::Status second_landed = second->WaitShard(0);
   t.join();
   ASSERT_TRUE(first_landed.ok()) << first_landed;
@@ -176,7 +173,7 @@ TEST_F(BulkTransportTest, ARoundInFlightOutlivesTheReplacementOfItsChannel) {
     ASSERT_EQ(first_mean[i], want) << i;
     ASSERT_EQ(second_mean[i], want) << i;
   }
-  EXPECT_EQ((*cut_member)->retries(), 2u);
+  EXPECT_EQ(cut_member.retries(), 2u);
   EXPECT_EQ(service.counters().model_rounds_completed, 2u);
 }
 
@@ -322,18 +319,33 @@ TEST_F(BulkTransportTest, APeerThatStopsSendingGetsItsRepliesAndTheEnd) {
   EXPECT_TRUE(raw->Closed());
 }
 
+// The most TCP's buffers of one connection may hold, both ways: the
+// maxima of tcp_rmem and tcp_wmem, where the kernel's autotuning stops.
+uint64_t MaxSocketBufferBytes() {
+  uint64_t total = 0;
+  for (const char* path : {"/proc/sys/net/ipv4/tcp_rmem", "/proc/sys/net/ipv4/tcp_wmem"}) {
+    std::ifstream in(path);
+    uint64_t least = 0, initial = 0, most = 0;
+    in >> least >> initial >> most;
+    total += most;
+  }
+  return total;
+}
+
 // A peer that sends request after request and reads none of the replies:
 // once the replies queued for it reach a bound, the shard stops reading its
 // requests instead of queueing replies without end, so the peer's sends stall
-// (here requests the shard refuses at once, 19 MB of them, more than the
-// sockets' buffers hold); the shard serves on.
+// (here requests the shard refuses at once, three times as many bytes as the
+// sockets' buffers can hold); the shard serves on.
 TEST_F(BulkTransportTest, APeerThatReadsNoRepliesIsReadNoFurther) {
   StartJob(1);
   auto raw = RegisteredAndGreeted();
   ASSERT_TRUE(raw.ok()) << raw.status();
-  constexpr uint64_t kRequests = 400000;
-  std::string requests(kRequests * bulk::Request::kBytes, '\0');
-  for (uint64_t i = 0; i < kRequests; ++i) {
+  const uint64_t buffers = MaxSocketBufferBytes();
+  ASSERT_GT(buffers, 0u);
+  const uint64_t requests_count = 3 * buffers / bulk::Request::kBytes;
+  std::string requests(requests_count * bulk::Request::kBytes, '\0');
+  for (uint64_t i = 0; i < requests_count; ++i) {
     // A step far past the step window: refused as soon as it is read.
     bulk::Encode(bulk::Request{.count = 0, .request_id = i + 1, .step = 1000000,
                                .stream = v1::MODEL},
