@@ -1,6 +1,5 @@
 #include "common/checkpoint_dir.h"
 
-
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
