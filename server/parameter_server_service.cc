@@ -482,7 +482,7 @@ grpc::ServerUnaryReactor* ParameterServerService::RollBack(grpc::CallbackServerC
   // Every service's rounds stop before the model is loaded, and the ranks
   // that have not rolled back are refused before any takes pushes again: a
   // round completing or opened in between would mix the two timelines.
-  const Reload reload = [&]() -> absl::StatusOr<std::vector<CheckpointSection>> {
+  const CheckpointReload reload = [&]() -> absl::StatusOr<std::vector<CheckpointSection>> {
     std::vector<CheckpointSection> sections;
     RETURN_IF_ERROR(rounds_.Restart(step, reason, [&]() -> absl::Status {
       ASSIGN_OR_RETURN(ResumedShard resumed, ResumeShard(config_, shard_.shard(), &store_));

@@ -120,13 +120,11 @@ class ParameterServerService final : public v1::ParameterServer::CallbackService
   uint32_t members() const { return rounds_.members(); }
 
   // The other services' roll back: called by RollBack with the
-  // checkpoint's step, the reason and `reload`, it stops their rounds, runs
-  // `reload` (which loads the model, with this service's rounds stopped
-  // too, and answers the shard file's other sections) and takes its
-  // sections. Set before the service receives calls.
-  using Reload = std::function<absl::StatusOr<std::vector<CheckpointSection>>()>;
+  // checkpoint's step, the reason and `reload` (which loads the model with
+  // this service's rounds stopped too), it stops their rounds, runs
+  // `reload` and takes its sections. Set before the service receives calls.
   void set_on_roll_back(
-      std::function<absl::Status(uint64_t, const std::string&, const Reload&)> f) {
+      std::function<absl::Status(uint64_t, const std::string&, const CheckpointReload&)> f) {
     on_roll_back_ = std::move(f);
   }
 
@@ -178,7 +176,8 @@ class ParameterServerService final : public v1::ParameterServer::CallbackService
   ShardStore& store_;
   std::function<void(const RoundKey&, absl::Duration)> on_round_latency_;
   uint32_t bulk_port_ = 0;
-  std::function<absl::Status(uint64_t, const std::string&, const Reload&)> on_roll_back_;
+  std::function<absl::Status(uint64_t, const std::string&, const CheckpointReload&)>
+      on_roll_back_;
   const std::unique_ptr<ShardCheckpoint> checkpoint_;  // null: no full averages
   RoundTable rounds_;
   // Held through a roll back, so that the callers of one do not each start

@@ -46,7 +46,7 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(
     });
     server->service_->set_on_roll_back(
         [sparse](uint64_t step, const std::string& reason,
-                 const ParameterServerService::Reload& reload) {
+                 const CheckpointReload& reload) {
           return sparse->RollBack(step, reason, reload);
         });
   }

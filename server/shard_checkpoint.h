@@ -74,6 +74,11 @@ struct ResumedShard {
 absl::StatusOr<ResumedShard> ResumeShard(const v1::JobConfig& config, uint32_t shard,
                                          ShardStore* store);
 
+// A roll back's load of the shard's checkpoint (its services' rounds
+// stopped): the model goes into the store, the file's other sections are
+// answered.
+using CheckpointReload = std::function<absl::StatusOr<std::vector<CheckpointSection>>()>;
+
 }  // namespace cserps
 
 #endif  // CSERPS_SERVER_SHARD_CHECKPOINT_H_

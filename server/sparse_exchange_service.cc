@@ -70,9 +70,8 @@ absl::StatusOr<std::unique_ptr<SparseExchangeService>> SparseExchangeService::Cr
       new SparseExchangeService(shard, std::move(options), sparse_job, k_s));
 }
 
-absl::Status SparseExchangeService::RollBack(
-    uint64_t step, const std::string& reason,
-    const std::function<absl::StatusOr<std::vector<CheckpointSection>>()>& reload) {
+absl::Status SparseExchangeService::RollBack(uint64_t step, const std::string& reason,
+                                             const CheckpointReload& reload) {
   return rounds_.Restart(step, reason, [&]() -> absl::Status {
     ASSIGN_OR_RETURN(const std::vector<CheckpointSection> sections, reload());
     if (!checkpoints_momentum()) return absl::OkStatus();

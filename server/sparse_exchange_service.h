@@ -26,6 +26,7 @@
 #include "server/expiry_thread.h"
 #include "server/service_traffic.h"
 #include "server/service_options.h"
+#include "server/shard_checkpoint.h"
 #include "server/shard_context.h"
 #include "server/sparse_aggregate.h"
 #include "server/sparse_round_table.h"
@@ -72,9 +73,7 @@ class SparseExchangeService final : public v1::SparseExchange::CallbackService {
   // then the checkpoint's, and the rounds start over from `step`.
   // `reload`'s error, or DATA_LOSS when the momentum section is missing or
   // of another size.
-  absl::Status RollBack(
-      uint64_t step, const std::string& reason,
-      const std::function<absl::StatusOr<std::vector<CheckpointSection>>()>& reload);
+  absl::Status RollBack(uint64_t step, const std::string& reason, const CheckpointReload& reload);
   std::vector<float> MomentumForCheckpoint();
 
   // What the service counts, for metrics (docs/metrics.md, stream "sparse").

@@ -21,6 +21,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/ps_server.h"
+#include "server/shard_checkpoint.h"
 #include "server/sparse_exchange_service.h"
 #include "tests/testing/test_support.h"
 #include "worker/ps/ps_client.h"
@@ -122,7 +123,7 @@ TEST_F(RollBackTest, NoRoundCompletesOrOpensWhileTheShardLoadsItsCheckpoint) {
   // before the shard's services take pushes again.
   absl::Status pushed_while_loading;
   servers_.shard(0).service().set_on_roll_back(
-      [&](uint64_t step, const std::string& reason, const ParameterServerService::Reload& reload) {
+      [&](uint64_t step, const std::string& reason, const CheckpointReload& reload) {
         return sparse.RollBack(step, reason,
                                [&]() -> absl::StatusOr<std::vector<CheckpointSection>> {
                                  auto sections = reload();
