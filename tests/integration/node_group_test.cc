@@ -256,6 +256,79 @@ INSTANTIATE_TEST_SUITE_P(
       return std::string(info.index == 0 ? "Ssgd" : "Cser");
     });
 
+// A node of more local ranks than shards: local rank 1 talks to no shard,
+// yet starts where shard 0 resumed, with its own checkpoint, whether the
+// job resumes by checkpoint.resume or by checkpoint.restart_on_failure.
+class NodeCheckpointTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(NodeCheckpointTest, ALocalRankWithoutShardsResumesWithItsNode) {
+  const bool restartable = GetParam();
+  const Dataset train = testing::RandomDataset(kExamples, kDim, kClasses, 1);
+  const Dataset test = testing::RandomDataset(100, kDim, kClasses, 2);
+  const std::filesystem::path dir =
+      FreshDir(absl::StrCat("node_group_test_checkpoints_", restartable));
+  v1::JobConfig config = MakeConfig(1, kLocalSize, "name: \"ssgd\"", (dir / "out").string());
+  config.mutable_cluster()->mutable_servers()->RemoveLast();
+  config.mutable_data()->mutable_rank_batch_sizes()->Truncate(kLocalSize);
+  config.mutable_checkpoint()->set_dir((dir / "checkpoints").string());
+  config.mutable_checkpoint()->set_every_steps(4);
+  config.mutable_checkpoint()->set_restart_on_failure(restartable);
+  absl::StatusOr<std::unique_ptr<Model>> model = MakeCpuModel(config.model());
+  ASSERT_TRUE(model.ok()) << model.status();
+  const uint64_t d = (*model)->spec().num_params;
+
+  // Trains the node from where it starts until step `stop`; the steps its
+  // local ranks started at.
+  auto run = [&](bool resume, uint64_t stop) -> absl::StatusOr<std::vector<uint64_t>> {
+    v1::JobConfig job = config;
+    job.mutable_checkpoint()->set_resume(resume);
+    testing::ServerSet servers;
+    RETURN_IF_ERROR(servers.Start(&job));
+    std::vector<std::unique_ptr<ThreadGroup>> group =
+        ThreadGroup::Create(kLocalSize, {.timeout = absl::Seconds(60)});
+    std::vector<uint64_t> started(kLocalSize);
+    std::vector<absl::Status> status(kLocalSize);
+    std::vector<std::thread> threads;
+    for (uint32_t j = 0; j < kLocalSize; ++j) {
+      threads.emplace_back([&, j] {
+        status[j] = [&]() -> absl::Status {
+          PsClientOptions options;
+          options.shard_stride = kLocalSize;
+          options.shard_offset = j;
+          options.setup_timeout = absl::Seconds(30);
+          ASSIGN_OR_RETURN(std::unique_ptr<PsClient> client,
+                           PsClient::Connect(job, d, options));
+          RETURN_IF_ERROR(RegisterNode(*group[j], *client, 0, "node").status());
+          ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
+                           Trainer::Create(job, {client.get(), group[j].get()}, &train, &test));
+          RETURN_IF_ERROR(trainer->InitializeModel());
+          started[j] = trainer->step();
+          while (trainer->step() < stop) {
+            RETURN_IF_ERROR(trainer->Step().status());
+            RETURN_IF_ERROR(trainer->FullAverageIfDue());
+          }
+          return absl::OkStatus();
+        }();
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    for (const absl::Status& s : status) RETURN_IF_ERROR(s);
+    return started;
+  };
+
+  absl::StatusOr<std::vector<uint64_t>> first = run(/*resume=*/false, 6);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_THAT(*first, ::testing::Each(0u));
+  absl::StatusOr<std::vector<uint64_t>> second = run(/*resume=*/!restartable, 8);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_THAT(*second, ::testing::Each(4u));
+}
+
+INSTANTIATE_TEST_SUITE_P(Starts, NodeCheckpointTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return std::string(info.param ? "RestartOnFailure" : "Resume");
+                         });
+
 // A flat trainer in a job of nodes, or a group of the wrong size, would
 // take the wrong data partition and shards: refused before anything runs.
 TEST(NodeGroupTrainerTest, GroupMustMatchLocalSize) {

@@ -22,6 +22,21 @@ std::vector<uint32_t> GroupShards(uint32_t num_shards, uint32_t local_size,
   return shards;
 }
 
+namespace {
+
+// Local rank 0's `*step` to every local rank, in 16-bit pieces, which
+// floats hold exactly.
+absl::Status BroadcastStep(LocalGroup& group, uint64_t* step) {
+  float pieces[4];
+  for (int i = 0; i < 4; ++i) pieces[i] = static_cast<float>((*step >> (16 * i)) & 0xffff);
+  RETURN_IF_ERROR(group.Broadcast(0, absl::MakeSpan(pieces)));
+  *step = 0;
+  for (int i = 0; i < 4; ++i) *step |= static_cast<uint64_t>(pieces[i]) << (16 * i);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<uint32_t> RegisterNode(LocalGroup& group, PsClient& client,
                                       int requested_rank, const std::string& node_id) {
   const std::string what = absl::StrCat("RegisterNode of \"", node_id, "\"");
@@ -44,6 +59,11 @@ absl::StatusOr<uint32_t> RegisterNode(LocalGroup& group, PsClient& client,
     }
   }
   RETURN_IF_ERROR(ShareStatus(group, rank.status(), what));
+  // A local rank beyond the shards asks none of them where the job starts,
+  // and shards of different local ranks are compared nowhere else.
+  uint64_t resumed = client.resumed_from_step();
+  RETURN_IF_ERROR(BroadcastStep(group, &resumed));
+  RETURN_IF_ERROR(ShareStatus(group, client.AgreeResumedFromStep(resumed), what));
   return *rank;
 }
 

@@ -48,8 +48,10 @@ absl::Duration NodeGroupTimeout(const v1::JobConfig& config, const PsClientOptio
 // Registers the node as one member: local rank 0 registers with its shards
 // (shard 0 assigns the rank when requested_rank < 0), the rank is shared in
 // the group, and the other local ranks register with theirs under it, all
-// with `node_id` as the worker id. Every local rank calls it with the same
-// arguments and a client as in the set-up above; every one returns the
+// with `node_id` as the worker id. The node starts where shard 0 says
+// (PsClient::resumed_from_step of every local rank's client), which every
+// local rank's shards must agree with. Every local rank calls it with the
+// same arguments and a client as in the set-up above; every one returns the
 // node's rank, or an error if any local rank's registration failed.
 absl::StatusOr<uint32_t> RegisterNode(LocalGroup& group, PsClient& client,
                                       int requested_rank, const std::string& node_id);

@@ -375,6 +375,19 @@ std::vector<PsClient::Impl::ModelChunk> PsClient::Impl::ModelChunks() const {
 
 uint32_t PsClient::rank() const { return impl_->rank_; }
 uint64_t PsClient::resumed_from_step() const { return impl_->resumed_from_step_; }
+
+absl::Status PsClient::AgreeResumedFromStep(uint64_t node_step) {
+  if (impl_->shards_.empty()) {
+    impl_->resumed_from_step_ = node_step;
+    return absl::OkStatus();
+  }
+  if (impl_->resumed_from_step_ == node_step) return absl::OkStatus();
+  const uint32_t s = impl_->shards_.front();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "shard ", s, " at ", impl_->addresses_[s], " resumed from ",
+      StartName(impl_->resumed_from_step_), " but shard 0 from ", StartName(node_step),
+      ": restart every server of the job, each with --resume and the same checkpoint.dir"));
+}
 uint64_t PsClient::retries() const { return impl_->retries_.load(); }
 uint32_t PsClient::members() const {
   uint32_t fewest = impl_->config_.cluster().num_workers();

@@ -112,6 +112,11 @@ class PsClient final : public Communicator {
   // Register reported it (shards that disagree fail Register,
   // FAILED_PRECONDITION); 0: they started fresh.
   uint64_t resumed_from_step() const;
+  // A node's local ranks resume together (node_client.h): a client with no
+  // shards of its own takes `node_step`, the step its node's shard 0
+  // resumed from; FAILED_PRECONDITION, naming both, when this client's
+  // shards resumed from another.
+  absl::Status AgreeResumedFromStep(uint64_t node_step);
   const BlockLayout& layout() const override;
 
   // Traffic, counted as the calls go: the serialized requests (pushed) and
