@@ -503,6 +503,7 @@ grpc::ServerUnaryReactor* ParameterServerService::RollBack(grpc::CallbackServerC
       on_roll_back_ ? on_roll_back_(step, reason, reload) : reload().status();
   if (!reloaded.ok()) {
     // The shard's model is no longer the one its rounds had reached.
+    roll_back_failed_ = true;
     Shutdown();
     spdlog::error("shard {}: roll back failed, shutting down: {}", shard_.shard(),
                   reloaded.ToString());

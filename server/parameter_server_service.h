@@ -67,6 +67,9 @@ class ParameterServerService final : public v1::ParameterServer::CallbackService
   // Fails every parked call with UNAVAILABLE and refuses new rounds; call
   // before grpc::Server::Shutdown so that no reactor stays parked.
   void Shutdown();
+  // A roll back failed: the service has shut down and the shard's model is
+  // neither its rounds' nor its checkpoint's, so the process must end.
+  bool roll_back_failed() const { return roll_back_failed_.load(); }
 
   // Fails the rounds overdue at `now`; returns how many.
   int ExpireOverdueRounds(absl::Time now) { return rounds_.ExpireOverdue(now); }
@@ -192,6 +195,7 @@ class ParameterServerService final : public v1::ParameterServer::CallbackService
   std::function<TrafficCounts()> other_services_traffic_;
 
   std::atomic<bool> shut_down_{false};
+  std::atomic<bool> roll_back_failed_{false};
   // Last: destroyed (joined) first, while what it calls still exists.
   std::unique_ptr<ExpiryThread> expiry_;
 };

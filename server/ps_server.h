@@ -56,6 +56,10 @@ class PsServer {
     return service_->counters().rounds_failed + sparse_service_->counters().rounds_failed;
   }
 
+  // A roll back failed: the shard serves no more rounds, and its process
+  // must end (ParameterServerService::roll_back_failed).
+  bool roll_back_failed() const { return service_->roll_back_failed(); }
+
   // Fails parked calls, then stops the server. Idempotent.
   void Shutdown();
   // Blocks until Shutdown has been called (from another thread).

@@ -136,8 +136,8 @@ class RoundLifecycle {
   // round with ABORTED "<round> aborted: <reason>" (not counted as failed),
   // waits for the rounds completing to be answered, then runs `reload` (the
   // shard's model goes back) while pushes are refused with ABORTED, and
-  // forgets every retained round. Returns `reload`'s status. Membership
-  // stays.
+  // forgets every retained round. Returns `reload`'s status; when it
+  // fails, later pushes are refused as after FailAll. Membership stays.
   absl::Status Restart(uint64_t first_step, const std::string& reason,
                        const std::function<absl::Status()>& reload);
 

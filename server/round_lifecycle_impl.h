@@ -352,6 +352,11 @@ absl::Status RoundLifecycle<Aggregate>::Restart(uint64_t first_step, const std::
   streams_.clear();
   newest_step_ = first_step;
   restarting_ = false;
+  // The model is now neither the rounds' nor the checkpoint's.
+  if (!reloaded.ok() && !shut_down_) {
+    shut_down_ = true;
+    shutdown_reason_ = absl::StrCat("the shard's roll back failed: ", reloaded.message());
+  }
   return reloaded;
 }
 

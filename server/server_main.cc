@@ -131,6 +131,13 @@ int main(int argc, char** argv) {
   // by restarting from its checkpoint, which the restart policy does.
   const bool restart_on_failure = config->checkpoint().restart_on_failure();
   while (!stop->WaitForNotificationWithTimeout(absl::Seconds(1))) {
+    if ((*server)->roll_back_failed()) {
+      spdlog::error("shard {}: its roll back failed and it serves no more rounds; exiting with "
+                    "code 3 for the restart policy to restart the job from its newest "
+                    "checkpoint", shard);
+      (*server)->Shutdown();
+      return 3;
+    }
     if (restart_on_failure && (*server)->rounds_failed() > 0) {
       spdlog::error("shard {}: a round failed (a process of the job died); exiting with code 3 "
                     "for the restart policy to restart the job from its newest checkpoint",

@@ -5,9 +5,13 @@
 // servers' momentum. (With the sparse rounds still taken while the model
 // loaded and the roll back recorded last, as before, that push completed
 // the round on the loaded model.) A roll back that fails shuts the shard
-// down, and the next member's call is refused, not taken for done.
+// down: the next member's call is refused, not taken for done, and so is
+// every push, the sparse exchange's too.
+#include <grpcpp/create_channel.h>
+#include <grpcpp/security/credentials.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -16,8 +20,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/checkpoint_dir.h"
-#include "common/status.h"
+#include "common/config_fingerprint.h"
+#include "common/float_bytes.h"
 #include "common/sparse_vector.h"
+#include "common/status.h"
+#include "cserps/v1/parameter_server.grpc.pb.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/ps_server.h"
@@ -167,6 +174,29 @@ TEST_F(RollBackTest, AFailedRollBackIsNotTakenForDoneByTheNextMember) {
   const absl::Status second = ranks_[1]->RollBack(0, kCheckpointStep, kRestarted);
   EXPECT_TRUE(absl::IsUnavailable(second)) << second;
   EXPECT_THAT(second.message(), ::testing::HasSubstr("shutting down"));
+  EXPECT_TRUE(servers_.shard(0).roll_back_failed());
+
+  // The sparse exchange, whose rounds the roll back had stopped, takes no
+  // push again either (once acknowledged by a Register, a push of the
+  // step after the checkpoint would open a round on the reloaded model).
+  (void)ranks_[0]->Reregister();
+  auto sparse = v1::SparseExchange::NewStub(
+      grpc::CreateChannel(config_.cluster().servers(0), grpc::InsecureChannelCredentials()));
+  v1::SparsePushPullRequest push;
+  push.set_fingerprint(JobFingerprint(config_));
+  push.set_rank(0);
+  push.set_step(kCheckpointStep + 1);
+  const SparseVector entries = Entries();
+  push.set_k(entries.indices.size());
+  push.set_indices(std::string(reinterpret_cast<const char*>(entries.indices.data()),
+                               entries.indices.size() * sizeof(uint32_t)));
+  push.set_values(FloatsToBytes(entries.values));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  v1::SparsePushPullResponse reply;
+  const grpc::Status pushed = sparse->SparsePushPull(&context, push, &reply);
+  EXPECT_EQ(pushed.error_code(), grpc::StatusCode::UNAVAILABLE) << pushed.error_message();
+  EXPECT_THAT(pushed.error_message(), ::testing::HasSubstr("roll back failed"));
 }
 
 }  // namespace
