@@ -76,14 +76,15 @@ absl::StatusOr<RankCheckpoint> LoadRankCheckpoint(const v1::JobConfig& config,
   }
   CheckpointSection* losses = find(kEpochLossesSection);
   const uint64_t done = steps_per_epoch == 0 ? 0 : loaded->step % steps_per_epoch;
-  if (losses == nullptr || losses->values.size() != done) {
+  // Fewer: the process rejoined the job (elastic) in this epoch.
+  if (losses == nullptr || losses->values.size() > done) {
     std::string what = "is missing";
     if (losses != nullptr && steps_per_epoch == 0) {
       what = absl::StrCat("holds ", losses->values.size(),
                           " losses, but this worker (the PyTorch front) keeps none: the file "
                           "is a cserps-worker's");
     } else if (losses != nullptr) {
-      what = absl::StrCat("holds ", losses->values.size(), " losses, not the ", done,
+      what = absl::StrCat("holds ", losses->values.size(), " losses, more than the ", done,
                           " steps done of epoch ", loaded->step / steps_per_epoch + 1);
     }
     return absl::DataLossError(absl::StrCat("checkpoint file ", checkpoint.file, ": section '",

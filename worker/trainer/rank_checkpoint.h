@@ -33,8 +33,9 @@ struct RankCheckpoint {
 // Process `partition`'s file of the newest complete checkpoint of the job
 // in checkpoint.dir (every file of it checked, so that every process
 // settles on the same step), holding `state_buffers` buffers of `d` floats
-// and the losses of the steps done of its epoch (`steps_per_epoch`; 0: a
-// worker that keeps no losses, the PyTorch front, whose files hold none).
+// and the losses of the steps it trained of its epoch: those done
+// (`steps_per_epoch`; 0: a worker that keeps no losses, the PyTorch front,
+// whose files hold none), or fewer when it rejoined the job in the epoch.
 // Newer steps passed over are appended to `*passed_over`. Errors:
 // LoadNewestCheckpoint's, naming the process and what was passed over;
 // DATA_LOSS naming the file when its sections do not fit.

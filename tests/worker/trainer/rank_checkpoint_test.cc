@@ -81,7 +81,7 @@ TEST_F(RankCheckpointTest, AFileThatDoesNotFitTheWorkerIsRefusedNamingIt) {
       {2, 4, 5, "no section 'state-1'"},
       {0, 4, 5, "more state buffers"},
       {1, 6, 5, "section 'state-0' holds 4 floats, not 6"},
-      {1, 4, 7, "section 'epoch_losses' holds 2 losses, not the 0 steps done of epoch 2"},
+      {1, 4, 7, "section 'epoch_losses' holds 2 losses, more than the 0 steps done of epoch 2"},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.says);
@@ -91,6 +91,16 @@ TEST_F(RankCheckpointTest, AFileThatDoesNotFitTheWorkerIsRefusedNamingIt) {
     EXPECT_THAT(loaded.status().message(), HasSubstr(c.says));
     EXPECT_THAT(loaded.status().message(), HasSubstr("rank-0.ckpt"));
   }
+}
+
+// A process that rejoined the job (elastic) at step 6 trained one step of
+// the epoch before the checkpoint of step 7.
+TEST_F(RankCheckpointTest, ARejoinedProcessesFileHoldsTheLossesOfTheStepsItTrained) {
+  const std::vector<float> trained = {2.25f};
+  ASSERT_TRUE(WriteRankCheckpoint(config_, 0, 7, {momentum_}, trained).ok());
+  const absl::StatusOr<RankCheckpoint> loaded = Load(1, 4, 5);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->epoch_losses, trained);
 }
 
 TEST_F(RankCheckpointTest, NoCompleteCheckpointNamesTheRankAndTheFolder) {
