@@ -122,6 +122,15 @@ absl::Status ValidateCluster(const v1::ClusterConfig& cluster,
   if (cluster.local_size() < 1) {
     return Invalid("cluster.local_size", "must be >= 1 (got 0)");
   }
+  // Ranks and process counts travel as uint32 and, in a node's group, as
+  // floats, which hold every integer up to 2^24 exactly.
+  constexpr uint64_t kMaxProcesses = uint64_t{1} << 24;
+  if (uint64_t{cluster.num_workers()} * cluster.local_size() > kMaxProcesses) {
+    return Invalid("cluster.num_workers",
+                   absl::StrCat("x cluster.local_size must be at most ", kMaxProcesses,
+                                " worker processes (got ", cluster.num_workers(), " x ",
+                                cluster.local_size(), ")"));
+  }
   return absl::OkStatus();
 }
 
@@ -165,7 +174,16 @@ absl::Status ValidateModel(const v1::ModelConfig& model) {
   }
   // The layout rules (conv geometry, CNN-only fields, sizes that overflow)
   // live in one place, which the servers and workers use as well.
-  return MakeModelSpec(model).status();
+  ASSIGN_OR_RETURN(const ModelSpec spec, MakeModelSpec(model));
+  // Far beyond any machine's memory, and far below where counts of blocks
+  // and bytes would wrap.
+  constexpr uint64_t kMaxParams = uint64_t{1} << 40;
+  if (spec.num_params > kMaxParams) {
+    return Invalid(model.kind() == v1::ModelConfig::FLAT ? "model.num_params" : "model",
+                   absl::StrCat("the model has ", spec.num_params,
+                                " parameters, more than 2^40 (4 TiB of floats)"));
+  }
+  return absl::OkStatus();
 }
 
 // How many entries a per-rank data list must have: one per worker process,
@@ -266,6 +284,16 @@ absl::Status ValidateOptimizer(const v1::OptimizerConfig& opt,
                                     opt.momentum_kind()),
                                 " (got ", FormatReal(opt.momentum()), ")"));
   }
+  // A set field that the job does not read is a misunderstanding worth
+  // reporting, as the algorithm's are: the job would train otherwise than
+  // its config reads.
+  if (!UsesMomentum(opt.momentum_kind()) && opt.momentum() != 0) {
+    return Invalid("optimizer.momentum",
+                   absl::StrCat("is read only with momentum_kind HEAVY_BALL or NESTEROV (got ",
+                                FormatReal(opt.momentum()), " with momentum_kind ",
+                                v1::OptimizerConfig::Momentum_Name(opt.momentum_kind()),
+                                ", which trains without momentum)"));
+  }
   if (!(opt.weight_decay() >= 0) || !std::isfinite(opt.weight_decay())) {
     return Invalid("optimizer.weight_decay",
                    absl::StrCat("must be >= 0 and finite (got ",
@@ -299,7 +327,37 @@ absl::Status ValidateOptimizer(const v1::OptimizerConfig& opt,
       return Invalid("optimizer.schedule",
                      absl::StrCat("unknown value ", opt.schedule()));
   }
+  const auto unread = [&](absl::string_view field, bool set,
+                          v1::OptimizerConfig::Schedule reads) -> absl::Status {
+    if (!set || opt.schedule() == reads) return absl::OkStatus();
+    return Invalid(absl::StrCat("optimizer.", field),
+                   absl::StrCat("is read only with schedule ",
+                                v1::OptimizerConfig::Schedule_Name(reads), " (got schedule ",
+                                v1::OptimizerConfig::Schedule_Name(opt.schedule()), ")"));
+  };
+  RETURN_IF_ERROR(unread("step_epochs", opt.step_epochs() != 0, v1::OptimizerConfig::STEP_DECAY));
+  RETURN_IF_ERROR(unread("gamma", opt.gamma() != 0, v1::OptimizerConfig::STEP_DECAY));
+  RETURN_IF_ERROR(
+      unread("warmup_epochs", opt.warmup_epochs() != 0, v1::OptimizerConfig::WARMUP_COSINE));
   return absl::OkStatus();
+}
+
+// INVALID_ARGUMENT naming `field`, which needs every shard to have rounds,
+// when a shard owns no block of the model (and so `consequence`).
+absl::Status EveryShardOwnsABlock(const v1::JobConfig& config, absl::string_view field,
+                                  absl::string_view consequence) {
+  const absl::StatusOr<ModelSpec> spec = MakeModelSpec(config.model());
+  if (!spec.ok()) return spec.status();
+  const BlockLayout layout(spec->num_params, config.algorithm().block_size(),
+                           static_cast<uint32_t>(config.cluster().servers_size()));
+  uint32_t owning = 0;
+  while (owning < layout.num_shards() && layout.ShardSize(owning) > 0) ++owning;
+  if (owning == layout.num_shards()) return absl::OkStatus();
+  return Invalid(field, absl::StrCat("shard ", owning, " of ", layout.num_shards(),
+                                     " owns no block of the model (", layout.num_blocks(),
+                                     " blocks of algorithm.block_size ", layout.block_size(),
+                                     "), so ", consequence, ": use at most ", owning,
+                                     " servers"));
 }
 
 // Whether a job of `algorithm` may lose members mid-way (cluster.elastic).
@@ -351,21 +409,8 @@ absl::Status ValidateCheckpoint(const v1::JobConfig& config, const AlgorithmInfo
   // A checkpoint is complete once every shard's file is written, and a
   // shard writes its file when a full average reaches it: never, for one
   // that owns no block.
-  const absl::StatusOr<ModelSpec> spec = MakeModelSpec(config.model());
-  if (!spec.ok()) return spec.status();
-  const BlockLayout layout(spec->num_params, config.algorithm().block_size(),
-                           static_cast<uint32_t>(config.cluster().servers_size()));
-  uint32_t owning = 0;
-  while (owning < layout.num_shards() && layout.ShardSize(owning) > 0) ++owning;
-  if (owning < layout.num_shards()) {
-    return Invalid("checkpoint.every_steps",
-                   absl::StrCat("shard ", owning, " of ", layout.num_shards(),
-                                " owns no block of the model (", layout.num_blocks(),
-                                " blocks of algorithm.block_size ", layout.block_size(),
-                                "), so it writes no checkpoint file and no checkpoint would "
-                                "complete: use at most ", owning, " servers"));
-  }
-  return absl::OkStatus();
+  return EveryShardOwnsABlock(config, "checkpoint.every_steps",
+                              "it writes no checkpoint file and no checkpoint would complete");
 }
 
 }  // namespace
@@ -418,6 +463,20 @@ absl::Status ValidateJobConfig(const v1::JobConfig& config,
                      absl::StrCat("needs cluster.local_size 1 (got ",
                                   config.cluster().local_size(), ")"));
     }
+    // A shard drops a rank only when one of its rounds times out, and takes
+    // it back only at one of its full averages.
+    RETURN_IF_ERROR(EveryShardOwnsABlock(
+        config, "cluster.admit_every_steps",
+        "it has no rounds, never drops a rank nor takes one back, and a dropped rank could "
+        "never rejoin"));
+  }
+  // Step t + 1's push leaves before step t's round completes: two steps
+  // ahead of the newest completed one.
+  if (algorithm->id == AlgorithmId::kPipeSgd && config.cluster().max_step_lag() < 2) {
+    return Invalid("cluster.max_step_lag",
+                   absl::StrCat("must be >= 2 with algorithm.name \"pipe-sgd\", which pushes a "
+                                "step before the previous step's round completes (got ",
+                                config.cluster().max_step_lag(), ")"));
   }
   return ValidateCheckpoint(config, *algorithm);
 }

@@ -567,6 +567,41 @@ TEST(ValidateJobConfigTest, EachRuleNamesItsField) {
          c->mutable_cluster()->set_admit_every_steps(10);
        },
        "cluster.admit_every_steps"},
+      {"pipe-sgd's next push beyond the step window",
+       [](v1::JobConfig* c) {
+         c->mutable_algorithm()->set_name("pipe-sgd");
+         c->mutable_cluster()->set_max_step_lag(1);
+       },
+       "cluster.max_step_lag"},
+      {"more worker processes than a float counts",
+       [](v1::JobConfig* c) {
+         c->mutable_cluster()->set_num_workers(65536);
+         c->mutable_cluster()->set_local_size(65536);
+       },
+       "cluster.num_workers"},
+      {"a model beyond any memory",
+       [](v1::JobConfig* c) {
+         c->mutable_model()->clear_hidden();
+         c->mutable_model()->set_kind(v1::ModelConfig::FLAT);
+         c->mutable_model()->set_num_params(std::numeric_limits<uint64_t>::max());
+       },
+       "model.num_params"},
+      {"momentum without its kind",
+       [](v1::JobConfig* c) {
+         c->mutable_optimizer()->set_momentum_kind(v1::OptimizerConfig::NONE);
+       },
+       "optimizer.momentum"},
+      {"gamma without step decay",
+       [](v1::JobConfig* c) { c->mutable_optimizer()->set_gamma(0.5f); },
+       "optimizer.gamma"},
+      {"step_epochs without step decay",
+       [](v1::JobConfig* c) { c->mutable_optimizer()->set_step_epochs(2); },
+       "optimizer.step_epochs"},
+      {"warm-up without its schedule",
+       [](v1::JobConfig* c) {
+         c->mutable_optimizer()->set_schedule(v1::OptimizerConfig::CONSTANT);
+       },
+       "optimizer.warmup_epochs"},
   };
   for (const ValidationCase& c : cases) {
     SCOPED_TRACE(c.name);
@@ -601,6 +636,29 @@ TEST(ValidateJobConfigTest, CheckpointsNeedEveryShardToOwnABlock) {
             "checkpoint.every_steps: shard 3 of 4 owns no block of the model (9 blocks of "
             "algorithm.block_size 8), so it writes no checkpoint file and no checkpoint would "
             "complete: use at most 3 servers");
+  config.mutable_cluster()->mutable_servers()->RemoveLast();
+  EXPECT_TRUE(ValidateJobConfig(config).ok()) << ValidateJobConfig(config);
+}
+
+// Nor could a rank dropped from an elastic job rejoin: the shard without a
+// block has no rounds, so it never drops the rank and never takes it back.
+TEST(ValidateJobConfigTest, AdmissionsNeedEveryShardToOwnABlock) {
+  v1::JobConfig config = ValidConfig();
+  v1::ModelConfig* model = config.mutable_model();
+  model->clear_hidden();
+  model->set_kind(v1::ModelConfig::FLAT);
+  model->set_num_params(72);
+  config.mutable_algorithm()->set_block_size(8);
+  config.mutable_cluster()->clear_servers();
+  for (int s = 0; s < 4; ++s) {
+    config.mutable_cluster()->add_servers(absl::StrCat("127.0.0.1:", 7000 + s));
+  }
+  config.mutable_cluster()->set_elastic(true);
+  config.mutable_cluster()->set_admit_every_steps(10);
+  const absl::Status status = ValidateJobConfig(config);
+  EXPECT_TRUE(absl::IsInvalidArgument(status)) << status;
+  EXPECT_THAT(std::string(status.message()),
+              StartsWith("cluster.admit_every_steps: shard 3 of 4 owns no block of the model"));
   config.mutable_cluster()->mutable_servers()->RemoveLast();
   EXPECT_TRUE(ValidateJobConfig(config).ok()) << ValidateJobConfig(config);
 }
@@ -687,12 +745,14 @@ TEST(ValidateJobConfigTest, BoundaryValuesAndAlternativesPass) {
              c->mutable_optimizer()->set_momentum_kind(v1::OptimizerConfig::NONE);
              c->mutable_optimizer()->set_momentum(0);
              c->mutable_optimizer()->set_schedule(v1::OptimizerConfig::CONSTANT);
+             c->mutable_optimizer()->set_warmup_epochs(0);
            }},
           {"step decay gamma one",
            [](v1::JobConfig* c) {
              c->mutable_optimizer()->set_schedule(v1::OptimizerConfig::STEP_DECAY);
              c->mutable_optimizer()->set_step_epochs(1);
              c->mutable_optimizer()->set_gamma(1.0f);
+             c->mutable_optimizer()->set_warmup_epochs(0);
            }},
           {"no warm-up",
            [](v1::JobConfig* c) { c->mutable_optimizer()->set_warmup_epochs(0); }},
