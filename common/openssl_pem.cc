@@ -29,7 +29,10 @@ std::vector<X509Ptr> ReadPemCertificates(absl::string_view pem) {
 
 KeyPtr ReadPemPrivateKey(absl::string_view pem) {
   std::unique_ptr<BIO, BioFree> bio = MemoryBio(pem);
-  return KeyPtr(PEM_read_bio_PrivateKey(bio.get(), nullptr, nullptr, nullptr));
+  // Without a callback OpenSSL asks for an encrypted key's passphrase on
+  // the terminal or stdin, where a server waits for it forever.
+  pem_password_cb* no_passphrase = [](char*, int, int, void*) { return -1; };
+  return KeyPtr(PEM_read_bio_PrivateKey(bio.get(), nullptr, no_passphrase, nullptr));
 }
 
 std::string OpenSslReason() {

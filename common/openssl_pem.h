@@ -25,7 +25,8 @@ using KeyPtr = std::unique_ptr<EVP_PKEY, KeyFree>;
 
 // The certificates of a PEM bundle, in order; none when it holds none.
 std::vector<X509Ptr> ReadPemCertificates(absl::string_view pem);
-// The unencrypted private key of `pem`; null when it holds none.
+// The unencrypted private key of `pem`; null when it holds none (an
+// encrypted one is not read: no passphrase is asked for).
 KeyPtr ReadPemPrivateKey(absl::string_view pem);
 // The reason OpenSSL gave for the last failure ("no PEM data" when none),
 // and its queue emptied.

@@ -11,12 +11,14 @@
 #
 #   tools/make_certs.sh DIR [NAMES]   keeps what DIR already holds
 #   tools/make_certs.sh --force DIR [NAMES]
-#   tools/make_certs.sh --client NAME DIR   another worker certificate,
-#                            NAME.pem and NAME.key, signed by DIR's CA
+#   tools/make_certs.sh [--force] --client NAME DIR   another worker
+#                            certificate, NAME.pem and NAME.key, signed by
+#                            DIR's CA (not ca, server or client; kept if
+#                            there, unless --force)
 set -euo pipefail
 
 usage() {
-  sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//' >&2
+  sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//' >&2
   exit 2
 }
 
@@ -78,6 +80,19 @@ issue() {
 }
 
 if [ -n "$client" ]; then
+  case "$client" in
+    ca|server|client)
+      echo "make_certs: --client $client would replace the job's own $client files; pick another name" >&2
+      exit 2 ;;
+  esac
+  [[ "$client" =~ ^[A-Za-z0-9][A-Za-z0-9._-]*$ ]] || {
+    echo "make_certs: --client $client: a name of letters, digits, '.', '_' and '-'" >&2
+    exit 2
+  }
+  if [ "$force" -eq 0 ] && { [ -e "$dir/$client.key" ] || [ -e "$dir/$client.pem" ]; }; then
+    echo "make_certs: $dir already holds $client.key or $client.pem; kept (--force replaces them)" >&2
+    exit 1
+  fi
   [ -f "$dir/ca.pem" ] && [ -f "$dir/ca.key" ] || {
     echo "make_certs: $dir holds no ca.pem and ca.key to sign $client with" >&2
     exit 1

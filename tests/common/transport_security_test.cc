@@ -2,13 +2,19 @@
 // broken variants of them, the token comparison, and the exposure rule.
 #include "common/transport_security.h"
 
+#include <openssl/bio.h>
+#include <openssl/pem.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/openssl_pem.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/job_certificates.h"
@@ -107,6 +113,85 @@ TEST_F(TransportSecurityTest, EachBadFileIsNamed) {
       EXPECT_THAT(security.status().message(), HasSubstr(f));
     }
   }
+}
+
+// Another worker's certificate from the job's CA loads; a name that would
+// replace the job's own files is refused, and they stay as they were.
+TEST_F(TransportSecurityTest, MakeCertsIssuesMoreClientsButNeverOverTheJobsFiles) {
+  const auto make_client = [](const std::string& name) {
+    const std::string command = absl::StrCat("bash ", CSERPS_SOURCE_DIR,
+                                             "/tools/make_certs.sh --client ", name, " ",
+                                             (root_ / "job").string(), " > /dev/null 2>&1");
+    const int status = std::system(command.c_str());
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  };
+  const auto read = [](const std::string& path) {
+    std::ifstream in(path);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  };
+  const std::string ca_key = read(File("job", "ca.key"));
+  const std::string server_key = read(File("job", "server.key"));
+  for (const char* own : {"ca", "server", "client"}) {
+    SCOPED_TRACE(own);
+    EXPECT_EQ(make_client(own), 2);
+  }
+  EXPECT_EQ(read(File("job", "ca.key")), ca_key);
+  EXPECT_EQ(read(File("job", "server.key")), server_key);
+
+  ASSERT_EQ(make_client("worker-7"), 0);
+  absl::StatusOr<TransportSecurity> security = LoadTransportSecurity(
+      Tls(File("job", "ca.pem"), File("job", "worker-7.pem"), File("job", "worker-7.key")));
+  EXPECT_TRUE(security.ok()) << security.status();
+  EXPECT_EQ(make_client("worker-7"), 1) << "an existing worker's files are kept";
+}
+
+// The client's key, encrypted with the passphrase "secret" (PKCS#8).
+std::string EncryptedKey(const std::string& key_path) {
+  std::ifstream in(key_path);
+  const std::string pem((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  KeyPtr key = ReadPemPrivateKey(pem);
+  if (key == nullptr) return "";
+  BIO* out = BIO_new(BIO_s_mem());
+  char secret[] = "secret";
+  std::string encrypted;
+  if (PEM_write_bio_PKCS8PrivateKey(out, key.get(), EVP_aes_256_cbc(), secret, 6, nullptr,
+                                    nullptr) == 1) {
+    char* data = nullptr;
+    const long size = BIO_get_mem_data(out, &data);  // NOLINT(runtime/int): OpenSSL's type
+    encrypted.assign(data, static_cast<size_t>(size));
+  }
+  BIO_free(out);
+  return encrypted;
+}
+
+// An encrypted key is refused naming it, and its passphrase is not asked
+// for: a process with no terminal and the passphrase on its stdin (where
+// OpenSSL's default prompt reads it) still refuses the key.
+TEST_F(TransportSecurityTest, AnEncryptedKeyIsRefusedWithoutAskingForItsPassphrase) {
+  const std::string encrypted = EncryptedKey(File("job", "client.key"));
+  ASSERT_THAT(encrypted, HasSubstr("ENCRYPTED PRIVATE KEY"));
+  const v1::SecurityConfig config =
+      Tls(File("job", "ca.pem"), File("job", "client.pem"), Write("encrypted.key", encrypted));
+  int passphrase[2];
+  ASSERT_EQ(pipe(passphrase), 0);
+  ASSERT_EQ(write(passphrase[1], "secret\n", 7), 7);
+  close(passphrase[1]);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    setsid();  // no controlling terminal: a prompt would read stdin
+    dup2(passphrase[0], STDIN_FILENO);
+    const absl::StatusOr<TransportSecurity> security = LoadTransportSecurity(config);
+    const bool refused = absl::IsInvalidArgument(security.status()) &&
+                         absl::StrContains(security.status().message(), "security.key") &&
+                         absl::StrContains(security.status().message(), "encrypted.key");
+    _exit(refused ? 0 : 1);
+  }
+  close(passphrase[0]);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "the encrypted key was read, or refused naming no file";
 }
 
 TEST_F(TransportSecurityTest, ATokenMustBeLongAndPrintable) {
