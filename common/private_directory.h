@@ -10,9 +10,11 @@
 namespace cserps {
 
 // Creates the directory that will hold the file `path` when it is missing,
-// with its parents, and gives a directory it created mode 0700; one that
-// existed (say /tmp) keeps its mode. Errors name `path`, the directory and
-// the failing call, with the errno's status code.
+// with its parents, and gives a directory it created mode 0700. One that
+// existed must be this user's, a real directory (not a symbolic link) that
+// no other user may write to: FAILED_PRECONDITION naming it otherwise.
+// Other errors name `path`, the directory and the failing call, with the
+// errno's status code.
 absl::Status CreateParentDirectory(const std::string& path);
 
 }  // namespace cserps
