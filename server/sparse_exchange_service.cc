@@ -118,7 +118,7 @@ SparseExchangeService::SparseExchangeService(ShardContext* shard, Options option
                 if (on_round_latency_) on_round_latency_(latency);
               },
       }) {
-  if (UsesMomentum(rule_.kind)) {
+  if (checkpoints_momentum()) {
     absl::MutexLock lock(&apply_mu_);
     const CheckpointSection* resumed = shard->ResumedSection(kMomentumSection);
     if (resumed != nullptr) {

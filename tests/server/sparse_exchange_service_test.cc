@@ -392,5 +392,21 @@ TEST(SparseServiceCreateTest, RefusesAJobWhoseRepliesWouldNotFitAMessage) {
               HasSubstr("cluster.max_message_bytes: 65536 bytes hold at most 8064 sparse entries"));
 }
 
+// Only the jobs of the sparse exchange keep servers' momentum on it: the
+// shard of any other job holds none (shard-sized buffers nothing reads).
+TEST(SparseServiceCreateTest, OnlySparseJobsKeepServersMomentum) {
+  for (const bool sparse : {false, true}) {
+    SCOPED_TRACE(sparse ? "gtopk-ssgd" : "ssgd");
+    v1::JobConfig config =
+        Config(sparse ? "name: \"gtopk-ssgd\" density: 0.05" : "name: \"ssgd\"");
+    config.mutable_optimizer()->set_momentum_kind(v1::OptimizerConfig::HEAVY_BALL);
+    config.mutable_optimizer()->set_momentum(0.9f);
+    absl::StatusOr<std::unique_ptr<PsServer>> server = PsServer::Start(config, 0, "127.0.0.1:0");
+    ASSERT_TRUE(server.ok()) << server.status();
+    EXPECT_EQ((*server)->sparse_service().MomentumForCheckpoint().size(),
+              sparse ? (*server)->shard().store().size() : 0u);
+  }
+}
+
 }  // namespace
 }  // namespace cserps
