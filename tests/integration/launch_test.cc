@@ -282,6 +282,11 @@ TEST_F(LaunchTest, KilledServerIsRestartedAloneAndTheWorkersRollBack) {
     const std::string cut = ReadFile(out_ / "cut" / absl::StrCat("worker_", rank, ".json"));
     ASSERT_NO_FATAL_FAILURE(ExpectTheUninterruptedEnd(out_, rank));
     EXPECT_EQ(JsonNumber(cut, "roll_backs"), 1);
+    // The same processes trained on: the steps trained again count once.
+    const std::string whole = ReadFile(out_ / "whole" / absl::StrCat("worker_", rank, ".json"));
+    for (const char* key : {"training_floats_pushed", "achieved_compression"}) {
+      EXPECT_EQ(JsonNumber(cut, key), JsonNumber(whole, key)) << key;
+    }
   }
 }
 

@@ -199,6 +199,7 @@ absl::Status Trainer::FullAverageIfDue() {
   RETURN_IF_ERROR(algorithm_->SettleForCheckpoint(x_.data()));
   RETURN_IF_ERROR(algorithm_->AverageForCheckpoint(step_, x_.data()));
   if (!checkpoint) return absl::OkStatus();
+  floats_pushed_at_[step_] = TrainingFloatsPushed(*client_);
   // A finished epoch's losses have been reported; the next one starts empty.
   return WriteStateCheckpoint(
       config_, plan_.partition, step_, *algorithm_, ops_,
@@ -263,8 +264,12 @@ absl::StatusOr<float> Trainer::Step() {
   return loss;
 }
 
+uint64_t Trainer::TrainingFloats() const {
+  return TrainingFloatsPushed(*client_) - floats_trained_again_;
+}
+
 double Trainer::AchievedCompression() const {
-  const uint64_t floats = TrainingFloatsPushed(*client_);
+  const uint64_t floats = TrainingFloats();
   // The steps of this process: its client counts only what it pushed.
   return floats == 0 ? 0.0
                      : static_cast<double>(step_ - first_step_) * plan_.shard_floats / floats;
@@ -296,7 +301,7 @@ absl::StatusOr<std::vector<float>> Trainer::Params() {
 
 absl::Status Trainer::FinishTraining() {
   // Traffic of the training steps alone, against S-SGD's d floats per step.
-  final_.training_floats_pushed = TrainingFloatsPushed(*client_);
+  final_.training_floats_pushed = TrainingFloats();
   final_.achieved_compression = AchievedCompression();
   ASSIGN_OR_RETURN(const EvalSums local, EvaluateTest());
   final_.local_accuracy = Accuracy(local);
@@ -381,6 +386,13 @@ absl::StatusOr<bool> Trainer::RollBackIfAShardRestarted(const absl::Status& fail
   first_step_ = first_step;
   resumed_from_ = resumed_from;
   // The steps after the checkpoint are trained again.
+  // A checkpoint completes only with this process's file, so one it did
+  // not write is where it started, having pushed nothing yet.
+  const uint64_t pushed = TrainingFloatsPushed(*client_);
+  const auto at = floats_pushed_at_.find(step_);
+  floats_trained_again_ += pushed - (at != floats_pushed_at_.end() ? at->second : 0);
+  floats_pushed_at_.erase(floats_pushed_at_.upper_bound(step_), floats_pushed_at_.end());
+  floats_pushed_at_[step_] = pushed;
   while (!curve_.empty() && curve_.back().step > step_) curve_.pop_back();
   while (!membership_.empty() && membership_.back().step > step_) membership_.pop_back();
   epoch_started_ = false;

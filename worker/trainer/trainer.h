@@ -12,6 +12,7 @@
 #define CSERPS_WORKER_TRAINER_TRAINER_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -127,6 +128,8 @@ class Trainer {
   // Steps times this process's shard floats over the training floats
   // pushed so far.
   double AchievedCompression() const;
+  // The floats this process pushed in its training steps, each step once.
+  uint64_t TrainingFloats() const;
   // Sleeps (slowdown - 1) x the compute time for a data.rank_slowdown of
   // more than 1, and refuses a diverged (non-finite) loss naming the rank
   // and step; passes on the backend's error.
@@ -156,6 +159,11 @@ class Trainer {
   uint64_t joined_at_ = 0;
   uint64_t followed_restart_ = 0;  // the restarted shard's incarnation last rolled back to
   uint32_t roll_backs_ = 0;
+  // TrainingFloatsPushed as this process left each checkpoint it may roll
+  // back to, and what it pushed for steps a roll back then trained again:
+  // not counted, so that the figures are the uninterrupted job's.
+  std::map<uint64_t, uint64_t> floats_pushed_at_;
+  uint64_t floats_trained_again_ = 0;
   // The members the servers' rounds wait for, and each change of them.
   uint32_t members_ = 0;
   std::vector<MembershipChange> membership_;
