@@ -6,6 +6,7 @@
 #include <openssl/sha.h>
 #include <openssl/x509.h>
 #include <openssl/x509_vfy.h>
+#include <openssl/x509v3.h>
 
 #include <arpa/inet.h>
 
@@ -48,7 +49,7 @@ absl::StatusOr<std::string> ReadNamedFile(absl::string_view field, const std::st
   return contents;
 }
 
-absl::Status CheckTls(const v1::SecurityConfig& config, const TlsFiles& files) {
+absl::Status CheckTls(const v1::SecurityConfig& config, const TlsFiles& files, TlsRole role) {
   auto invalid = [](absl::string_view field, const std::string& path, absl::string_view what) {
     return absl::InvalidArgumentError(absl::StrCat("security.", field, " ", path, ": ", what));
   };
@@ -72,6 +73,16 @@ absl::Status CheckTls(const v1::SecurityConfig& config, const TlsFiles& files) {
     return invalid("cert", config.cert(),
                    absl::StrCat("is not accepted by security.ca_cert ", config.ca_cert(), ": ",
                                 signed_by_ca.message()));
+  }
+  const bool server = role == TlsRole::kServer;
+  if (X509_check_purpose(chain.front().get(),
+                         server ? X509_PURPOSE_SSL_SERVER : X509_PURPOSE_SSL_CLIENT, 0) != 1) {
+    ERR_clear_error();
+    return invalid("cert", config.cert(),
+                   absl::StrCat("is not a certificate for a ", server ? "server" : "worker",
+                                " (its extendedKeyUsage lacks ",
+                                server ? "serverAuth" : "clientAuth", "): tools/make_certs.sh "
+                                "makes server.pem for servers and client.pem for workers"));
   }
   return absl::OkStatus();
 }
@@ -98,7 +109,8 @@ absl::StatusOr<std::string> LoadToken(const std::string& path) {
 
 }  // namespace
 
-absl::StatusOr<TransportSecurity> LoadTransportSecurity(const v1::SecurityConfig& config) {
+absl::StatusOr<TransportSecurity> LoadTransportSecurity(const v1::SecurityConfig& config,
+                                                        TlsRole role) {
   TransportSecurity security;
   const int tls_fields = !config.ca_cert().empty() + !config.cert().empty() +
                          !config.key().empty();
@@ -113,7 +125,7 @@ absl::StatusOr<TransportSecurity> LoadTransportSecurity(const v1::SecurityConfig
     ASSIGN_OR_RETURN(files.ca_pem, ReadNamedFile("ca_cert", config.ca_cert()));
     ASSIGN_OR_RETURN(files.cert_pem, ReadNamedFile("cert", config.cert()));
     ASSIGN_OR_RETURN(files.key_pem, ReadNamedFile("key", config.key()));
-    RETURN_IF_ERROR(CheckTls(config, files));
+    RETURN_IF_ERROR(CheckTls(config, files, role));
     security.tls = std::move(files);
   }
   if (!config.token_file().empty()) {

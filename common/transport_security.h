@@ -2,8 +2,8 @@
 // socket opens (docs/security.md): TLS's CA, certificate and key in PEM, and
 // the job's token. Each failure names the field, the path and what is wrong
 // with it: missing or unreadable, not PEM, a certificate that does not match
-// its key or is not signed by the CA (or has expired), a token too short or
-// not printable.
+// its key, is not signed by the CA (or has expired) or is not for the
+// process's end of the connections, a token too short or not printable.
 #ifndef CSERPS_COMMON_TRANSPORT_SECURITY_H_
 #define CSERPS_COMMON_TRANSPORT_SECURITY_H_
 
@@ -34,8 +34,14 @@ inline constexpr char kTokenMetadataKey[] = "x-cserps-token";
 // Shorter tokens are refused: a token is a secret, not a password to type.
 inline constexpr size_t kMinTokenLength = 16;
 
+// Which end of the job's connections a process is: its certificate must be
+// one for it (extendedKeyUsage serverAuth, or clientAuth for a worker), or
+// the other end's handshake refuses it.
+enum class TlsRole { kServer, kWorker };
+
 // Empty fields load nothing; ca_cert, cert and key go together.
-absl::StatusOr<TransportSecurity> LoadTransportSecurity(const v1::SecurityConfig& config);
+absl::StatusOr<TransportSecurity> LoadTransportSecurity(const v1::SecurityConfig& config,
+                                                        TlsRole role);
 
 // OK when the first certificate of `chain_pem` (the others: intermediates)
 // is signed by a certificate of `ca_pem` and valid now; UNAUTHENTICATED

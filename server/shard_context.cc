@@ -48,7 +48,7 @@ absl::StatusOr<std::unique_ptr<ShardContext>> ShardContext::Create(
   }
   ASSIGN_OR_RETURN(ModelSpec spec, MakeModelSpec(config.model()));
   std::unique_ptr<ShardContext> context(new ShardContext(config, shard, spec.num_params));
-  ASSIGN_OR_RETURN(context->security_, LoadTransportSecurity(config.security()));
+  ASSIGN_OR_RETURN(context->security_, LoadTransportSecurity(config.security(), TlsRole::kServer));
   const v1::CheckpointConfig& checkpoint = config.checkpoint();
   if (checkpoint.resume() || checkpoint.restart_on_failure()) {
     absl::StatusOr<ResumedShard> resumed = ResumeShard(config, shard, &context->store_);

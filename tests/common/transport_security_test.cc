@@ -62,14 +62,15 @@ TEST_F(TransportSecurityTest, TheFilesOfMakeCertsLoad) {
   v1::SecurityConfig config =
       Tls(File("job", "ca.pem"), File("job", "server.pem"), File("job", "server.key"));
   config.set_token_file(File("job", "token"));
-  absl::StatusOr<TransportSecurity> security = LoadTransportSecurity(config);
+  absl::StatusOr<TransportSecurity> security = LoadTransportSecurity(config, TlsRole::kServer);
   ASSERT_TRUE(security.ok()) << security.status();
   ASSERT_TRUE(security->tls.has_value());
   EXPECT_THAT(security->tls->cert_pem, HasSubstr("BEGIN CERTIFICATE"));
   EXPECT_EQ(security->token.size(), 64u) << "the newline is not part of the token";
   EXPECT_TRUE(security->enabled());
 
-  absl::StatusOr<TransportSecurity> none = LoadTransportSecurity(v1::SecurityConfig());
+  absl::StatusOr<TransportSecurity> none =
+      LoadTransportSecurity(v1::SecurityConfig(), TlsRole::kWorker);
   ASSERT_TRUE(none.ok());
   EXPECT_FALSE(none->enabled());
 }
@@ -107,12 +108,24 @@ TEST_F(TransportSecurityTest, EachBadFileIsNamed) {
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
-    absl::StatusOr<TransportSecurity> security = LoadTransportSecurity(c.config);
+    absl::StatusOr<TransportSecurity> security = LoadTransportSecurity(c.config, TlsRole::kWorker);
     EXPECT_EQ(security.status().code(), c.code) << security.status();
     for (const std::string& f : c.fragments) {
       EXPECT_THAT(security.status().message(), HasSubstr(f));
     }
   }
+  // Each end's certificate at the other end, which its peer's handshake
+  // would refuse.
+  const absl::StatusOr<TransportSecurity> server_as_worker = LoadTransportSecurity(
+      Tls(ca, File("job", "server.pem"), File("job", "server.key")), TlsRole::kWorker);
+  EXPECT_TRUE(absl::IsInvalidArgument(server_as_worker.status())) << server_as_worker.status();
+  EXPECT_THAT(server_as_worker.status().message(),
+              AllOf(HasSubstr("security.cert"), HasSubstr("server.pem"), HasSubstr("clientAuth")));
+  const absl::StatusOr<TransportSecurity> worker_as_server =
+      LoadTransportSecurity(Tls(ca, cert, key), TlsRole::kServer);
+  EXPECT_TRUE(absl::IsInvalidArgument(worker_as_server.status())) << worker_as_server.status();
+  EXPECT_THAT(worker_as_server.status().message(),
+              AllOf(HasSubstr("security.cert"), HasSubstr("client.pem"), HasSubstr("serverAuth")));
 }
 
 // Another worker's certificate from the job's CA loads; a name that would
@@ -140,7 +153,8 @@ TEST_F(TransportSecurityTest, MakeCertsIssuesMoreClientsButNeverOverTheJobsFiles
 
   ASSERT_EQ(make_client("worker-7"), 0);
   absl::StatusOr<TransportSecurity> security = LoadTransportSecurity(
-      Tls(File("job", "ca.pem"), File("job", "worker-7.pem"), File("job", "worker-7.key")));
+      Tls(File("job", "ca.pem"), File("job", "worker-7.pem"), File("job", "worker-7.key")),
+      TlsRole::kWorker);
   EXPECT_TRUE(security.ok()) << security.status();
   EXPECT_EQ(make_client("worker-7"), 1) << "an existing worker's files are kept";
 }
@@ -181,7 +195,8 @@ TEST_F(TransportSecurityTest, AnEncryptedKeyIsRefusedWithoutAskingForItsPassphra
   if (child == 0) {
     setsid();  // no controlling terminal: a prompt would read stdin
     dup2(passphrase[0], STDIN_FILENO);
-    const absl::StatusOr<TransportSecurity> security = LoadTransportSecurity(config);
+    const absl::StatusOr<TransportSecurity> security =
+        LoadTransportSecurity(config, TlsRole::kWorker);
     const bool refused = absl::IsInvalidArgument(security.status()) &&
                          absl::StrContains(security.status().message(), "security.key") &&
                          absl::StrContains(security.status().message(), "encrypted.key");
@@ -210,14 +225,14 @@ TEST_F(TransportSecurityTest, ATokenMustBeLongAndPrintable) {
     SCOPED_TRACE(c.name);
     v1::SecurityConfig config;
     config.set_token_file(Write("token", c.contents));
-    absl::StatusOr<TransportSecurity> security = LoadTransportSecurity(config);
+    absl::StatusOr<TransportSecurity> security = LoadTransportSecurity(config, TlsRole::kWorker);
     EXPECT_FALSE(security.ok());
     EXPECT_THAT(security.status().message(), AllOf(HasSubstr("security.token_file"),
                                                    HasSubstr(c.fragment)));
   }
   v1::SecurityConfig config;
   config.set_token_file(Write("token", "  0123456789abcdefXYZ  \nsecond line\n"));
-  absl::StatusOr<TransportSecurity> security = LoadTransportSecurity(config);
+  absl::StatusOr<TransportSecurity> security = LoadTransportSecurity(config, TlsRole::kWorker);
   ASSERT_TRUE(security.ok()) << security.status();
   EXPECT_EQ(security->token, "0123456789abcdefXYZ");
   EXPECT_FALSE(security->tls.has_value());

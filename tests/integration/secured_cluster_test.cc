@@ -271,7 +271,7 @@ TEST_F(SecuredClusterTest, TheBulkPortChecksTheCertificateThenTheToken) {
   ASSERT_NE(server_->bulk_port(), 0);
   const v1::JobConfig job = Config("");
   auto connect = [&](const std::string& security) {
-    absl::StatusOr<TransportSecurity> loaded = LoadTransportSecurity(Config(security).security());
+    absl::StatusOr<TransportSecurity> loaded = LoadTransportSecurity(Config(security).security(), TlsRole::kWorker);
     EXPECT_TRUE(loaded.ok()) << loaded.status();
     BulkChannel::Credentials credentials{.tls = nullptr, .token = loaded->token};
     if (loaded->tls.has_value()) credentials.tls = *TlsContext::ForClient(*loaded->tls);

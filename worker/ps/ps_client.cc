@@ -217,7 +217,7 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(
         " must be below shard_stride ", options.shard_stride));
   }
   ASSIGN_OR_RETURN(const TransportSecurity security,
-                   LoadTransportSecurity(config.security()));
+                   LoadTransportSecurity(config.security(), TlsRole::kWorker));
   auto impl = std::make_unique<Impl>(config, num_params, options);
   impl->secured_ = security.enabled();
   impl->bulk_credentials_.token = security.token;
