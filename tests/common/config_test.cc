@@ -615,8 +615,8 @@ TEST(ValidateJobConfigTest, EachRuleNamesItsField) {
 }
 
 // 9 blocks over 4 shards leave shard 3 none (docs/protocol.md, "Block
-// layout"): a job may run so, but its checkpoints could never complete.
-TEST(ValidateJobConfigTest, CheckpointsNeedEveryShardToOwnABlock) {
+// layout"): a job may run so, but not with what needs every shard's rounds.
+v1::JobConfig FourShardsOfNineBlocks() {
   v1::JobConfig config = ValidConfig();
   v1::ModelConfig* model = config.mutable_model();
   model->clear_hidden();
@@ -627,6 +627,12 @@ TEST(ValidateJobConfigTest, CheckpointsNeedEveryShardToOwnABlock) {
   for (int s = 0; s < 4; ++s) {
     config.mutable_cluster()->add_servers(absl::StrCat("127.0.0.1:", 7000 + s));
   }
+  return config;
+}
+
+// Its checkpoints could never complete.
+TEST(ValidateJobConfigTest, CheckpointsNeedEveryShardToOwnABlock) {
+  v1::JobConfig config = FourShardsOfNineBlocks();
   ASSERT_TRUE(ValidateJobConfig(config).ok()) << ValidateJobConfig(config);
   config.mutable_checkpoint()->set_dir("/tmp/ckpt");
   config.mutable_checkpoint()->set_every_steps(10);
@@ -643,16 +649,7 @@ TEST(ValidateJobConfigTest, CheckpointsNeedEveryShardToOwnABlock) {
 // Nor could a rank dropped from an elastic job rejoin: the shard without a
 // block has no rounds, so it never drops the rank and never takes it back.
 TEST(ValidateJobConfigTest, AdmissionsNeedEveryShardToOwnABlock) {
-  v1::JobConfig config = ValidConfig();
-  v1::ModelConfig* model = config.mutable_model();
-  model->clear_hidden();
-  model->set_kind(v1::ModelConfig::FLAT);
-  model->set_num_params(72);
-  config.mutable_algorithm()->set_block_size(8);
-  config.mutable_cluster()->clear_servers();
-  for (int s = 0; s < 4; ++s) {
-    config.mutable_cluster()->add_servers(absl::StrCat("127.0.0.1:", 7000 + s));
-  }
+  v1::JobConfig config = FourShardsOfNineBlocks();
   config.mutable_cluster()->set_elastic(true);
   config.mutable_cluster()->set_admit_every_steps(10);
   const absl::Status status = ValidateJobConfig(config);
