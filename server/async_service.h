@@ -113,7 +113,8 @@ class AsyncService final : public v1::AsyncParameterServer::CallbackService {
   absl::Status Validate(const PushHead& head) const;
   // Parks the admitted push at the gate; once released, `apply` updates the
   // model and returns the reply's bytes, and `finish` gets the outcome,
-  // prefixed with the push's name.
+  // prefixed with the push's name. A retry of a push applied already passes
+  // at once: it only reads the floats back.
   void PassGate(const PushHead& head, absl::Time arrived,
                 std::function<absl::StatusOr<uint64_t>()> apply,
                 std::function<void(absl::Status)> finish);
@@ -122,6 +123,9 @@ class AsyncService final : public v1::AsyncParameterServer::CallbackService {
   // lock.
   absl::Status Apply(const PushHead& head, absl::Span<float> g,
                      absl::FunctionRef<absl::Status()> read);
+  // Whether `head`'s push (this step or a later one of its rank and
+  // offset) was applied.
+  bool Applied(const PushHead& head);
 
   ShardContext& shard_;
   const Options options_;
