@@ -54,7 +54,7 @@ AsyncService::AsyncService(ShardContext* shard, Options options)
           .staleness = shard->config().algorithm().staleness(),
           .silence_timeout = absl::Seconds(shard->config().cluster().round_timeout_s()),
       }) {
-  if (UsesMomentum(shard_.config().optimizer().momentum_kind())) {
+  if (async_job_ && UsesMomentum(shard_.config().optimizer().momentum_kind())) {
     absl::MutexLock lock(&update_mu_);
     momentum_.assign(shard_.store().size(), 0.0f);
   }

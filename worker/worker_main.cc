@@ -338,7 +338,7 @@ absl::Status RunWorker() {
     options.setup_timeout = options.timeout;
     std::string dir = absl::GetFlag(FLAGS_group_dir);
     if (dir.empty()) {
-      dir = cserps::DefaultNodeGroupDir(config, worker_id);
+      dir = cserps::DefaultNodeGroupDir(config.name(), worker_id);
     }
     options.id_path = absl::StrCat(dir, "/nccl_id");
     absl::StatusOr<std::unique_ptr<cserps::NcclGroup>> nccl = cserps::NcclGroup::Create(

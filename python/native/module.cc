@@ -283,7 +283,7 @@ class Trainer {
           "node's rank, so each must claim it (RANK / LOCAL_WORLD_SIZE)"));
     }
     if (options.worker_id.empty()) options.worker_id = DefaultNodeId(options.requested_rank);
-    const std::string dir = DefaultNodeGroupDir(config, options.worker_id);
+    const std::string dir = DefaultNodeGroupDir(config.name(), options.worker_id);
     PsClientOptions client;
     client.setup_timeout = options.setup_timeout;
     client.rpc_slack = options.rpc_slack;

@@ -76,7 +76,8 @@ v1::JobConfig MakeConfig(const std::string& algorithm, const std::string& moment
     cluster { servers: "127.0.0.1:0" servers: "127.0.0.1:0" num_workers: 2 round_timeout_s: 20 }
     model { kind: MLP input_dim: )pb", kDim, R"pb( hidden: 16 num_classes: 10 }
     data { batch_size: 16 }
-    optimizer { lr: 0.05 momentum: 0.9 momentum_kind: )pb", momentum, R"pb( }
+    optimizer { lr: 0.05 momentum_kind: )pb", momentum,
+      momentum == "NONE" ? "" : " momentum: 0.9", R"pb( }
     algorithm { )pb", algorithm, R"pb( block_size: 8 }
     epochs: 1
   )pb"));

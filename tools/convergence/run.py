@@ -309,12 +309,13 @@ def study_runs(study, epochs, workers):
                      HALF_SLOW + HALF_SPEED))
         return runs
     runs = [("S-SGD", "ssgd", {}, 0.1, size),
-            ("S-SGD without momentum", "ssgd", {}, 0.1, size + ["optimizer.momentum_kind=NONE"])]
+            ("S-SGD without momentum", "ssgd", {}, 0.1,
+             size + ["optimizer.momentum_kind=NONE", "optimizer.momentum=0"])]
     for density in (0.01, 0.001):
         runs += [(f"gTop-k density {density}", "gtopk-ssgd", dict(density=density), 0.1,
-                  size + ["optimizer.momentum_kind=NONE"]),
+                  size + ["optimizer.momentum_kind=NONE", "optimizer.momentum=0"]),
                  (f"Top-k density {density}", "topk-ssgd", dict(density=density), 0.1,
-                  size + ["optimizer.momentum_kind=NONE"])]
+                  size + ["optimizer.momentum_kind=NONE", "optimizer.momentum=0"])]
     return runs
 
 

@@ -6,7 +6,6 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
-#include "common/config_fingerprint.h"
 
 namespace cserps {
 namespace {
@@ -41,9 +40,8 @@ std::string DefaultNodeId(int requested_rank) {
   return absl::StrCat(HostName(), ":rank", requested_rank);
 }
 
-std::string DefaultNodeGroupDir(const v1::JobConfig& job, const std::string& node_id) {
-  return absl::StrCat("/dev/shm/cserps-", SafeName(job.name()), "-",
-                      absl::Hex(JobFingerprint(job), absl::kZeroPad16), "-", SafeName(node_id));
+std::string DefaultNodeGroupDir(const std::string& job_name, const std::string& node_id) {
+  return absl::StrCat("/dev/shm/cserps-", SafeName(job_name), "-", SafeName(node_id));
 }
 
 }  // namespace cserps

@@ -6,8 +6,6 @@
 
 #include <string>
 
-#include "cserps/v1/config.pb.h"
-
 namespace cserps {
 
 // host:pid:nonce. host:pid alone is not unique: containers on the host's
@@ -19,12 +17,11 @@ std::string DefaultWorkerId();
 // >= 0), so that several nodes of one job can share a machine.
 std::string DefaultNodeId(int requested_rank);
 
-// The node-local directory where the local ranks of node `node_id` of
-// `job` meet (local rank 0's NCCL id, or its group's socket):
-// /dev/shm/cserps-<job name>-<fingerprint>-<node id>, with every character
-// that is not [A-Za-z0-9._-] replaced by '_'. The fingerprint keeps two
-// jobs of one name on a machine (say, against other servers) apart.
-std::string DefaultNodeGroupDir(const v1::JobConfig& job, const std::string& node_id);
+// The node-local directory where the local ranks of node `node_id` of job
+// `job_name` meet (local rank 0's NCCL id, or its group's socket):
+// /dev/shm/cserps-<job name>-<node id>, with every character that is not
+// [A-Za-z0-9._-] replaced by '_'.
+std::string DefaultNodeGroupDir(const std::string& job_name, const std::string& node_id);
 
 }  // namespace cserps
 

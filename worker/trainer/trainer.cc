@@ -199,7 +199,7 @@ absl::Status Trainer::FullAverageIfDue() {
   RETURN_IF_ERROR(algorithm_->SettleForCheckpoint(x_.data()));
   RETURN_IF_ERROR(algorithm_->AverageForCheckpoint(step_, x_.data()));
   if (!checkpoint) return absl::OkStatus();
-  floats_pushed_at_[step_] = TrainingFloatsPushed(*client_);
+  training_floats_at_[step_] = TrainingFloats();
   // A finished epoch's losses have been reported; the next one starts empty.
   return WriteStateCheckpoint(
       config_, plan_.partition, step_, *algorithm_, ops_,
@@ -387,12 +387,11 @@ absl::StatusOr<bool> Trainer::RollBackIfAShardRestarted(const absl::Status& fail
   resumed_from_ = resumed_from;
   // The steps after the checkpoint are trained again.
   // A checkpoint completes only with this process's file, so one it did
-  // not write is where it started, having pushed nothing yet.
-  const uint64_t pushed = TrainingFloatsPushed(*client_);
-  const auto at = floats_pushed_at_.find(step_);
-  floats_trained_again_ += pushed - (at != floats_pushed_at_.end() ? at->second : 0);
-  floats_pushed_at_.erase(floats_pushed_at_.upper_bound(step_), floats_pushed_at_.end());
-  floats_pushed_at_[step_] = pushed;
+  // not write is where it started, having trained nothing yet.
+  const auto at = training_floats_at_.find(step_);
+  floats_trained_again_ = TrainingFloatsPushed(*client_) -
+                          (at != training_floats_at_.end() ? at->second : 0);
+  training_floats_at_.erase(training_floats_at_.upper_bound(step_), training_floats_at_.end());
   while (!curve_.empty() && curve_.back().step > step_) curve_.pop_back();
   while (!membership_.empty() && membership_.back().step > step_) membership_.pop_back();
   epoch_started_ = false;

@@ -159,10 +159,10 @@ class Trainer {
   uint64_t joined_at_ = 0;
   uint64_t followed_restart_ = 0;  // the restarted shard's incarnation last rolled back to
   uint32_t roll_backs_ = 0;
-  // TrainingFloatsPushed as this process left each checkpoint it may roll
-  // back to, and what it pushed for steps a roll back then trained again:
-  // not counted, so that the figures are the uninterrupted job's.
-  std::map<uint64_t, uint64_t> floats_pushed_at_;
+  // TrainingFloats as this process left each checkpoint it may roll back
+  // to, and what it pushed for steps a roll back then trained again: not
+  // counted, so that the figures are the uninterrupted job's.
+  std::map<uint64_t, uint64_t> training_floats_at_;
   uint64_t floats_trained_again_ = 0;
   // The members the servers' rounds wait for, and each change of them.
   uint32_t members_ = 0;
