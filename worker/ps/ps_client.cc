@@ -388,6 +388,7 @@ absl::Status PsClient::AgreeResumedFromStep(uint64_t node_step) {
       StartName(impl_->resumed_from_step_), " but shard 0 from ", StartName(node_step),
       ": restart every server of the job, each with --resume and the same checkpoint.dir"));
 }
+
 uint64_t PsClient::retries() const { return impl_->retries_.load(); }
 uint32_t PsClient::members() const {
   uint32_t fewest = impl_->config_.cluster().num_workers();

@@ -385,9 +385,9 @@ absl::StatusOr<bool> Trainer::RollBackIfAShardRestarted(const absl::Status& fail
   RETURN_IF_ERROR(ResumeFromCheckpoint());
   first_step_ = first_step;
   resumed_from_ = resumed_from;
-  // The steps after the checkpoint are trained again.
-  // A checkpoint completes only with this process's file, so one it did
-  // not write is where it started, having trained nothing yet.
+  // The steps after the checkpoint are trained again, and count once. A
+  // checkpoint completes only with this process's file, so one it did not
+  // write is where it started, having trained nothing yet.
   const auto at = training_floats_at_.find(step_);
   floats_trained_again_ = TrainingFloatsPushed(*client_) -
                           (at != training_floats_at_.end() ? at->second : 0);
