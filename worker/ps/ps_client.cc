@@ -42,6 +42,16 @@ std::string StartName(uint64_t resumed_from_step) {
                                 : absl::StrCat("the checkpoint of step ", resumed_from_step);
 }
 
+// Shard `s` (at `address`) resumed from `step`, shard `other` from
+// `other_step`.
+absl::Status StartsDiffer(uint32_t s, const std::string& address, uint64_t step, uint32_t other,
+                          uint64_t other_step) {
+  return absl::FailedPreconditionError(absl::StrCat(
+      "shard ", s, " at ", address, " resumed from ", StartName(step), " but shard ", other,
+      " from ", StartName(other_step),
+      ": restart every server of the job, each with --resume and the same checkpoint.dir"));
+}
+
 // One RPC to one shard: what gRPC's callback API needs to outlive the call.
 template <typename Request, typename Response>
 struct ShardCall {
@@ -302,11 +312,8 @@ absl::StatusOr<uint32_t> PsClient::Register(int requested_rank,
           impl_->layout_.num_params(), " floats: check the order of cluster.servers"));
     }
     if (s != impl_->shards_.front() && response.resumed_from_step() != impl_->resumed_from_step_) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "shard ", s, " at ", impl_->addresses_[s], " resumed from ",
-          StartName(response.resumed_from_step()), " but shard ", impl_->shards_.front(),
-          " from ", StartName(impl_->resumed_from_step_),
-          ": restart every server of the job, each with --resume and the same checkpoint.dir"));
+      return StartsDiffer(s, impl_->addresses_[s], response.resumed_from_step(),
+                          impl_->shards_.front(), impl_->resumed_from_step_);
     }
     impl_->resumed_from_step_ = response.resumed_from_step();
     rank = static_cast<int>(response.rank());
@@ -383,10 +390,7 @@ absl::Status PsClient::AgreeResumedFromStep(uint64_t node_step) {
   }
   if (impl_->resumed_from_step_ == node_step) return absl::OkStatus();
   const uint32_t s = impl_->shards_.front();
-  return absl::FailedPreconditionError(absl::StrCat(
-      "shard ", s, " at ", impl_->addresses_[s], " resumed from ",
-      StartName(impl_->resumed_from_step_), " but shard 0 from ", StartName(node_step),
-      ": restart every server of the job, each with --resume and the same checkpoint.dir"));
+  return StartsDiffer(s, impl_->addresses_[s], impl_->resumed_from_step_, 0, node_step);
 }
 
 uint64_t PsClient::retries() const { return impl_->retries_.load(); }
