@@ -20,8 +20,13 @@ void LockInBothOrders() {
   }
 }
 
+// Every test binary runs gRPC's threads (tests/testing/callback_queue_hold.cc),
+// and with the checks on each of their locks takes abseil's deadlock graph
+// lock: a child forked while one holds it waits on it forever. A threadsafe
+// death test starts its child afresh instead of forking this process.
 #ifdef NDEBUG
-TEST(LockOrderChecksTest, DebiansAbseilChecksTheOrderOfEveryLock) {
+TEST(LockOrderChecksDeathTest, DebiansAbseilChecksTheOrderOfEveryLock) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_DEATH(
       {
         absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kAbort);
@@ -35,7 +40,8 @@ TEST(LockOrderChecksTest, ABuildWithNdebugSkipsThem) {
   LockInBothOrders();  // would abort with the checks on
 }
 #else
-TEST(LockOrderChecksTest, ABuildWithoutNdebugKeepsThem) {
+TEST(LockOrderChecksDeathTest, ABuildWithoutNdebugKeepsThem) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_DEATH(
       {
         SkipLockOrderChecksWithNdebug();

@@ -1142,12 +1142,10 @@ TEST_F(ServiceTest, ShutdownAnswersParkedCallsUnavailable) {
       << pull->status.error_message();
 }
 
-// Fails until PsServer::Start's failure path is fixed: when
-// ParameterServerService::Create or BuildAndStart fails, the half-built
-// PsServer is destroyed and ~PsServer -> Shutdown() dereferences the null
-// service_ / server_ (server/ps_server.cc, PsServer::Shutdown), so Start
-// crashes instead of returning the error. Run in a child process so that
-// the crash does not take the other tests down.
+// When ParameterServerService::Create or BuildAndStart fails, the half-built
+// PsServer is destroyed, and its Shutdown must not touch the services it
+// never made. Run in a child process so that a crash there does not take the
+// other tests down.
 TEST(PsServerStartDeathTest, BadShardIsAnErrorNotACrash) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   const v1::JobConfig config = MakeConfig(2);
