@@ -268,6 +268,31 @@ TEST_P(DamagedCheckpointTest, RestartedWorkerRefusesServersInTheMiddleOfTheJob) 
   EXPECT_THAT(refused.message(), HasSubstr("in the middle of the job"));
 }
 
+// A worker started without --resume beside servers that resumed would
+// train a fresh start on the checkpoint's model, and first remove its own
+// files from every step, the checkpoints the servers resumed from included.
+TEST_P(DamagedCheckpointTest, WorkerStartedAfreshRefusesResumedServers) {
+  ASSERT_TRUE(Run("cut", Start::kFresh, kStopAt).status().ok());
+  v1::JobConfig config = MakeConfig(GetParam(), (root_ / "cut").string());
+  config.mutable_checkpoint()->set_resume(true);
+  absl::StatusOr<std::unique_ptr<InProcessCluster>> cluster =
+      InProcessCluster::Start(config, kD);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  v1::JobConfig afresh = (*cluster)->config();
+  afresh.mutable_checkpoint()->set_resume(false);
+  absl::StatusOr<std::unique_ptr<Trainer>> trainer =
+      Trainer::Create(afresh, &(*cluster)->client(1), &train_, &test_);
+  ASSERT_TRUE(trainer.ok()) << trainer.status();
+  const absl::Status refused = (*trainer)->InitializeModel();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_THAT(refused.message(), HasSubstr("resumed from the checkpoint of step 12"));
+  for (uint64_t step : {8, 12}) {
+    EXPECT_TRUE(fs::exists(fs::path(CheckpointStepDir((root_ / "cut").string(), step)) /
+                           "rank-1.ckpt"))
+        << "step " << step;
+  }
+}
+
 TEST_P(DamagedCheckpointTest, DamagedNewestIsPassedOverForThePreviousOne) {
   absl::StatusOr<Outcome> whole = Run("whole", /*resume=*/false, kSteps);
   ASSERT_TRUE(whole.ok()) << whole.status();

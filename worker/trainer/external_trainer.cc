@@ -113,11 +113,8 @@ absl::Status ExternalTrainer::InitializeModel(absl::Span<float> params) {
     RETURN_IF_ERROR(cserps::PullModel(link(), absl::MakeSpan(model), /*wait_for_init=*/false));
     return ops_->Upload(model, params.data());
   }
-  if (config_.checkpoint().restart_on_failure()) {
-    RETURN_IF_ERROR(SharedStatus(link(), CheckServersStartedFresh(*client_), "restart"));
-  }
-  RETURN_IF_ERROR(SharedStatus(link(), ForgetEarlierRun(config_, plan_.partition),
-                               "checkpoint files of an earlier run"));
+  RETURN_IF_ERROR(SharedStatus(link(), StartWithoutCheckpoint(config_, *client_, plan_.partition),
+                               "fresh start"));
   if (rank() == 0) {
     RETURN_IF_ERROR(ops_->Download(params.data(), absl::MakeSpan(model)));
     RETURN_IF_ERROR(cserps::PushModel(link(), model));

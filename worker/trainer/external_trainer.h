@@ -72,8 +72,9 @@ class ExternalTrainer {
   // checkpoint.restart_on_failure with servers that resumed) instead takes
   // this process's state from the newest complete one in checkpoint.dir and
   // the model from the servers, and step() is then that checkpoint's step,
-  // where the caller's training goes on (ResumeState's errors). A restarted
-  // worker whose servers did not resume fails (CheckServersStartedFresh).
+  // where the caller's training goes on (ResumeState's errors). A worker
+  // that starts afresh with servers that did not fails
+  // (StartWithoutCheckpoint).
   absl::Status InitializeModel(absl::Span<float> params);
   // Step step() of the algorithm at learning rate `lr`: `grad` is the
   // stochastic gradient at `params`, which the step updates in place. Both

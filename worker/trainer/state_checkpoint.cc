@@ -73,11 +73,9 @@ absl::StatusOr<RankCheckpoint> ResumeState(const v1::JobConfig& config, const Ps
   return loaded;
 }
 
-absl::Status ForgetEarlierRun(const v1::JobConfig& config, uint32_t partition) {
-  if (config.checkpoint().every_steps() == 0) return absl::OkStatus();
-  return ForgetPartsAfter(CheckpointJob::Of(config), CheckpointRole::kRank, partition, 0);
-}
+namespace {
 
+// OK when none of `client`'s shards has completed a round.
 absl::Status CheckServersStartedFresh(PsClient& client) {
   for (uint32_t s = 0; s < client.layout().num_shards(); ++s) {
     absl::StatusOr<v1::GetStatusResponse> status = client.GetStatus(s);
@@ -92,6 +90,21 @@ absl::Status CheckServersStartedFresh(PsClient& client) {
     }
   }
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status StartWithoutCheckpoint(const v1::JobConfig& config, PsClient& client,
+                                    uint32_t partition) {
+  if (client.resumed_from_step() > 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rank ", partition, " starts the job afresh but the servers resumed from the "
+        "checkpoint of step ", client.resumed_from_step(), " in ", config.checkpoint().dir(),
+        ": start every worker of the job with --resume (checkpoint.resume) too"));
+  }
+  if (config.checkpoint().restart_on_failure()) RETURN_IF_ERROR(CheckServersStartedFresh(client));
+  if (config.checkpoint().every_steps() == 0) return absl::OkStatus();
+  return ForgetPartsAfter(CheckpointJob::Of(config), CheckpointRole::kRank, partition, 0);
 }
 
 }  // namespace cserps

@@ -51,14 +51,15 @@ absl::StatusOr<RankCheckpoint> ResumeState(const v1::JobConfig& config, const Ps
                                            Algorithm& algorithm, DeviceOps& ops,
                                            const std::string& log_prefix);
 
-// Process `partition` starts the job without a checkpoint: its files of
-// an earlier run in checkpoint.dir are removed (ForgetPartsAfter step 0).
-absl::Status ForgetEarlierRun(const v1::JobConfig& config, uint32_t partition);
-
-// OK when none of `client`'s shards has completed a round: a worker that
-// restarted without a checkpoint joins only servers that restarted with it
-// (checkpoint.restart_on_failure). FAILED_PRECONDITION naming the shard.
-absl::Status CheckServersStartedFresh(PsClient& client);
+// Process `partition` starts the job without a checkpoint. Refused
+// (FAILED_PRECONDITION, naming the step) when `client`'s servers resumed
+// from one, and under checkpoint.restart_on_failure when a shard has
+// completed a round: a worker starts afresh only with servers that did.
+// Then its files of an earlier run in checkpoint.dir are removed
+// (ForgetPartsAfter step 0), so never those of the checkpoints the servers
+// resumed from.
+absl::Status StartWithoutCheckpoint(const v1::JobConfig& config, PsClient& client,
+                                    uint32_t partition);
 
 }  // namespace cserps
 

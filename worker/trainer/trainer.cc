@@ -142,11 +142,8 @@ absl::Status Trainer::InitializeModel() {
     if (under_way) return RejoinRunningJob();
   }
   if (ResumesFromCheckpoint(config_, *client_)) return ResumeFromCheckpoint();
-  if (config_.checkpoint().restart_on_failure()) {
-    RETURN_IF_ERROR(SharedStatus(link_, CheckServersStartedFresh(*client_), "restart"));
-  }
-  RETURN_IF_ERROR(SharedStatus(link_, ForgetEarlierRun(config_, plan_.partition),
-                               "checkpoint files of an earlier run"));
+  RETURN_IF_ERROR(SharedStatus(link_, StartWithoutCheckpoint(config_, *client_, plan_.partition),
+                               "fresh start"));
   std::vector<float> x(num_params_);
   if (plan_.rank == 0) {
     // Only local rank 0's model is pushed; every local rank joins the push.
