@@ -2,6 +2,7 @@
 // training on the installed Fashion-MNIST files.
 #include <signal.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -436,8 +437,11 @@ TEST_F(LaunchTest, ElasticJobReplacesAKilledWorker) {
 // torchrun tells it, and the job's servers.
 TEST(LaunchCommandTest, ProcessesGetTorchrunsAndTheJobsVariables) {
   const Result r = LaunchCommand(
-      "--nproc=2", "sh -c 'echo place $RANK/$WORLD_SIZE local $LOCAL_RANK/$LOCAL_WORLD_SIZE "
-                   "master $MASTER_ADDR servers $CSERPS_SERVERS job $CSERPS_JOB'");
+      "--nproc=2 --max_restarts=3",
+      "sh -c 'echo place $RANK/$WORLD_SIZE local $LOCAL_RANK/$LOCAL_WORLD_SIZE "
+      "master $MASTER_ADDR servers $CSERPS_SERVERS job $CSERPS_JOB; "
+      "echo role $ROLE_NAME $ROLE_RANK/$ROLE_WORLD_SIZE group $GROUP_RANK/$GROUP_WORLD_SIZE "
+      "elastic $TORCHELASTIC_RESTART_COUNT/$TORCHELASTIC_MAX_RESTARTS $TORCHELASTIC_RUN_ID'");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("[worker 0] place 0/2 local 0/2 master 127.0.0.1 servers 127.0.0.1:"),
             std::string::npos)
@@ -446,6 +450,9 @@ TEST(LaunchCommandTest, ProcessesGetTorchrunsAndTheJobsVariables) {
             std::string::npos)
       << r.output;
   EXPECT_NE(r.output.find(absl::StrCat("job ", CSERPS_SOURCE_DIR, "/configs/tiny.textproto")),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("[worker 1] role default 1/2 group 0/1 elastic 0/3 tiny"),
             std::string::npos)
       << r.output;
   EXPECT_NE(r.output.find("[launch] 2 processes of /"), std::string::npos) << r.output;
@@ -503,6 +510,46 @@ TEST(LaunchCommandTest, AHangUpStopsTheCluster) {
       LaunchCommand("--nproc=2", "sh -c '[ $RANK = 0 ] && kill -HUP $PPID; exec sleep 90'");
   EXPECT_EQ(r.exit_code, 128 + SIGHUP) << r.output;
   EXPECT_NE(r.output.find("[launch] signal 1 (Hangup): stopping the cluster"), std::string::npos)
+      << r.output;
+}
+
+// ... unless it inherited the hang-up as ignored, as under nohup: the job
+// goes on to its end. The hang-up is sent before the process exits, so a
+// launcher that took it would read it before it learns of the exit.
+TEST(LaunchCommandTest, AHangUpInheritedAsIgnoredIsIgnored) {
+  const Result r = LaunchCommand("--nproc=2", "sh -c '[ $RANK = 0 ] && kill -HUP $PPID; exit 0'",
+                                 "nohup");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.find("Hangup"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("[launch] 2 processes of /"), std::string::npos) << r.output;
+}
+
+// A process started outside the worker's group (setsid) that keeps the
+// worker's output open does not hold the launcher once the job has ended.
+TEST(LaunchCommandTest, OutputHeldOutsideTheProcessGroupIsLeftAfterTheStop) {
+  const std::filesystem::path pids =
+      std::filesystem::path(testing::TempDir()) / absl::StrCat("setsid_pids.", getpid());
+  const std::filesystem::path script =
+      std::filesystem::path(testing::TempDir()) / absl::StrCat("leaves_its_group.", getpid());
+  std::filesystem::remove(pids);
+  {
+    // The worker exits once the process is in its own session.
+    std::ofstream out(script);
+    out << "ready=$(mktemp -u) && mkfifo \"$ready\" || exit 1\n"
+           "setsid sh -c 'echo $$ >> \"$1\"; echo > \"$2\"; exec sleep 120' sh "
+        << pids.string() << " \"$ready\" &\n"
+           "read _ < \"$ready\"\n"
+           "rm -f \"$ready\"\n";
+  }
+  const Result r = LaunchCommand("--nproc=2", absl::StrCat("sh ", script.string()));
+  std::filesystem::remove(script);
+  std::ifstream in(pids);
+  for (pid_t pid; in >> pid;) kill(pid, SIGKILL);
+  std::filesystem::remove(pids);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("[launch] worker 1 exited, but a process outside its process group "
+                          "still holds its output: no longer reading it"),
+            std::string::npos)
       << r.output;
 }
 

@@ -122,11 +122,21 @@ void ChildProcess::SetExited(int wait_status) {
   }
 }
 
-void ChildProcess::Signal(int signo) const {
-  // A child that has exited may have left processes in its group, holding
-  // its output open. Its pid stays allocated while they use it as their
-  // group's id, so it cannot name another process's group.
-  if (pid_ > 0 && (running() || fd_ >= 0)) kill(-pid_, signo);
+std::vector<std::string> ChildProcess::CloseOutput() {
+  std::vector<std::string> lines;
+  if (fd_ >= 0) close(fd_);
+  fd_ = -1;
+  if (!partial_.empty()) lines.push_back(std::move(partial_));
+  partial_.clear();
+  return lines;
+}
+
+void ChildProcess::Signal(int signo) {
+  if (pid_ <= 0 || group_gone_ || (!running() && fd_ < 0)) return;
+  // An exited child's pid stays allocated while a process of its group
+  // lives; once none does, it may be reused, so the group is not signalled
+  // again.
+  if (kill(-pid_, signo) != 0 && errno == ESRCH && !running()) group_gone_ = true;
 }
 
 }  // namespace cserps

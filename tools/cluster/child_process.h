@@ -38,9 +38,13 @@ class ChildProcess {
   std::vector<std::string> ReadLines();
   // Records the exit status from waitpid.
   void SetExited(int wait_status);
+  // Stops reading the output, which a process the child started outside
+  // its process group may hold open for ever; returns its partial last line.
+  std::vector<std::string> CloseOutput();
   // Sends `signo` to the child's process group (what it started there
-  // too), while the child runs or its output is open.
-  void Signal(int signo) const;
+  // too), while the child runs, or, once it has exited, while its output
+  // is open and its group still has a process.
+  void Signal(int signo);
 
  private:
   std::string name_;
@@ -48,6 +52,9 @@ class ChildProcess {
   int fd_ = -1;
   std::string partial_;
   std::optional<int> exit_code_;
+  // Its group had no process left after it exited: the group's id (its
+  // pid) may name another's group now.
+  bool group_gone_ = false;
 };
 
 }  // namespace cserps

@@ -1,9 +1,10 @@
 // cserps-launch: a local cluster on 127.0.0.1 from one job config. Starts
 // the S servers (each picks a free port and reports it), then the n workers
 // pointed at them; prefixes and streams their output; stops everything when
-// one fails or on Ctrl-C (SIGINT, SIGTERM, SIGHUP, SIGQUIT: exit code 128 +
-// the signal's number), each process with what it started in its process
-// group; exits non-zero if any failed; prints a summary.
+// one fails or on Ctrl-C (SIGINT, SIGTERM, SIGHUP, SIGQUIT, unless inherited
+// as ignored, as under nohup: exit code 128 + the signal's number), each
+// process with what it started in its process group; exits non-zero if any
+// failed; prints a summary.
 // With cluster.local_size L > 1 each worker is a node of L local ranks
 // (docs/node_groups.md): one process running L threads (--backend=cpu), or
 // L processes, one per GPU (--backend=cuda).
@@ -11,7 +12,9 @@
 // With --nproc=N and a command after "--" the workers are N processes of
 // that command (a PyTorch script, docs/torch.md) instead of cserps-workers,
 // each given torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK,
-// LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT) and the job's
+// LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE, ROLE_RANK, ROLE_NAME,
+// ROLE_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RESTART_COUNT,
+// TORCHELASTIC_MAX_RESTARTS, TORCHELASTIC_RUN_ID: the job's name) and the job's
 // (CSERPS_JOB, CSERPS_SERVERS, CSERPS_SET): as torchrun --nproc_per_node=N
 // places them, or with cluster.local_size L > 1 as torchrun --nnodes places
 // the job's nodes: process r is local rank r mod L of node r / L.
@@ -105,6 +108,9 @@ namespace {
 using cserps::ChildProcess;
 
 constexpr absl::Duration kStopGrace = absl::Seconds(10);
+// How long after that SIGKILL an exited process's output is still read: a
+// process it started outside its group (setsid) may hold it open for ever.
+constexpr absl::Duration kDrainGrace = absl::Seconds(5);
 
 std::string SelfDir() {
   std::error_code error;
@@ -236,13 +242,14 @@ class Cluster {
   // admits ranks back, a server whose workers roll back in place).
   Cluster(cserps::v1::JobConfig config, std::string config_path, std::string overrides,
           std::string bin_dir, std::vector<std::string> command, absl::Time deadline,
-          int* restarts_left)
+          int restart_count, int* restarts_left)
       : config_(std::move(config)),
         config_path_(std::move(config_path)),
         overrides_(std::move(overrides)),
         bin_dir_(std::move(bin_dir)),
         command_(std::move(command)),
         deadline_(deadline),
+        restart_count_(restart_count),
         replaces_workers_(config_.cluster().elastic() &&
                           config_.cluster().admit_every_steps() > 0 && command_.empty()),
         restarts_servers_(WorkersRollBackInPlace()),
@@ -282,6 +289,7 @@ class Cluster {
       if (stopping_ && now > stop_time_ + kStopGrace) {
         for (ChildProcess& c : children_) c.Signal(SIGKILL);
       }
+      if (stopping_ && now > stop_time_ + kStopGrace + kDrainGrace) StopReadingExited();
       if (AllDone()) break;
     }
     return Finish();
@@ -294,11 +302,24 @@ class Cluster {
     if (!overrides.empty()) argv.push_back(absl::StrCat("--set=", overrides));
     if (absl::GetFlag(FLAGS_metrics)) {
       const int base = absl::GetFlag(FLAGS_metrics_port_base);
-      const int port = base == 0 ? 0 : base + static_cast<int>(children_.size());
+      const int port = base == 0 ? 0 : base + MetricsPortOffset(name);
       argv.push_back(absl::StrCat("--metrics_address=127.0.0.1:", port));
     }
     argv.insert(argv.end(), args.begin(), args.end());
     return Start(name, argv, {});
+  }
+
+  // The place of process `name` after --metrics_port_base, also when it is
+  // restarted alone: "server s", "worker r" or "worker r.j".
+  int MetricsPortOffset(const std::string& name) const {
+    const size_t space = name.find(' ');
+    const size_t dot = name.find('.');
+    const int first = std::stoi(name.substr(space + 1));
+    if (absl::StartsWith(name, "server ")) return first;
+    const int servers = config_.cluster().servers_size();
+    if (dot == std::string::npos) return servers + first;
+    return servers + first * static_cast<int>(config_.cluster().local_size()) +
+           std::stoi(name.substr(dot + 1));
   }
 
   bool Start(const std::string& name, const std::vector<std::string>& argv,
@@ -330,12 +351,22 @@ class Cluster {
     const uint32_t per_node =
         config_.cluster().local_size() == 1 ? n : config_.cluster().local_size();
     const std::string servers = absl::StrJoin(server_addresses_, ",");
+    const int master_port = FreePort();
+    if (master_port == 0) {
+      return Fail(absl::StrCat("no free port of 127.0.0.1 for MASTER_PORT: ",
+                               std::strerror(errno)));
+    }
     std::printf("[launch] servers at %s; starting %u processes of %s\n",
                 absl::StrJoin(server_addresses_, ", ").c_str(), n, command_[0].c_str());
     std::fflush(stdout);
     std::vector<std::string> common = {
         absl::StrCat("WORLD_SIZE=", n), absl::StrCat("LOCAL_WORLD_SIZE=", per_node),
-        "MASTER_ADDR=127.0.0.1", absl::StrCat("MASTER_PORT=", FreePort()),
+        "MASTER_ADDR=127.0.0.1", absl::StrCat("MASTER_PORT=", master_port),
+        absl::StrCat("GROUP_WORLD_SIZE=", n / per_node), "ROLE_NAME=default",
+        absl::StrCat("ROLE_WORLD_SIZE=", n),
+        absl::StrCat("TORCHELASTIC_RESTART_COUNT=", restart_count_),
+        absl::StrCat("TORCHELASTIC_MAX_RESTARTS=", absl::GetFlag(FLAGS_max_restarts)),
+        absl::StrCat("TORCHELASTIC_RUN_ID=", config_.name()),
         absl::StrCat("CSERPS_JOB=", std::filesystem::absolute(config_path_).string()),
         absl::StrCat("CSERPS_SERVERS=", servers), absl::StrCat("CSERPS_SET=", overrides_)};
     // The Python package of this build (build/python beside build/bin).
@@ -349,6 +380,7 @@ class Cluster {
     for (uint32_t r = 0; r < n; ++r) {
       std::vector<std::string> env = common;
       env.push_back(absl::StrCat("RANK=", r));
+      env.push_back(absl::StrCat("ROLE_RANK=", r));
       env.push_back(absl::StrCat("LOCAL_RANK=", r % per_node));
       env.push_back(absl::StrCat("GROUP_RANK=", r / per_node));
       if (!Start(absl::StrCat("worker ", r), command_, env)) return;
@@ -491,8 +523,9 @@ class Cluster {
   void CheckChildren() {
     int wait_status = 0;
     pid_t pid;
-    std::vector<uint32_t> replace;  // ranks; started after the loop, which holds children_
-    std::vector<uint32_t> restart_servers;  // shards, likewise
+    // Started after the loop, which holds children_: ranks, and shards.
+    std::vector<std::pair<uint32_t, int>> replace;  // with the exit code
+    std::vector<std::pair<uint32_t, int>> restart_servers;
     while ((pid = waitpid(-1, &wait_status, WNOHANG)) > 0) {
       for (ChildProcess& c : children_) {
         if (c.pid() != pid) continue;
@@ -502,12 +535,8 @@ class Cluster {
             restarts_left_ > 0) {
           // Its replacement takes its place among the workers_.
           --restarts_left_;
-          ++replaced_;
-          replace.push_back(static_cast<uint32_t>(std::stoul(c.name().substr(7))));
-          std::printf("[launch] %s exited with code %d; starting a replacement (%d so far), "
-                      "which rejoins the elastic job at its next admission step\n",
-                      c.name().c_str(), *c.exit_code(), replaced_);
-          std::fflush(stdout);
+          replace.emplace_back(static_cast<uint32_t>(std::stoul(c.name().substr(7))),
+                               *c.exit_code());
         } else if (is_worker && *c.exit_code() != 0 && !stopping_ &&
                    config_.cluster().elastic() && workers_lost_ + 1 < ExpectedWorkerProcesses()) {
           // The servers drop it at its rounds' timeout; the others go on.
@@ -518,13 +547,8 @@ class Cluster {
         } else if (!is_worker && !stopping_ && restarts_servers_ && restarts_left_ > 0 &&
                    NewestCheckpointStep(config_).has_value()) {
           --restarts_left_;
-          restart_servers.push_back(static_cast<uint32_t>(std::stoul(c.name().substr(7))));
-          std::printf("[launch] %s exited with code %d; restarting it alone at %s from the "
-                      "checkpoint of step %llu: the workers roll back to it in place\n",
-                      c.name().c_str(), *c.exit_code(),
-                      server_addresses_[restart_servers.back()].c_str(),
-                      static_cast<unsigned long long>(*NewestCheckpointStep(config_)));
-          std::fflush(stdout);
+          restart_servers.emplace_back(static_cast<uint32_t>(std::stoul(c.name().substr(7))),
+                                       *c.exit_code());
         } else if (*c.exit_code() != 0 && !stopping_) {
           Fail(absl::StrCat(c.name(), " exited with code ", *c.exit_code()));
         } else if (!is_worker && !stopping_) {
@@ -534,10 +558,26 @@ class Cluster {
         }
       }
     }
-    for (uint32_t rank : replace) {
+    if (stopping_) {
+      // A process reaped after them in this pass stopped the cluster: their
+      // restarts are not taken, and may restart the whole job.
+      restarts_left_ += static_cast<int>(replace.size() + restart_servers.size());
+      return;
+    }
+    for (const auto& [rank, code] : replace) {
+      ++replaced_;
+      std::printf("[launch] worker %u exited with code %d; starting a replacement (%d so far), "
+                  "which rejoins the elastic job at its next admission step\n",
+                  rank, code, replaced_);
+      std::fflush(stdout);
       if (!SpawnWorker(rank)) return;
     }
-    for (uint32_t shard : restart_servers) {
+    for (const auto& [shard, code] : restart_servers) {
+      std::printf("[launch] server %u exited with code %d; restarting it alone at %s from the "
+                  "checkpoint of step %llu: the workers roll back to it in place\n",
+                  shard, code, server_addresses_[shard].c_str(),
+                  static_cast<unsigned long long>(NewestCheckpointStep(config_).value_or(0)));
+      std::fflush(stdout);
       std::string resume = overrides_;
       absl::StrAppend(&resume, resume.empty() ? "" : ";", "checkpoint.resume=true");
       if (!Spawn(absl::StrCat("server ", shard), absl::StrCat(bin_dir_, "/cserps-server"),
@@ -566,6 +606,19 @@ class Cluster {
     stopping_ = true;
     stop_time_ = absl::Now();
     for (ChildProcess& c : children_) c.Signal(SIGTERM);
+  }
+
+  void StopReadingExited() {
+    for (ChildProcess& c : children_) {
+      if (c.running() || c.output_fd() < 0) continue;
+      for (const std::string& line : c.CloseOutput()) {
+        std::printf("[%s] %s\n", c.name().c_str(), line.c_str());
+      }
+      std::printf("[launch] %s exited, but a process outside its process group still holds its "
+                  "output: no longer reading it\n",
+                  c.name().c_str());
+      std::fflush(stdout);
+    }
   }
 
   bool AllDone() const {
@@ -603,6 +656,7 @@ class Cluster {
   const std::string bin_dir_;
   const std::vector<std::string> command_;
   const absl::Time deadline_;
+  const int restart_count_;  // whole-job restarts before this run
   std::vector<ChildProcess> children_;
   std::vector<std::string> server_addresses_;
   std::map<std::string, std::string> metrics_targets_;  // process name -> host:port
@@ -639,7 +693,14 @@ int main(int argc, char** argv) {
   sigemptyset(&mask);
   // Each stops the cluster, as Ctrl-C does: the children are in process
   // groups of their own, and die with the launcher only by SIGTERM.
-  for (int signo : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGCHLD}) sigaddset(&mask, signo);
+  // One inherited as ignored stays so (nohup, a background job of a
+  // script): the kernel queues a blocked signal even when it is ignored.
+  for (int signo : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) {
+    struct sigaction inherited = {};
+    if (sigaction(signo, nullptr, &inherited) == 0 && inherited.sa_handler == SIG_IGN) continue;
+    sigaddset(&mask, signo);
+  }
+  sigaddset(&mask, SIGCHLD);
   sigprocmask(SIG_BLOCK, &mask, nullptr);
   // A closed reader of the launcher's output is not a reason to leave the
   // cluster running.
@@ -717,12 +778,14 @@ int main(int argc, char** argv) {
   absl::StrAppend(&resume_overrides, resume_overrides.empty() ? "" : ";", "checkpoint.resume=true");
   std::string attempt_overrides = absl::GetFlag(FLAGS_resume) ? resume_overrides : overrides;
   int restarts_left = max_restarts;
+  int restart_count = 0;  // of the whole job, as torchrun counts them
   while (true) {
     Cluster cluster(*config, path, attempt_overrides, bin_dir, command, deadline,
-                    &restarts_left);
+                    restart_count, &restarts_left);
     const int code = cluster.Run(signal_fd);
     if (code == 0 || !cluster.restartable() || restarts_left == 0) return code;
     --restarts_left;
+    ++restart_count;
     const std::optional<uint64_t> step = NewestCheckpointStep(*config);
     std::printf("[launch] restart %d of %d: %s\n", max_restarts - restarts_left, max_restarts,
                 step.has_value() ? absl::StrCat("resuming from the checkpoint of step ", *step).c_str()
