@@ -139,6 +139,20 @@ def one_worker(tmp_path, start_servers, algorithm, fields="", block_size=64, nam
     return model, cserps.torch.Optimizer(model.parameters(), job=job, servers=servers.servers)
 
 
+def test_a_load_replaces_parameters_put_elsewhere(tmp_path, start_servers):
+    model, optimizer = one_worker(tmp_path, start_servers, "ssgd")
+    train(model, optimizer, 0, range(3))
+    checkpoint = io.BytesIO()
+    torch.save(optimizer.state_dict(), checkpoint)
+    saved = [p.detach().clone() for p in model.parameters()]
+    train(model, optimizer, 0, range(3, 5))
+    weight = next(model.parameters())
+    weight.data = torch.zeros_like(weight)  # no longer a view of the flat buffer
+    optimizer.load_state_dict(torch.load(io.BytesIO(checkpoint.getvalue())))
+    for i, (p, s) in enumerate(zip(model.parameters(), saved)):
+        assert torch.equal(p, s), f"parameter {i}"
+
+
 def test_a_state_of_another_job_is_refused(tmp_path, start_servers):
     _, cser = one_worker(tmp_path, start_servers, "cser", "period: 4 ratio_c1: 2 ratio_c2: 8",
                          name="cser")

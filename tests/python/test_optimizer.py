@@ -199,6 +199,23 @@ def test_hyperparameters_of_a_group_or_without_their_kind_make_the_servers_job(
     assert (group["lr"], group["momentum"], group["nesterov"]) == (0.25, 0.5, True)
 
 
+def test_a_parameter_frozen_after_construction_is_refused_at_step(tmp_path, start_servers):
+    # Weight decay would still move it, where torch.optim.SGD leaves a
+    # parameter without a gradient alone.
+    model = mlp(3)
+    job = cluster.write_job(tmp_path, cluster.job_text(num_params(model)))
+    servers = start_servers(job, 2)
+    optimizer = cserps.torch.Optimizer(model.parameters(), job=job, servers=servers.servers)
+    (x, y), = batches(1)
+    train_step(model, optimizer, x, y)
+    before = [p.detach().clone() for p in model.parameters()]
+    next(model.parameters()).requires_grad_(False)
+    with pytest.raises(ValueError, match="parameter 0 no longer requires a gradient"):
+        train_step(model, optimizer, x, y)
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), before))
+    assert optimizer.steps == 1
+
+
 def test_model_of_another_size_names_both_and_the_fix(tmp_path):
     model = mlp(3)
     job = cluster.write_job(tmp_path, cluster.job_text(num_params(model) + 1))

@@ -296,6 +296,14 @@ class Optimizer(torch.optim.Optimizer):
                     f"param_groups[0][{key!r}] changed from {value} to {group[key]}: "
                     "the job fixes it for every worker and the servers (only lr may change)")
         lr = _learning_rate("param_groups[0]['lr']", group["lr"])
+        for i, p in enumerate(self._params):
+            if not p.requires_grad:
+                # Weight decay, momentum and the averages with the other
+                # workers' copies would still move it.
+                raise ValueError(
+                    f"parameter {i} no longer requires a gradient, but cserps steps every "
+                    "parameter the Optimizer holds: make the Optimizer with only the "
+                    "parameters it trains (and model.num_params their count)")
         self._repoint()
         self._trainer.step(lr, self._flat_grad.data_ptr(),
                            self._flat.data_ptr(), self._num_params)
@@ -392,9 +400,11 @@ class Optimizer(torch.optim.Optimizer):
         buffers = [t.detach().cpu().contiguous() for t in tensors[1:]]
         self._trainer.load_state(step, [b.data_ptr() for b in buffers], self._num_params)
         super().load_state_dict({"state": {}, "param_groups": groups})
+        # Parameters put elsewhere since are views of the flat buffer again
+        # before the state's values go in, so that none keeps its own.
+        self._repoint()
         with torch.no_grad():
             self._flat.copy_(saved["params"])
-        self._repoint()
         self._finished = finished
 
     def _check_shapes(self, shapes):
