@@ -1,5 +1,6 @@
 // The HTTP endpoint of MetricsRegistry: GET /metrics answered with a body
-// made at request time, one connection at a time on one thread of our own.
+// made at request time, on one thread of our own that serves up to 16
+// connections at once, each within 5 s of its accept.
 //
 // Not prometheus-cpp's Exposer: its web server (civetweb) starts threads
 // with a fixed 100 KiB stack, which cannot hold the static thread-local
@@ -27,16 +28,21 @@ class MetricsHttpServer {
   // address. `body` is called on the server's thread.
   static absl::StatusOr<std::unique_ptr<MetricsHttpServer>> Start(
       const std::string& address, std::function<std::string()> body);
-  // Stops listening and waits for a request in progress.
+  // Stops listening and closes the connections in progress.
   ~MetricsHttpServer();
 
   // "host:port" with the port actually bound.
   const std::string& address() const { return address_; }
 
  private:
+  struct Connection;
+
   MetricsHttpServer() = default;
   void Serve();
-  void Answer(int connection);
+  // Reads `c`'s request, or sends its reply; closes it (fd -1) when done.
+  void Progress(Connection& c);
+  // The whole response to a complete `request`.
+  std::string Reply(const std::string& request) const;
 
   std::function<std::string()> body_;
   std::string address_;

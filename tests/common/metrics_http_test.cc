@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <string>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -102,6 +103,33 @@ TEST(MetricsHttpTest, BadAddressesNameTheAddress) {
   EXPECT_EQ(again.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(again.status().message(), HasSubstr((*taken)->address()));
   EXPECT_THAT(again.status().message(), HasSubstr("in use"));
+}
+
+// Clients that send their requests a piece at a time each hold a slot of
+// their own, not the endpoint: a scrape meanwhile is answered, and so is
+// each of them once its request is whole.
+TEST(MetricsHttpTest, SlowClientsDoNotHoldAScrape) {
+  auto server = MetricsHttpServer::Start("127.0.0.1:0", [] { return std::string("up 1\n"); });
+  ASSERT_TRUE(server.ok()) << server.status();
+  const uint16_t port = PortOf((*server)->address());
+  std::vector<int> slow;
+  for (int i = 0; i < 8; ++i) {
+    const int fd = Connect(port);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(send(fd, "GET /met", 8, MSG_NOSIGNAL), 8);
+    slow.push_back(fd);
+  }
+  EXPECT_THAT(Exchange(port, "GET /metrics HTTP/1.1\r\n\r\n"), HasSubstr("up 1"));
+  for (const int fd : slow) {
+    const std::string rest = "rics HTTP/1.1\r\n\r\n";
+    EXPECT_EQ(send(fd, rest.data(), rest.size(), MSG_NOSIGNAL),
+              static_cast<ssize_t>(rest.size()));
+    std::string reply;
+    char buffer[4096];
+    for (ssize_t n; (n = recv(fd, buffer, sizeof(buffer), 0)) > 0;) reply.append(buffer, n);
+    EXPECT_THAT(reply, StartsWith("HTTP/1.1 200 OK"));
+    close(fd);
+  }
 }
 
 TEST(MetricsHttpTest, StopsListeningWhenDestroyed) {
