@@ -5,9 +5,16 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <optional>
 #include <system_error>
 #include <utility>
+#include <vector>
 
+#include <zlib.h>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -22,8 +29,31 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr char kManifest[] = "MANIFEST";
-constexpr char kManifestFirstLine[] = "cserps checkpoint manifest 1";
+constexpr char kManifestFirstLine[] = "cserps checkpoint manifest 2";
+// Its last line: the CRC32 (zlib's) of every byte before it. A manifest cut
+// short or with a flipped bit would otherwise list fewer or other files and
+// still read as complete.
+constexpr char kManifestCrcWord[] = "crc32";
 constexpr char kStepPrefix[] = "step-";
+constexpr size_t kStepDigits = 20;
+
+uint32_t Crc32(absl::string_view bytes) {
+  return static_cast<uint32_t>(crc32(0, reinterpret_cast<const Bytef*>(bytes.data()),
+                                     static_cast<uInt>(bytes.size())));
+}
+
+// The step of a folder named as CheckpointStepDir names it; none for any
+// other name ("step-300" beside step-00000000000000000300 would be the same
+// step twice).
+std::optional<uint64_t> StepOfFolder(absl::string_view name) {
+  if (!absl::ConsumePrefix(&name, kStepPrefix) || name.size() != kStepDigits) return std::nullopt;
+  uint64_t step = 0;
+  for (char c : name) {
+    if (!absl::ascii_isdigit(static_cast<unsigned char>(c))) return std::nullopt;
+  }
+  if (!absl::SimpleAtoi(name, &step)) return std::nullopt;
+  return step;
+}
 
 // The steps with a folder in `dir`, newest first; none when `dir` does not
 // exist. A folder that cannot be listed is an error: taken for an empty
@@ -34,13 +64,9 @@ absl::StatusOr<std::vector<uint64_t>> StepsNewestFirst(const std::string& dir) {
   fs::directory_iterator it(dir, error);
   if (error == std::errc::no_such_file_or_directory) return steps;
   for (; !error && it != fs::directory_iterator(); it.increment(error)) {
-    const std::string name = it->path().filename().string();
-    uint64_t step = 0;
+    const std::optional<uint64_t> step = StepOfFolder(it->path().filename().string());
     std::error_code kind_error;
-    if (it->is_directory(kind_error) && absl::StartsWith(name, kStepPrefix) &&
-        absl::SimpleAtoi(absl::string_view(name).substr(sizeof(kStepPrefix) - 1), &step)) {
-      steps.push_back(step);
-    }
+    if (step.has_value() && it->is_directory(kind_error)) steps.push_back(*step);
   }
   if (error) {
     return absl::UnavailableError(
@@ -73,11 +99,39 @@ absl::StatusOr<Manifest> ReadManifest(const std::string& dir, uint64_t step) {
     return absl::DataLossError(absl::StrCat("checkpoint manifest ", path, ": malformed line '",
                                             line, "'"));
   };
+  const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  if (in.bad()) {
+    return absl::DataLossError(absl::StrCat("checkpoint manifest ", path,
+                                            " cannot be read: ", std::strerror(errno)));
+  }
+  const absl::string_view all(text);
+  if (absl::StartsWith(all, "cserps checkpoint manifest 1\n")) {
+    return absl::DataLossError(absl::StrCat(
+        "checkpoint manifest ", path, ": format 1, of an earlier cserps, which had no CRC32; "
+        "this one reads format 2 (start the job afresh in another checkpoint.dir)"));
+  }
+  // "...\ncrc32 xxxxxxxx\n"
+  const size_t last = all.size() < 2 ? std::string::npos : all.rfind('\n', all.size() - 2);
+  absl::string_view crc_line = last == std::string::npos ? "" : all.substr(last + 1);
+  uint32_t crc = 0;
+  if (!absl::ConsumeSuffix(&crc_line, "\n") ||
+      !absl::ConsumePrefix(&crc_line, absl::StrCat(kManifestCrcWord, " ")) ||
+      crc_line.size() != 8 || !absl::SimpleHexAtoi(crc_line, &crc)) {
+    return absl::DataLossError(absl::StrCat("checkpoint manifest ", path,
+                                            ": does not end with its CRC32 line (cut short?)"));
+  }
+  const absl::string_view body = all.substr(0, last + 1);
+  if (crc != Crc32(body)) {
+    return absl::DataLossError(absl::StrCat("checkpoint manifest ", path,
+                                            ": CRC32 does not match its contents"));
+  }
   Manifest m;
-  std::string line;
-  if (!std::getline(in, line) || line != kManifestFirstLine) return malformed(line);
+  std::vector<absl::string_view> lines = absl::StrSplit(body.substr(0, body.size() - 1), '\n');
+  if (lines[0] != kManifestFirstLine) return malformed(lines[0]);
   bool have_fingerprint = false, have_step = false;
-  while (std::getline(in, line)) {
+  absl::flat_hash_set<std::pair<CheckpointRole, uint32_t>> listed;
+  for (size_t i = 1; i < lines.size(); ++i) {
+    const absl::string_view line = lines[i];
     std::vector<absl::string_view> words = absl::StrSplit(line, ' ');
     if (words.size() != 2) return malformed(line);
     if (words[0] == "fingerprint" && absl::SimpleHexAtoi(words[1], &m.fingerprint)) {
@@ -87,7 +141,9 @@ absl::StatusOr<Manifest> ReadManifest(const std::string& dir, uint64_t step) {
     } else if ((words[0] == "shard" || words[0] == "rank") && have_fingerprint && have_step) {
       CheckpointId id{m.fingerprint, m.step,
                       words[0] == "shard" ? CheckpointRole::kShard : CheckpointRole::kRank, 0};
-      if (!absl::SimpleAtoi(words[1], &id.index)) return malformed(line);
+      if (!absl::SimpleAtoi(words[1], &id.index) || !listed.emplace(id.role, id.index).second) {
+        return malformed(line);
+      }
       m.files.push_back(id);
     } else {
       return malformed(line);
@@ -113,11 +169,22 @@ std::string CheckpointFileName(CheckpointRole role, uint32_t index) {
 
 absl::Status MakeCheckpointStepDir(const std::string& dir, uint64_t step) {
   std::error_code error;
+  // The folders this creates above the step's: each is durable once its
+  // entry in its parent is.
+  std::vector<fs::path> created;
+  for (fs::path up = fs::absolute(dir, error); !error && !up.empty() && !fs::exists(up, error);
+       up = up.parent_path()) {
+    created.push_back(up);
+    if (up == up.parent_path()) break;
+  }
   fs::create_directories(CheckpointStepDir(dir, step), error);
   if (error) {
     return absl::UnavailableError(absl::StrCat("checkpoint folder ",
                                                CheckpointStepDir(dir, step), ": ",
                                                error.message()));
+  }
+  for (auto it = created.rbegin(); it != created.rend(); ++it) {
+    RETURN_IF_ERROR(SyncFolder(it->parent_path().string()));
   }
   // The step's folder is durable once its entry in `dir` is: the files'
   // own syncs reach only the step's folder.
@@ -131,6 +198,7 @@ absl::Status WriteCheckpointManifest(const std::string& dir, uint64_t fingerprin
   for (const CheckpointId& id : files) {
     absl::StrAppend(&text, id.role == CheckpointRole::kShard ? "shard " : "rank ", id.index, "\n");
   }
+  absl::StrAppend(&text, kManifestCrcWord, " ", absl::Hex(Crc32(text), absl::kZeroPad8), "\n");
   return WriteFileAtomically((fs::path(CheckpointStepDir(dir, step)) / kManifest).string(),
                              {text});
 }

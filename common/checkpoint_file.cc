@@ -1,6 +1,7 @@
 #include "common/checkpoint_file.h"
 
 #include <fcntl.h>
+#include <sys/random.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -112,10 +113,15 @@ absl::Status WriteCheckpointFile(const std::string& path, const CheckpointId& id
 absl::Status WriteFileAtomically(const std::string& path,
                                  std::initializer_list<absl::string_view> parts) {
   // Unique to the writer: the threads of one process (local ranks, a
-  // test's workers) may write the same file, the same manifest, at once.
+  // test's workers) may write the same file, the same manifest, at once,
+  // and so may processes of containers on one volume, each of them pid 1
+  // (hence the random part).
   static std::atomic<uint64_t> writes{0};
-  const std::string temporary = absl::StrCat(path, ".tmp.", getpid(), ".", writes.fetch_add(1));
-  const int fd = open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  uint64_t random = 0;
+  if (getrandom(&random, sizeof(random), 0) != sizeof(random)) return Errno(path, "getrandom");
+  const std::string temporary = absl::StrCat(path, ".tmp.", getpid(), ".", writes.fetch_add(1),
+                                             ".", absl::Hex(random, absl::kZeroPad16));
+  const int fd = open(temporary.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd < 0) return Errno(temporary, "open");
   absl::Status ok;
   for (absl::string_view part : parts) {

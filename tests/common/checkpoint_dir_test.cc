@@ -9,6 +9,8 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -89,6 +91,76 @@ TEST_F(CheckpointDirTest, ADamagedOrForeignStepFallsBackToThePreviousOne) {
   EXPECT_THAT(passed_over[0], HasSubstr("written by the job with fingerprint 0xfeedfacecafe0002"));
   EXPECT_THAT(passed_over[1], HasSubstr(rank_file));
   EXPECT_THAT(passed_over[1], HasSubstr("truncated"));
+}
+
+// A manifest cut short, with a flipped bit, or listing a file twice would
+// otherwise read as complete and list fewer or other files than the step
+// has: each is passed over for the step before, naming what is wrong.
+TEST_F(CheckpointDirTest, ADamagedManifestFallsBackToThePreviousStep) {
+  const fs::path manifest = fs::path(CheckpointStepDir(dir_, 200)) / "MANIFEST";
+  auto read = [&] {
+    std::ifstream in(manifest);
+    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  };
+  const struct {
+    const char* name;
+    std::function<std::string(const std::string&)> damage;
+    const char* reason;
+  } cases[] = {
+      {"its last line dropped",
+       [](const std::string& t) { return t.substr(0, t.rfind('\n', t.size() - 2) + 1); },
+       "does not end with its CRC32 line"},
+      {"rank 0 read as rank 1",
+       [](std::string t) {
+         t[t.find("rank 0") + 5] ^= 0x01;
+         return t;
+       },
+       "CRC32 does not match"},
+      {"cut in the middle", [](const std::string& t) { return t.substr(0, t.size() / 2); },
+       "does not end with its CRC32 line"},
+  };
+  WriteStep(100, true);
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.name);
+    WriteStep(200, true);
+    const std::string damaged = c.damage(read());
+    std::ofstream(manifest, std::ios::trunc) << damaged;
+    std::vector<std::string> passed_over;
+    auto loaded = LoadNewestCheckpoint(dir_, kJob, &passed_over);
+    ASSERT_TRUE(loaded.ok()) << loaded.status();
+    EXPECT_EQ(loaded->step, 100u);
+    ASSERT_EQ(passed_over.size(), 1u);
+    EXPECT_THAT(passed_over[0], HasSubstr(manifest.string()));
+    EXPECT_THAT(passed_over[0], HasSubstr(c.reason));
+  }
+  // Listed twice, with a CRC that matches: refused all the same.
+  const CheckpointId shard{kJob, 200, CheckpointRole::kShard, 0};
+  ASSERT_TRUE(WriteCheckpointManifest(dir_, kJob, 200, {shard, shard}).ok());
+  std::vector<std::string> passed_over;
+  auto loaded = LoadNewestCheckpoint(dir_, kJob, &passed_over);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->step, 100u);
+  ASSERT_EQ(passed_over.size(), 1u);
+  EXPECT_THAT(passed_over[0], HasSubstr("malformed line 'shard 0'"));
+}
+
+// Only folders named as CheckpointStepDir names them are steps: step-300
+// beside step-00000000000000000300 would be step 300 twice, and with keep
+// 1 pruning would count it twice and remove the only complete step.
+TEST_F(CheckpointDirTest, OnlyCanonicallyNamedFoldersAreSteps) {
+  WriteStep(200, true);
+  WriteStep(300, true);
+  for (const char* name : {"step-300", "step-0300", "step-+0000000000000000300"}) {
+    fs::copy(CheckpointStepDir(dir_, 300), fs::path(dir_) / name);
+  }
+  ASSERT_TRUE(PruneCheckpoints(dir_, kJob, 1).ok());
+  EXPECT_TRUE(StepExists(300));
+  EXPECT_FALSE(StepExists(200));
+  std::vector<std::string> passed_over;
+  auto loaded = LoadNewestCheckpoint(dir_, kJob, &passed_over);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->step, 300u);
+  EXPECT_TRUE(passed_over.empty());
 }
 
 TEST_F(CheckpointDirTest, NoCompleteStepIsNotFound) {
