@@ -3,6 +3,7 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <deque>
 #include <optional>
@@ -10,6 +11,7 @@
 #include <system_error>
 #include <utility>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/bulk_wire.h"
@@ -83,6 +85,7 @@ class BulkServer::Connection : public std::enable_shared_from_this<Connection> {
     {
       absl::MutexLock lock(&mu_);
       mu_.AwaitWithTimeout(absl::Condition(&writer_done_), kDrainTimeout);
+      stopped_ = true;  // replies still to come are not waited for
     }
     shutdown(stream_->fd(), SHUT_RDWR);
     Join();
@@ -159,6 +162,13 @@ class BulkServer::Connection : public std::enable_shared_from_this<Connection> {
             "a bulk request with request_id 0, which replies keep for the connection's end "
             "(ids start at 1)"));
       }
+      if (Awaiting(request.request_id)) {
+        // Its reply could not be told from the other's.
+        return Fatal(absl::InvalidArgumentError(
+            absl::StrCat("bulk request_id ", request.request_id,
+                         " is already waiting for its reply; ids are unique among a "
+                         "connection's requests in flight")));
+      }
       if (request.kind == bulk::kSparsePushPull) {
         RETURN_IF_ERROR(ServeSparse(hello, bulk::DecodeSparseRequest(head_bytes)));
         continue;
@@ -194,6 +204,11 @@ class BulkServer::Connection : public std::enable_shared_from_this<Connection> {
       JoinRound(head, request.request_id, absl::MakeConstSpan(buffer.get(), request.count),
                 bytes, arrived, buffer);
     }
+  }
+
+  bool Awaiting(uint64_t request_id) const {
+    absl::MutexLock lock(&mu_);
+    return awaiting_.contains(request_id);
   }
 
   // A peer that does not read its replies is not read either, so that they
@@ -340,20 +355,50 @@ class BulkServer::Connection : public std::enable_shared_from_this<Connection> {
   // Nothing once the connection is gone.
   template <typename Result, typename Fill>
   std::function<void(absl::StatusOr<Result>)> ReplyTo(uint64_t request_id, Fill fill) {
-    return [weak = weak_from_this(), request_id,
-            fill = std::move(fill)](absl::StatusOr<Result> result) {
+    auto awaited = std::make_shared<Awaited>(this, request_id);
+    return [weak = weak_from_this(), request_id, fill = std::move(fill),
+            awaited = std::move(awaited)](absl::StatusOr<Result> result) {
       std::shared_ptr<Connection> self = weak.lock();
       if (self == nullptr) return;
       if (!result.ok()) {
         self->Enqueue(Failure(request_id, result.status()));
-        return;
+      } else {
+        Outgoing out;
+        out.head.request_id = request_id;
+        fill(*self, out, *std::move(result));
+        self->Enqueue(std::move(out));
       }
-      Outgoing out;
-      out.head.request_id = request_id;
-      fill(*self, out, *std::move(result));
-      self->Enqueue(std::move(out));
+      awaited->Done();  // after the reply is queued, so the writer sees it
     };
   }
+
+  // A request whose reply is still to come, counted in awaiting_ from its
+  // admission until its reply is queued, or its callback dropped unrun: a
+  // peer that stops sending still gets the replies of its rounds in flight.
+  class Awaited {
+   public:
+    Awaited(Connection* c, uint64_t request_id)
+        : connection_(c->weak_from_this()), request_id_(request_id) {
+      absl::MutexLock lock(&c->mu_);
+      c->awaiting_.insert(request_id);
+    }
+    Awaited(const Awaited&) = delete;
+    Awaited& operator=(const Awaited&) = delete;
+    ~Awaited() { Done(); }
+
+    void Done() {
+      if (done_.exchange(true)) return;
+      std::shared_ptr<Connection> c = connection_.lock();
+      if (c == nullptr) return;
+      absl::MutexLock lock(&c->mu_);
+      c->awaiting_.erase(request_id_);
+    }
+
+   private:
+    const std::weak_ptr<Connection> connection_;
+    const uint64_t request_id_;
+    std::atomic<bool> done_{false};
+  };
 
   static Outgoing Failure(uint64_t request_id, const absl::Status& status) {
     Outgoing out;
@@ -436,10 +481,16 @@ class BulkServer::Connection : public std::enable_shared_from_this<Connection> {
         absl::MutexLock lock(&mu_);
         mu_.Await(absl::Condition(
             +[](Connection* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(c->mu_) {
-              return !c->writing_ && (!c->queue_.empty() || c->reader_done_);
+              return !c->writing_ &&
+                     (!c->queue_.empty() ||
+                      (c->reader_done_ && (c->awaiting_.empty() || c->stopped_)));
             },
             this));
-        if (queue_.empty()) break;
+        if (queue_.empty()) {
+          // Decided under the lock, so Enqueue sends nothing after this.
+          writer_done_ = true;
+          break;
+        }
         out = std::move(queue_.front());
         queue_.pop_front();
         writing_ = true;
@@ -452,8 +503,11 @@ class BulkServer::Connection : public std::enable_shared_from_this<Connection> {
       {
         absl::MutexLock lock(&mu_);
         writing_ = false;
+        if (!sent.ok() || IsLast(out)) {
+          writer_done_ = true;
+          break;
+        }
       }
-      if (!sent.ok() || IsLast(out)) break;
     }
     // Nothing more will be sent: the reader stops too, and the peer learns
     // it at once, not when the acceptor next reaps the connection.
@@ -474,6 +528,9 @@ class BulkServer::Connection : public std::enable_shared_from_this<Connection> {
   mutable absl::Mutex mu_;
   std::deque<Outgoing> queue_ ABSL_GUARDED_BY(mu_);
   bool reader_done_ ABSL_GUARDED_BY(mu_) = false;
+  // The ids of requests admitted whose replies are still to come (Awaited).
+  absl::flat_hash_set<uint64_t> awaiting_ ABSL_GUARDED_BY(mu_);
+  bool stopped_ ABSL_GUARDED_BY(mu_) = false;  // StopAndJoin waits no longer
   bool writer_done_ ABSL_GUARDED_BY(mu_) = false;
   // A frame is being written (by the writer or by Enqueue).
   bool writing_ ABSL_GUARDED_BY(mu_) = false;

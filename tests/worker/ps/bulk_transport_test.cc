@@ -319,6 +319,46 @@ TEST_F(BulkTransportTest, APeerThatStopsSendingGetsItsRepliesAndTheEnd) {
   EXPECT_TRUE(raw->Closed());
 }
 
+// ... also of a request whose round completes after the peer stopped
+// sending: here rank 1 pushes once rank 0 has shut its side down.
+TEST_F(BulkTransportTest, APeerThatStopsSendingGetsTheRepliesOfItsRoundsInFlight) {
+  StartJob(2);
+  auto raw = RegisteredAndGreeted();
+  ASSERT_TRUE(raw.ok()) << raw.status();
+  auto member1 = Member(config_, v1::ClusterConfig::GRPC, 1);
+  ASSERT_TRUE(member1.ok()) << member1.status();
+  const std::vector<float> v0 = Values(0), v1 = Values(1);
+  ASSERT_TRUE(raw->SendWholePush(1, 1, v0, v1::MODEL).ok());
+  raw->CloseSending();
+  std::vector<float> mean(kD);
+  const absl::Status pushed =
+      (*member1)->AverageBlocks(v1::MODEL, 1, 1, v1, 1.0f, 0.0f, absl::MakeSpan(mean));
+  ASSERT_TRUE(pushed.ok()) << pushed;
+  auto answered = raw->Receive();
+  ASSERT_TRUE(answered.ok()) << answered.status();
+  ASSERT_EQ(answered->reply.code, 0u) << answered->message;
+  EXPECT_EQ(answered->reply.request_id, 1u);
+  EXPECT_EQ(answered->floats, mean);
+  EXPECT_TRUE(raw->Closed());
+}
+
+// A reply could not be matched to one of two requests of one id.
+TEST_F(BulkTransportTest, ARequestIdStillInFlightEndsTheConnection) {
+  StartJob(2);
+  auto raw = RegisteredAndGreeted();
+  ASSERT_TRUE(raw.ok()) << raw.status();
+  const std::vector<float> v = Values(0);
+  // Rank 1 never pushes: request 5 waits in its round.
+  ASSERT_TRUE(raw->SendWholePush(5, 1, v, v1::MODEL).ok());
+  ASSERT_TRUE(raw->SendWholePush(5, 2, v, v1::MODEL).ok());
+  auto refused = raw->Receive();
+  ASSERT_TRUE(refused.ok()) << refused.status();
+  EXPECT_EQ(refused->reply.request_id, 0u);
+  EXPECT_EQ(refused->reply.code, static_cast<uint32_t>(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(refused->message, HasSubstr("bulk request_id 5 is already waiting for its reply"));
+  EXPECT_TRUE(raw->Closed());
+}
+
 // The most TCP's buffers of one connection may hold, both ways: the
 // maxima of tcp_rmem and tcp_wmem, where the kernel's autotuning stops.
 uint64_t MaxSocketBufferBytes() {
