@@ -243,10 +243,6 @@ absl::Status ValidateData(const v1::DataConfig& data, const WorkerProcesses& wor
       return Invalid("data.batch_size",
                      "must be >= 1 (got 0) unless data.rank_batch_sizes is set");
     }
-    if (data.rank_speeds_size() > 0 &&
-        uint64_t{data.batch_size()} * workers.count < workers.count) {
-      return Invalid("data.batch_size", "too small to give every rank an example");
-    }
     return absl::OkStatus();
   }
   if (static_cast<uint64_t>(data.rank_batch_sizes_size()) != workers.count) {

@@ -21,7 +21,8 @@ std::vector<uint32_t> RankBatchSizes(const v1::JobConfig& config) {
   if (data.rank_speeds_size() > 0) {
     // Proportional sampling: the total of (worker processes) * batch_size
     // split in proportion to the speeds by largest remainder (ties to the
-    // lower rank), each rank at least 1.
+    // lower rank), each rank at least 1, that one taken from the largest
+    // share (validation keeps batch_size >= 1, so the total has them).
     const uint32_t n = config.cluster().num_workers() * LocalSize(config);
     const uint64_t total = uint64_t{data.batch_size()} * n;
     double speed_sum = 0;
@@ -37,7 +38,12 @@ std::vector<uint32_t> RankBatchSizes(const v1::JobConfig& config) {
     }
     std::sort(remainders.begin(), remainders.end());
     for (uint64_t i = 0; given < total; ++i, ++given) ++sizes[remainders[i % n].second];
-    for (uint32_t& s : sizes) s = std::max<uint32_t>(s, 1);
+    for (uint32_t& s : sizes) {
+      if (s == 0) {
+        s = 1;
+        --*std::max_element(sizes.begin(), sizes.end());
+      }
+    }
     return sizes;
   }
   return std::vector<uint32_t>(config.cluster().num_workers() * LocalSize(config),

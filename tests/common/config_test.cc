@@ -9,6 +9,7 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <numeric>
 #include <regex>
 #include <set>
 #include <string>
@@ -798,6 +799,15 @@ TEST(RankBatchSizesTest, SpeedsSplitTheTotalInProportion) {
   const std::vector<uint32_t> sizes = RankBatchSizes(config);
   EXPECT_EQ(sizes[2], 1u);  // never 0, however slow
   EXPECT_NEAR(sizes[1], 3.0 * sizes[0], 3.0);  // 77 and 26: rounding moves 1 each
+  // That example comes from the largest share: the total stays 128.
+  EXPECT_EQ(std::accumulate(sizes.begin(), sizes.end(), 0u), 128u);
+  // A total of 4, of which the fastest rank's share rounds to 3: each of
+  // the others gets its one example from it.
+  config.mutable_data()->set_batch_size(1);
+  config.mutable_data()->clear_rank_speeds();
+  for (float s : {10.0f, 1.0f, 1.0f, 1.0f}) config.mutable_data()->add_rank_speeds(s);
+  ASSERT_TRUE(ValidateJobConfig(config).ok());
+  EXPECT_THAT(RankBatchSizes(config), ElementsAre(1u, 1u, 1u, 1u));
 }
 
 TEST(ValidateJobConfigTest, NameIsASafeIdentifier) {
