@@ -34,6 +34,13 @@ class CocodSgd final : public Algorithm {
   // The period's average lands in x̂ now instead of at the period's end.
   absl::Status SettleForCheckpoint(const float*) override { return AwaitAverage(); }
 
+  // The full average (a checkpoint's, an admission's) is an error reset:
+  // the open period's line 3 then keeps only the progress since, s = x̂.
+  absl::Status AdoptGlobalModel(const float*) override {
+    if (!landed_) return absl::OkStatus();
+    return ops().Copy(average_.data(), snapshot_.data());
+  }
+
   // After t > 0 steps a period is open, its average landed: the one that
   // started at the last period boundary s <= t (0, then s + PeriodAt(s)).
   void AbandonInFlight() override { pending_.reset(); }

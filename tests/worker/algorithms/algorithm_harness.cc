@@ -108,10 +108,18 @@ absl::Status RankAlgorithm::Finish(uint64_t steps, std::vector<float>* x) {
   return ops_.Download(x_.data(), absl::MakeSpan(*x));
 }
 
+absl::Status RankAlgorithm::FullAverage(uint64_t steps, std::vector<float>* x) {
+  RETURN_IF_ERROR(ops_.Upload(*x, x_.data()));
+  RETURN_IF_ERROR(algorithm_->SettleForCheckpoint(x_.data()));
+  RETURN_IF_ERROR(algorithm_->AverageForCheckpoint(steps, x_.data()));
+  return ops_.Download(x_.data(), absl::MakeSpan(*x));
+}
+
 absl::StatusOr<ClusterRun> RunOnCluster(const v1::JobConfig& config,
                                         const SyntheticGradients& gradients,
                                         absl::Span<const float> x0, int steps,
-                                        bool finish, const CommWrapper& wrap) {
+                                        bool finish, const CommWrapper& wrap,
+                                        const std::set<int>& full_averages_after) {
   const size_t d = NumParams(config);
   if (x0.size() != d) {
     return absl::InvalidArgumentError(
@@ -139,6 +147,13 @@ absl::StatusOr<ClusterRun> RunOnCluster(const v1::JobConfig& config,
       if (!status.ok()) {
         return absl::Status(status.code(),
                             absl::StrCat("step ", t, ": ", status.message()));
+      }
+      if (full_averages_after.count(t) != 0) {
+        const absl::Status status = algorithm->FullAverage(t + 1, &x);
+        if (!status.ok()) {
+          return absl::Status(status.code(),
+                              absl::StrCat("full average after step ", t, ": ", status.message()));
+        }
       }
       run.models[t][r] = x;
     }

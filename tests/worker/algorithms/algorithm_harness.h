@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -94,6 +95,9 @@ class RankAlgorithm {
   absl::Status Step(uint64_t t, float lr, absl::Span<const float> g,
                     std::vector<float>* x);
   absl::Status Finish(uint64_t steps, std::vector<float>* x);
+  // A checkpoint's full average after `steps` steps, as the trainer takes it
+  // (SettleForCheckpoint, then AverageForCheckpoint).
+  absl::Status FullAverage(uint64_t steps, std::vector<float>* x);
 
  private:
   explicit RankAlgorithm(size_t num_params, uint32_t block_size)
@@ -113,12 +117,15 @@ using CommWrapper = std::function<Communicator*(int rank, PsClient& client)>;
 // thread each, a RankAlgorithm with weight = batch size, learning rate
 // config.optimizer().lr()), from x0 with gradients from `gradients`. With
 // `finish`, every rank then calls Finish(steps), as the trainer does (its
-// step count). `wrap` null: every rank talks to its own client.
+// step count). `wrap` null: every rank talks to its own client. After each
+// step t in `full_averages_after`, every rank takes a checkpoint's full
+// average (of t + 1 steps) before its model is recorded.
 absl::StatusOr<ClusterRun> RunOnCluster(const v1::JobConfig& config,
                                         const SyntheticGradients& gradients,
                                         absl::Span<const float> x0, int steps,
                                         bool finish = false,
-                                        const CommWrapper& wrap = nullptr);
+                                        const CommWrapper& wrap = nullptr,
+                                        const std::set<int>& full_averages_after = {});
 
 // The float ranges [begin, end) of the blocks GRBS(stream, step, ratio)
 // selects in `config`'s job (SelectBlocks with the job seed; block b is

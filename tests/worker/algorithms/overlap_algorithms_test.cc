@@ -2,8 +2,13 @@
 // rules (papers/cocod-sgd.txt, Algorithm 1; docs/algorithms.md), with
 // several workers of unequal batch sizes (the weights of the averages) on a
 // real in-process cluster.
+#include <unistd.h>
+
+#include <filesystem>
+#include <set>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "tests/worker/algorithms/algorithm_harness.h"
 
@@ -79,6 +84,59 @@ TEST(CocodSgdTest, FollowsAlgorithm1WithWeightedAverages) {
   // The local steps between averages must have moved the workers apart, or
   // the comparison would not test the correction x̂ + (x − s).
   EXPECT_FALSE(AllNear(run->models[kSteps - 2][0], run->models[kSteps - 2][1], 1e-3));
+}
+
+// A checkpoint's full average is an error reset (docs/reliability.md): the
+// open period's correction then starts from it, so that line 3 keeps only
+// each worker's progress since (s = x̂ once x = AVG(x)). Taken here in the
+// middle of a period (after step 3) and at a period's start (after step 8,
+// whose period just began).
+TEST(CocodSgdTest, ACheckpointsAverageResetsTheOpenPeriod) {
+  v1::JobConfig config = MakeJobConfig(R"(name: "cocod-sgd" period: 3)",
+                                       R"(lr: 0.05 momentum_kind: HEAVY_BALL momentum: 0.9)",
+                                       kWeights);
+  // The servers take full averages only with checkpoints; they write theirs.
+  const std::filesystem::path dir =
+      std::filesystem::path(::testing::TempDir()) / absl::StrCat("cocod_reset.", getpid());
+  std::filesystem::remove_all(dir);
+  config.mutable_checkpoint()->set_dir(dir.string());
+  config.mutable_checkpoint()->set_every_steps(kSteps);
+  const size_t d = NumParams(config);
+  const SyntheticGradients gradients(7, 3, d);
+  const std::vector<float> x0 = InitialModel(7, d);
+  const std::set<int> checkpoints = {3, 8};
+  absl::StatusOr<ClusterRun> run = testing::RunOnCluster(config, gradients, x0, kSteps,
+                                                         /*finish=*/false, nullptr, checkpoints);
+  std::filesystem::remove_all(dir);
+  ASSERT_TRUE(run.ok()) << run.status();
+
+  const float lr = 0.05f;
+  const auto all = testing::AllRanges(config);
+  Models x(3, x0), snapshot;
+  std::vector<ReferenceDirection> direction(3, ReferenceDirection(config.optimizer(), d));
+  for (int t = 0; t < kSteps; ++t) {
+    if (t == 0) snapshot = x;
+    for (int i = 0; i < 3; ++i) {
+      const std::vector<float> p = direction[i].Compute(gradients.At(i, t, x[i]), x[i]);
+      for (size_t j = 0; j < d; ++j) x[i][j] -= lr * p[j];
+    }
+    if ((t + 1) % 3 == 0) {
+      const std::vector<float> average = WeightedMean(snapshot, kWeights, all);
+      for (int i = 0; i < 3; ++i) {
+        for (size_t j = 0; j < d; ++j) x[i][j] = average[j] + (x[i][j] - snapshot[i][j]);
+      }
+      snapshot = x;
+    }
+    if (checkpoints.count(t) != 0) {
+      const std::vector<float> model = WeightedMean(x, kWeights, all);
+      x.assign(3, model);
+      snapshot.assign(3, WeightedMean(snapshot, kWeights, all));
+    }
+    for (int i = 0; i < 3; ++i) {
+      ASSERT_TRUE(AllNear(run->models[t][i], x[i], kTolerance))
+          << "worker " << i << " after step " << t;
+    }
+  }
 }
 
 TEST(PipeSgdTest, AppliesEachAverageOneStepLate) {
