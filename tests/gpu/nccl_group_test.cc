@@ -130,6 +130,20 @@ TEST(NcclGroupTest, ALocalRankWhoseRootNeverPublishesTimesOutNamingTheFile) {
   EXPECT_THAT(status.message(), HasSubstr(options.id_path));
 }
 
+// A root whose member never comes removes the id it published, so that a
+// later run's members cannot read it and join a dead root.
+TEST(NcclGroupTest, ARootWhoseGroupNeverComesUpRemovesItsId) {
+  CSERPS_SKIP_WITHOUT_GPU();
+  NcclGroupOptions options;
+  options.id_path = IdPath("nccl_group_no_member");
+  options.device = 0;
+  options.setup_timeout = absl::Seconds(2);
+  options.timeout = absl::Seconds(30);
+  const absl::Status status = NcclGroup::Create(0, 2, options).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
+  EXPECT_FALSE(std::filesystem::exists(options.id_path));
+}
+
 // Each device collective of a group of one is the identity, applied to
 // what a scaling kernel queued on the caller's stream had written.
 TEST(NcclGroupTest, AGroupOfOneHasIdentityDeviceCollectives) {

@@ -5,6 +5,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/status.h"
@@ -75,11 +76,20 @@ absl::StatusOr<std::unique_ptr<NcclGroup>> NcclGroup::Create(uint32_t local_rank
 
   ncclUniqueId id;
   std::memset(&id, 0, sizeof(id));
+  // Local rank 0's published id goes whether the group comes up or not: a
+  // later run's local ranks would otherwise read it and join a dead root.
+  bool published = false;
+  absl::Cleanup unpublish = [&] {
+    if (!published) return;
+    const absl::Status removed = RemoveRendezvousFile(options.id_path);
+    if (!removed.ok()) spdlog::warn("NcclGroup: {}", removed.ToString());
+  };
   if (local_rank == 0) {
     CSERPS_NCCL_RETURN_IF_ERROR(ncclGetUniqueId(&id));
     if (size > 1) {
       RETURN_IF_ERROR(PublishRendezvousFile(
           options.id_path, absl::string_view(reinterpret_cast<const char*>(&id), sizeof(id))));
+      published = true;
     }
   } else {
     ASSIGN_OR_RETURN(const std::string bytes,
@@ -126,17 +136,13 @@ absl::StatusOr<std::unique_ptr<NcclGroup>> NcclGroup::Create(uint32_t local_rank
             ": the communicator did not come up within ",
             absl::FormatDuration(options.setup_timeout),
             " (has every local rank started? a leftover ", options.id_path,
-            " from an earlier run sends them to a dead root: remove it)"));
+            " from a run that crashed sends them to a dead root: remove it)"));
       }
       absl::SleepFor(kPollInterval);
     }
   }();
+  // Up, every member has joined, so every member has read the id.
   if (!up.ok()) return group->Break(up);
-  // Every member has joined, so every member has read the id.
-  if (local_rank == 0 && size > 1) {
-    const absl::Status removed = RemoveRendezvousFile(options.id_path);
-    if (!removed.ok()) spdlog::warn("NcclGroup: {}", removed.ToString());
-  }
   return group;
 }
 
