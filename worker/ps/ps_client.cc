@@ -71,17 +71,16 @@ absl::Status CheckModelSize(absl::string_view what, size_t size, uint64_t num_pa
                                                  num_params));
 }
 
-// Starts every call with start(call, done), each with `timeout` from now,
+// Starts every call with start(call, done), each to end by `deadline`,
 // then waits for all of them; returns the first error, which names `what`,
 // the shard and its address. With `retries` (null: none), the calls that
 // fail RetryableAttempt (each attempt limited to `attempt_timeout`) are
 // sent again after a Backoff while the deadline allows, and counted there.
 template <typename Call, typename StartFn>
-absl::Status RunAll(const std::vector<std::unique_ptr<Call>>& calls, absl::Duration timeout,
+absl::Status RunAll(const std::vector<std::unique_ptr<Call>>& calls, absl::Time deadline,
                     absl::Duration attempt_timeout, absl::string_view what,
                     const std::vector<std::string>& addresses, std::atomic<int64_t>* waited,
                     std::atomic<uint64_t>* retries, StartFn start) {
-  const absl::Time deadline = absl::Now() + timeout;
   Backoff backoff(deadline);
   std::vector<Call*> pending;
   for (const auto& call : calls) pending.push_back(call.get());
@@ -492,8 +491,9 @@ absl::Status PsClient::PushModel(absl::Span<const float> model) {
     AppendFloats(model.subspan(offset, call.count), call.request.mutable_values());
     impl.total_.AddRequest(call.request.ByteSizeLong());
   });
-  return RunAll(calls, impl.options_.setup_timeout, impl.options_.setup_timeout, "PushModel to",
-                impl.addresses_, &impl.wait_nanos_, &impl.retries_, [&](Call& c, auto done) {
+  return RunAll(calls, absl::Now() + impl.options_.setup_timeout, impl.options_.setup_timeout,
+                "PushModel to", impl.addresses_, &impl.wait_nanos_, &impl.retries_,
+                [&](Call& c, auto done) {
                   impl.stubs_[c.shard]->async()->PushModel(c.context.get(), &c.request,
                                                            &c.response, std::move(done));
                 });
@@ -509,8 +509,9 @@ absl::Status PsClient::PullModel(absl::Span<float> model, bool wait_for_init) {
     call.request.set_count(call.count);
     call.request.set_wait_for_init(wait_for_init);
   });
-  RETURN_IF_ERROR(RunAll(calls, impl.options_.setup_timeout, impl.options_.setup_timeout,
-                         "PullModel from", impl.addresses_, &impl.wait_nanos_, &impl.retries_,
+  RETURN_IF_ERROR(RunAll(calls, absl::Now() + impl.options_.setup_timeout,
+                         impl.options_.setup_timeout, "PullModel from", impl.addresses_,
+                         &impl.wait_nanos_, &impl.retries_,
                          [&](Call& c, auto done) {
                            impl.stubs_[c.shard]->async()->PullModel(
                                c.context.get(), &c.request, &c.response, std::move(done));
@@ -538,7 +539,8 @@ absl::Status PsClient::AsyncPushPull(uint64_t step, float lr, absl::Span<const f
   // gRPC calls not yet run; run_grpc_calls runs them and reads each reply
   // into `model`.
   std::vector<std::unique_ptr<Call>> calls;
-  auto add_grpc_call = [&](const Impl::ModelChunk& chunk) {
+  // A retry's bytes are traffic, its floats were counted the first time.
+  auto add_grpc_call = [&](const Impl::ModelChunk& chunk, bool retry) {
     auto call = std::make_unique<Call>();
     call->shard = chunk.shard;
     call->count = chunk.count;
@@ -549,12 +551,13 @@ absl::Status PsClient::AsyncPushPull(uint64_t step, float lr, absl::Span<const f
     call->request.set_offset(chunk.offset);
     AppendFloats(grad.subspan(chunk.offset, chunk.count), call->request.mutable_gradient());
     impl.total_.AddRequest(call->request.ByteSizeLong());
-    impl.async_.AddRequest(call->request.ByteSizeLong(), chunk.count);
+    impl.async_.AddRequest(call->request.ByteSizeLong(), retry ? 0 : chunk.count);
     calls.push_back(std::move(call));
   };
   auto run_grpc_calls = [&]() -> absl::Status {
     // A push sent again is applied once per (rank, offset, step).
-    RETURN_IF_ERROR(RunAll(calls, timeout, timeout, "AsyncPushPull to", impl.addresses_,
+    // Retries too end by the call's deadline.
+    RETURN_IF_ERROR(RunAll(calls, deadline, timeout, "AsyncPushPull to", impl.addresses_,
                            &impl.wait_nanos_, &impl.retries_, [&](Call& c, auto done) {
                              impl.async_stubs_[c.shard]->async()->AsyncPushPull(
                                  c.context.get(), &c.request, &c.response, std::move(done));
@@ -598,7 +601,7 @@ absl::Status PsClient::AsyncPushPull(uint64_t step, float lr, absl::Span<const f
       }
       if (!Retryable(id.status())) return id.status();
     }
-    add_grpc_call(chunk);
+    add_grpc_call(chunk, /*retry=*/false);
   }
   RETURN_IF_ERROR(run_grpc_calls());
   // Pushes whose bulk channel broke go again over gRPC (a retry is answered
@@ -616,7 +619,7 @@ absl::Status PsClient::AsyncPushPull(uint64_t step, float lr, absl::Span<const f
     spdlog::warn("{}; sending the asynchronous push of step {} at offset {} again over gRPC",
                  std::string(replied.message()), step, push.chunk.offset);
     impl.retries_.fetch_add(1);
-    add_grpc_call(push.chunk);
+    add_grpc_call(push.chunk, /*retry=*/true);
   }
   impl.wait_nanos_.fetch_add(absl::ToInt64Nanoseconds(absl::Now() - waiting));
   return run_grpc_calls();
@@ -668,7 +671,8 @@ absl::Status PsClient::ExchangeSparse(uint64_t step, const SparseVector& local,
   // gRPC calls not yet run; run_grpc_calls runs them and puts each reply
   // in its share.
   std::vector<std::unique_ptr<Call>> calls;
-  auto add_grpc_call = [&](const Share& share) {
+  // A retry's bytes are traffic, its entries were counted the first time.
+  auto add_grpc_call = [&](const Share& share, bool retry) {
     auto call = std::make_unique<Call>();
     call->shard = share.shard;
     v1::SparsePushPullRequest& request = call->request;
@@ -682,11 +686,12 @@ absl::Status PsClient::ExchangeSparse(uint64_t step, const SparseVector& local,
     request.mutable_values()->assign(
         reinterpret_cast<const char*>(local.values.data() + share.begin), n * sizeof(float));
     impl_->total_.AddRequest(request.ByteSizeLong());
-    impl_->sparse_.AddRequest(request.ByteSizeLong(), n);
+    impl_->sparse_.AddRequest(request.ByteSizeLong(), retry ? 0 : n);
     calls.push_back(std::move(call));
   };
   auto run_grpc_calls = [&]() -> absl::Status {
-    RETURN_IF_ERROR(RunAll(calls, timeout, impl_->RoundAttemptTimeout(), "SparsePushPull to",
+    // Retries too end by the exchange's deadline.
+    RETURN_IF_ERROR(RunAll(calls, deadline, impl_->RoundAttemptTimeout(), "SparsePushPull to",
                            impl_->addresses_, &impl_->wait_nanos_, &impl_->retries_,
                            [&](auto& c, auto done) {
                              impl_->sparse_stubs_[c.shard]->async()->SparsePushPull(
@@ -746,7 +751,7 @@ absl::Status PsClient::ExchangeSparse(uint64_t step, const SparseVector& local,
       if (!Retryable(id.status())) return id.status();
       share.bulk = nullptr;
     }
-    add_grpc_call(share);
+    add_grpc_call(share, /*retry=*/false);
   }
   RETURN_IF_ERROR(run_grpc_calls());
   // Shares whose bulk channel broke go again over gRPC (a retry is answered
@@ -766,7 +771,7 @@ absl::Status PsClient::ExchangeSparse(uint64_t step, const SparseVector& local,
     spdlog::warn("{}; sending shard {}'s sparse push of step {} again over gRPC",
                  std::string(replied.message()), share.shard, step);
     impl_->retries_.fetch_add(1);
-    add_grpc_call(share);
+    add_grpc_call(share, /*retry=*/true);
   }
   impl_->wait_nanos_.fetch_add(absl::ToInt64Nanoseconds(absl::Now() - waiting));
   RETURN_IF_ERROR(run_grpc_calls());

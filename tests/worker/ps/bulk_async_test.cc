@@ -210,6 +210,8 @@ TEST_F(BulkTransportTest, AnAsyncPushWhoseConnectionIsCutGoesOverGrpcAndIsApplie
   EXPECT_EQ(model, Stepped(Stepped(x0, g), g));
   EXPECT_EQ((*fast)->retries(), 1u);
   EXPECT_EQ(async.counters().pushes_applied, 3u);
+  // Two steps' gradients pushed: the retry's floats are traffic only.
+  EXPECT_EQ((*fast)->async_traffic().request_floats, 2 * kD);
 
   // Rank 1 catches up; rank 0's next push goes over a new bulk connection:
   // one frame each way.

@@ -608,6 +608,8 @@ TEST_F(BulkTransportTest, ASparsePushWhoseConnectionIsCutGoesOverGrpcAndIsCounte
   EXPECT_EQ(r1.values, want.values);
   EXPECT_EQ((*cut_member)->retries(), 1u);
   EXPECT_EQ(service.counters().rounds_completed, 1u);
+  // The retry's entries are traffic, not entries pushed again.
+  EXPECT_EQ((*cut_member)->sparse_traffic().request_floats, e0.values.size());
 
   const TrafficCounts before = (*cut_member)->sparse_traffic();
   std::thread t1([&] { s1 = (*other)->ExchangeSparse(2, e1, &r1); });
