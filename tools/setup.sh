@@ -47,3 +47,9 @@ if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -q
 $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+# The tests run Prometheus's binary themselves; the package also starts it
+# as a service on every interface, on the port 9090 compose publishes.
+if [[ " ${missing[*]} " == *" prometheus "* ]] && [ -d /run/systemd/system ]; then
+  $SUDO systemctl disable --now prometheus.service ||
+    echo "setup: could not stop prometheus.service; stop it before compose publishes 9090" >&2
+fi
