@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -15,20 +14,11 @@
 #include "common/float_bytes.h"
 #include "common/grpc_status.h"
 #include "common/status.h"
+#include "server/step_window.h"
 #include "server/unary_reply.h"
 #include "spdlog/spdlog.h"
 
 namespace cserps {
-namespace {
-
-// Whether the job's training rounds are PushPull rounds (not the sparse or
-// asynchronous exchange's).
-bool TrainsInPushPull(const v1::JobConfig& config) {
-  const absl::StatusOr<AlgorithmInfo> algorithm = FindAlgorithm(config.algorithm().name());
-  return algorithm.ok() && algorithm->exchange == Exchange::kAverages;
-}
-
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<ParameterServerService>>
 ParameterServerService::Create(ShardContext* shard, Options options) {
@@ -55,15 +45,7 @@ ParameterServerService::ParameterServerService(ShardContext* shard, Options opti
           .limits =
               {
                   .world_size = config_.cluster().num_workers(),
-                  // Periodic algorithms push only every H steps: the window
-                  // counts sync periods. The sparse and asynchronous
-                  // exchanges train elsewhere: their PushPull rounds are only
-                  // the checkpoints' and the final averages, each at a step
-                  // the training rounds' own window has reached.
-                  .max_step_lag = TrainsInPushPull(config_)
-                                      ? uint64_t{config_.cluster().max_step_lag()} *
-                                            std::max<uint32_t>(1, config_.algorithm().period())
-                                      : std::numeric_limits<uint64_t>::max(),
+                  .max_step_lag = PushPullStepWindow(config_, layout_, shard->shard()),
                   .retained_rounds = config_.cluster().retained_rounds(),
                   .timeout = absl::Seconds(config_.cluster().round_timeout_s()),
                   .first_step = shard->resumed_from_step(),

@@ -209,6 +209,30 @@ TEST_P(ReferenceTest, EveryWorkerFollowsTheRule) {
   }
 }
 
+// One block a step on 4 shards: a shard goes many steps without a round
+// (its blocks unselected) while the job moves on, and then gets one far
+// past its newest completed step (docs/protocol.md 7.8). The job trains on,
+// by the rule.
+TEST(StepWindowTest, ShardsThatGrbsMissesForManyStepsServeOn) {
+  v1::JobConfig config = MakeJobConfig(R"(name: "ef-sgd" ratio: 64)",
+                                       "lr: 0.05 momentum_kind: NONE", kWeights);
+  config.mutable_cluster()->add_servers("127.0.0.1:0");
+  config.mutable_cluster()->add_servers("127.0.0.1:0");
+  constexpr int kLongSteps = 120;
+  const size_t d = NumParams(config);
+  const SyntheticGradients gradients(45, 3, d);
+  const std::vector<float> x0 = InitialModel(45, d);
+  absl::StatusOr<ClusterRun> run = testing::RunOnCluster(config, gradients, x0, kLongSteps);
+  ASSERT_TRUE(run.ok()) << run.status();
+  const std::vector<Models> expected = Simulate(config, gradients, x0, kLongSteps);
+  for (int t = 0; t < kLongSteps; ++t) {
+    for (int i = 0; i < 3; ++i) {
+      ASSERT_TRUE(AllNear(run->models[t][i], expected[t][i], kTolerance))
+          << "worker " << i << " after step " << t;
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Algorithms, ReferenceTest,
     ::testing::Values(
