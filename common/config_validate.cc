@@ -474,6 +474,14 @@ absl::Status ValidateJobConfig(const v1::JobConfig& config,
                                 "step before the previous step's round completes (got ",
                                 config.cluster().max_step_lag(), ")"));
   }
+  // ... so step t's round must still be retained when step t + 1's
+  // completes, for a retry of step t whose reply was lost.
+  if (algorithm->id == AlgorithmId::kPipeSgd && config.cluster().retained_rounds() < 2) {
+    return Invalid("cluster.retained_rounds",
+                   absl::StrCat("must be >= 2 with algorithm.name \"pipe-sgd\", whose retry of a "
+                                "step may come after the next step's round completes (got ",
+                                config.cluster().retained_rounds(), ")"));
+  }
   return ValidateCheckpoint(config, *algorithm);
 }
 

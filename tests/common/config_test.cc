@@ -574,6 +574,12 @@ TEST(ValidateJobConfigTest, EachRuleNamesItsField) {
          c->mutable_cluster()->set_max_step_lag(1);
        },
        "cluster.max_step_lag"},
+      {"pipe-sgd's retry after the next step's round",
+       [](v1::JobConfig* c) {
+         c->mutable_algorithm()->set_name("pipe-sgd");
+         c->mutable_cluster()->set_retained_rounds(1);
+       },
+       "cluster.retained_rounds"},
       {"more worker processes than a float counts",
        [](v1::JobConfig* c) {
          c->mutable_cluster()->set_num_workers(65536);
