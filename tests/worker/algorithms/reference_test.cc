@@ -190,23 +190,28 @@ void PrintTo(const Case& c, std::ostream* os) { *os << c.label; }
 
 class ReferenceTest : public ::testing::TestWithParam<Case> {};
 
-TEST_P(ReferenceTest, EveryWorkerFollowsTheRule) {
-  const v1::JobConfig config =
-      MakeJobConfig(GetParam().algorithm, GetParam().optimizer, kWeights);
+// Runs `steps` steps of `config`'s job on a cluster and compares every
+// worker's model after every step with the simulation's.
+void ExpectEveryWorkerFollowsTheRule(const v1::JobConfig& config, uint64_t seed, int steps) {
   const size_t d = NumParams(config);
-  const SyntheticGradients gradients(44, 3, d);
-  const std::vector<float> x0 = InitialModel(44, d);
+  const SyntheticGradients gradients(seed, 3, d);
+  const std::vector<float> x0 = InitialModel(seed, d);
 
-  absl::StatusOr<ClusterRun> run = testing::RunOnCluster(config, gradients, x0, kSteps);
+  absl::StatusOr<ClusterRun> run = testing::RunOnCluster(config, gradients, x0, steps);
   ASSERT_TRUE(run.ok()) << run.status();
-  const std::vector<Models> expected = Simulate(config, gradients, x0, kSteps);
+  const std::vector<Models> expected = Simulate(config, gradients, x0, steps);
 
-  for (int t = 0; t < kSteps; ++t) {
+  for (int t = 0; t < steps; ++t) {
     for (int i = 0; i < 3; ++i) {
       ASSERT_TRUE(AllNear(run->models[t][i], expected[t][i], kTolerance))
           << "worker " << i << " after step " << t;
     }
   }
+}
+
+TEST_P(ReferenceTest, EveryWorkerFollowsTheRule) {
+  ExpectEveryWorkerFollowsTheRule(
+      MakeJobConfig(GetParam().algorithm, GetParam().optimizer, kWeights), 44, kSteps);
 }
 
 // One block a step on 4 shards: a shard goes many steps without a round
@@ -218,19 +223,7 @@ TEST(StepWindowTest, ShardsThatGrbsMissesForManyStepsServeOn) {
                                        "lr: 0.05 momentum_kind: NONE", kWeights);
   config.mutable_cluster()->add_servers("127.0.0.1:0");
   config.mutable_cluster()->add_servers("127.0.0.1:0");
-  constexpr int kLongSteps = 120;
-  const size_t d = NumParams(config);
-  const SyntheticGradients gradients(45, 3, d);
-  const std::vector<float> x0 = InitialModel(45, d);
-  absl::StatusOr<ClusterRun> run = testing::RunOnCluster(config, gradients, x0, kLongSteps);
-  ASSERT_TRUE(run.ok()) << run.status();
-  const std::vector<Models> expected = Simulate(config, gradients, x0, kLongSteps);
-  for (int t = 0; t < kLongSteps; ++t) {
-    for (int i = 0; i < 3; ++i) {
-      ASSERT_TRUE(AllNear(run->models[t][i], expected[t][i], kTolerance))
-          << "worker " << i << " after step " << t;
-    }
-  }
+  ExpectEveryWorkerFollowsTheRule(config, 45, 120);
 }
 
 INSTANTIATE_TEST_SUITE_P(
