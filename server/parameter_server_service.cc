@@ -50,6 +50,7 @@ ParameterServerService::ParameterServerService(ShardContext* shard, Options opti
                   .timeout = absl::Seconds(config_.cluster().round_timeout_s()),
                   .first_step = shard->resumed_from_step(),
                   .elastic = config_.cluster().elastic(),
+                  .admitted = [shard](uint32_t rank) { return shard->CheckAcknowledged(rank); },
               },
           .on_complete =
               [this](const RoundKey& key, float lr,

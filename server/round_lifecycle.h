@@ -99,6 +99,12 @@ struct RoundLimits {
   // Elastic membership: a round still open at its timeout completes with
   // the members that pushed, and those missing are dropped (below).
   bool elastic = false;
+  // Optional: whether `rank`'s pushes are still admitted, asked again under
+  // the table's lock (a shard that rolled back between a push's admission
+  // and its arrival here refuses it, or it would join a round of the new
+  // timeline). Takes only locks that are never held while calling into
+  // the table.
+  std::function<absl::Status(uint32_t rank)> admitted;
 };
 
 template <typename Aggregate>

@@ -67,6 +67,11 @@ void RoundLifecycle<Aggregate>::Contribute(const Key& key, uint32_t rank,
     } else if (restarting_) {
       refused = absl::AbortedError(absl::StrCat(Aggregate::PushName(key, rank),
                                                 " refused: the shard is rolling back"));
+    } else if (absl::Status admitted = limits_.admitted ? limits_.admitted(rank)
+                                                         : absl::OkStatus();
+               !admitted.ok()) {
+      refused = absl::Status(admitted.code(), absl::StrCat(Aggregate::PushName(key, rank),
+                                                           " refused: ", admitted.message()));
     } else if (!member_[rank]) {
       refused = absl::FailedPreconditionError(absl::StrCat(
           Aggregate::PushName(key, rank), " refused: rank ", rank,

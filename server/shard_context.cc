@@ -180,16 +180,17 @@ absl::Status ShardContext::CheckMember(uint32_t rank) const {
 absl::Status ShardContext::Admit(uint64_t fingerprint, uint32_t rank, absl::Time now) {
   RETURN_IF_ERROR(CheckFingerprint(fingerprint));
   RETURN_IF_ERROR(CheckMember(rank));
-  {
-    absl::MutexLock lock(&mu_);
-    if (acknowledged_[rank] != roll_backs_) {
-      return absl::AbortedError(absl::StrCat(
-          "shard ", shard_, " rolled back to the checkpoint of step ", resumed_from_step_,
-          ", which a restarted shard resumed from: roll back to it too (RollBack)"));
-    }
-  }
+  RETURN_IF_ERROR(CheckAcknowledged(rank));
   activity_.Heard(rank, now);
   return absl::OkStatus();
+}
+
+absl::Status ShardContext::CheckAcknowledged(uint32_t rank) const {
+  absl::MutexLock lock(&mu_);
+  if (acknowledged_[rank] == roll_backs_) return absl::OkStatus();
+  return absl::AbortedError(absl::StrCat(
+      "shard ", shard_, " rolled back to the checkpoint of step ", resumed_from_step_,
+      ", which a restarted shard resumed from: roll back to it too (RollBack)"));
 }
 
 }  // namespace cserps

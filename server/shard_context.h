@@ -104,9 +104,12 @@ class ShardContext {
   // that has not registered with this shard.
   absl::Status CheckMember(uint32_t rank) const;
   // For a request from a member: CheckFingerprint, then CheckMember, then
-  // ABORTED for a rank that has not acknowledged the newest roll back; when
-  // all pass, `rank` has been heard from at `now` (MemberActivity::Heard).
+  // CheckAcknowledged; when all pass, `rank` has been heard from at `now`
+  // (MemberActivity::Heard).
   absl::Status Admit(uint64_t fingerprint, uint32_t rank, absl::Time now);
+  // ABORTED for a rank (< num_workers) that has not acknowledged the newest
+  // roll back. Takes only this context's lock.
+  absl::Status CheckAcknowledged(uint32_t rank) const;
 
  private:
   ShardContext(const v1::JobConfig& config, uint32_t shard, uint64_t num_params);

@@ -108,6 +108,7 @@ SparseExchangeService::SparseExchangeService(ShardContext* shard, Options option
                   .retained_rounds = shard->config().cluster().retained_rounds(),
                   .timeout = absl::Seconds(shard->config().cluster().round_timeout_s()),
                   .first_step = shard->resumed_from_step(),
+                  .admitted = [shard](uint32_t rank) { return shard->CheckAcknowledged(rank); },
               },
           .complete =
               [this](uint64_t, std::vector<SparseVector> pushes) {

@@ -164,6 +164,29 @@ TEST_F(RollBackTest, NoRoundCompletesOrOpensWhileTheShardLoadsItsCheckpoint) {
   EXPECT_EQ(sparse.counters().rounds_completed, 0u);
 }
 
+// A push admitted before a roll back that reaches the round table after it
+// (its handler thread held up meanwhile) is refused there, as it would be
+// at its admission now: it would join a round of the new timeline with
+// the old one's values.
+TEST_F(RollBackTest, APushAdmittedBeforeARollBackJoinsNoRoundAfterIt) {
+  ASSERT_TRUE(WriteCheckpoint(config_).ok());
+  ParameterServerService& service = servers_.shard(0).service();
+  const ParameterServerService::PushPullHead head{
+      .fingerprint = JobFingerprint(config_), .rank = 0, .step = kCheckpointStep + 1,
+      .stream = v1::MODEL};
+  const absl::StatusOr<size_t> count = service.AdmitPushPull(head, absl::Now());
+  ASSERT_TRUE(count.ok()) << count.status();
+  ASSERT_TRUE(ranks_[1]->RollBack(0, kCheckpointStep, kRestarted).ok());
+  const std::vector<float> values(*count, 2.0f);
+  // Shared with the callback, which a round left open would run at the
+  // shard's shutdown.
+  auto joined = std::make_shared<absl::Status>(absl::InternalError("not answered"));
+  service.JoinRound(head, values, 0, absl::Now(),
+                    [joined](absl::StatusOr<RoundMean> mean) { *joined = mean.status(); });
+  EXPECT_TRUE(absl::IsAborted(*joined)) << *joined;
+  EXPECT_THAT(joined->message(), ::testing::HasSubstr("roll back to it too"));
+}
+
 // The checkpoint holds no servers' momentum: the first roll back fails and
 // shuts the shard down; the next member's, for the same restarted shard,
 // must not find it done.
