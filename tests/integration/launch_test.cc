@@ -524,6 +524,17 @@ TEST(LaunchCommandTest, AHangUpInheritedAsIgnoredIsIgnored) {
   EXPECT_NE(r.output.find("[launch] 2 processes of /"), std::string::npos) << r.output;
 }
 
+// SIGCHLD inherited as ignored would have the kernel reap the processes
+// before the launcher learns how they ended.
+TEST(LaunchCommandTest, ASigchldInheritedAsIgnoredStillReportsTheProcesses) {
+  const Result r = LaunchCommand(
+      "--nproc=2", "sh -c 'exit $((3 * RANK))'",
+      "python3 -c 'import os, signal, sys; signal.signal(signal.SIGCHLD, signal.SIG_IGN); "
+      "os.execvp(sys.argv[1], sys.argv[1:])'");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("worker 1 exited with code 3"), std::string::npos) << r.output;
+}
+
 // A process started outside the worker's group (setsid) that keeps the
 // worker's output open does not hold the launcher once the job has ended.
 TEST(LaunchCommandTest, OutputHeldOutsideTheProcessGroupIsLeftAfterTheStop) {

@@ -120,6 +120,8 @@ void ChildProcess::SetExited(int wait_status) {
   } else if (WIFSIGNALED(wait_status)) {
     exit_code_ = 128 + WTERMSIG(wait_status);
   }
+  // Its group may have emptied with it; if so, its id may be reused.
+  if (kill(-pid_, 0) != 0 && errno == ESRCH) group_gone_ = true;
 }
 
 std::vector<std::string> ChildProcess::CloseOutput() {

@@ -564,13 +564,20 @@ class Cluster {
       restarts_left_ += static_cast<int>(replace.size() + restart_servers.size());
       return;
     }
+    // A start that fails stops the cluster: the restarts not started are
+    // given back.
+    int not_started = static_cast<int>(replace.size() + restart_servers.size());
     for (const auto& [rank, code] : replace) {
       ++replaced_;
       std::printf("[launch] worker %u exited with code %d; starting a replacement (%d so far), "
                   "which rejoins the elastic job at its next admission step\n",
                   rank, code, replaced_);
       std::fflush(stdout);
-      if (!SpawnWorker(rank)) return;
+      if (!SpawnWorker(rank)) {
+        restarts_left_ += not_started;
+        return;
+      }
+      --not_started;
     }
     for (const auto& [shard, code] : restart_servers) {
       std::printf("[launch] server %u exited with code %d; restarting it alone at %s from the "
@@ -584,8 +591,10 @@ class Cluster {
                  {absl::StrCat("--shard=", shard),
                   absl::StrCat("--listen=", server_addresses_[shard])},
                  resume)) {
+        restarts_left_ += not_started;
         return;
       }
+      --not_started;
     }
     if (!stopping_ && workers_started_ && workers_done_ + workers_lost_ == workers_ &&
         workers_ == ExpectedWorkerProcesses()) {
@@ -700,6 +709,9 @@ int main(int argc, char** argv) {
     if (sigaction(signo, nullptr, &inherited) == 0 && inherited.sa_handler == SIG_IGN) continue;
     sigaddset(&mask, signo);
   }
+  // Ignored, SIGCHLD would have the kernel reap the children unasked, and
+  // waitpid would never report them.
+  signal(SIGCHLD, SIG_DFL);
   sigaddset(&mask, SIGCHLD);
   sigprocmask(SIG_BLOCK, &mask, nullptr);
   // A closed reader of the launcher's output is not a reason to leave the
