@@ -104,7 +104,7 @@ struct RoundLimits {
   // and its arrival here refuses it, or it would join a round of the new
   // timeline). Takes only locks that are never held while calling into
   // the table.
-  std::function<absl::Status(uint32_t rank)> admitted;
+  std::function<absl::Status(uint32_t rank)> admitted = nullptr;
 };
 
 template <typename Aggregate>
