@@ -535,6 +535,20 @@ TEST(LaunchCommandTest, ASigchldInheritedAsIgnoredStillReportsTheProcesses) {
   EXPECT_NE(r.output.find("worker 1 exited with code 3"), std::string::npos) << r.output;
 }
 
+// The processes read no input, so one that reads finds its end rather than
+// waiting on the launcher's: here a pipe whose writing end the launcher
+// itself holds, which would never end.
+TEST(LaunchCommandTest, ProcessesReadNoInput) {
+  const Result r = LaunchCommand(
+      "--nproc=2 --timeout_s=20", "sh -c 'cat; echo input ended'",
+      "python3 -c 'import os, sys; r, w = os.pipe(); os.set_inheritable(w, True); "
+      "os.dup2(r, 0); os.execvp(sys.argv[1], sys.argv[1:])'");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  for (const char* expected : {"[worker 0] input ended", "[worker 1] input ended"}) {
+    EXPECT_NE(r.output.find(expected), std::string::npos) << expected << "\n" << r.output;
+  }
+}
+
 // A process started outside the worker's group (setsid) that keeps the
 // worker's output open does not hold the launcher once the job has ended.
 TEST(LaunchCommandTest, OutputHeldOutsideTheProcessGroupIsLeftAfterTheStop) {

@@ -22,6 +22,15 @@ absl::StatusOr<ChildProcess> ChildProcess::Start(
   if (pipe2(fds, O_CLOEXEC) != 0) {
     return absl::InternalError(absl::StrCat("pipe: ", std::strerror(errno)));
   }
+  // No child reads the launcher's input: in a group of its own, a read from
+  // the terminal would stop it (SIGTTIN) for good, and processes sharing one
+  // pipe would split its lines between them. They read an end of input.
+  const int no_input = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (no_input < 0) {
+    close(fds[0]);
+    close(fds[1]);
+    return absl::InternalError(absl::StrCat("/dev/null: ", std::strerror(errno)));
+  }
   // Build argv and envp before fork: the child only calls async-signal-safe
   // functions.
   std::vector<char*> args;
@@ -49,6 +58,7 @@ absl::StatusOr<ChildProcess> ChildProcess::Start(
   if (pid < 0) {
     close(fds[0]);
     close(fds[1]);
+    close(no_input);
     return absl::InternalError(absl::StrCat("fork: ", std::strerror(errno)));
   }
   if (pid == 0) {
@@ -62,6 +72,7 @@ absl::StatusOr<ChildProcess> ChildProcess::Start(
     struct sigaction default_action = {};
     default_action.sa_handler = SIG_DFL;
     sigaction(SIGPIPE, &default_action, nullptr);
+    dup2(no_input, STDIN_FILENO);
     dup2(fds[1], STDOUT_FILENO);
     dup2(fds[1], STDERR_FILENO);
     execve(args[0], args.data(), env.data());
@@ -78,6 +89,7 @@ absl::StatusOr<ChildProcess> ChildProcess::Start(
   // Also here, so that the group exists before Signal can be called.
   setpgid(pid, pid);
   close(fds[1]);
+  close(no_input);
   fcntl(fds[0], F_SETFL, fcntl(fds[0], F_GETFL) | O_NONBLOCK);
   ChildProcess child;
   child.name_ = name;

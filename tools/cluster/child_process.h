@@ -1,6 +1,6 @@
-// A child process whose stdout and stderr arrive on one pipe, split into
-// lines. Linux only (prctl(PR_SET_PDEATHSIG)): a child dies with the
-// launcher, so no process outlives a killed launcher.
+// A child process reading no input (/dev/null) whose stdout and stderr
+// arrive on one pipe, split into lines. Linux only (prctl(PR_SET_PDEATHSIG)):
+// a child dies with the launcher, so no process outlives a killed launcher.
 #ifndef CSERPS_TOOLS_CLUSTER_CHILD_PROCESS_H_
 #define CSERPS_TOOLS_CLUSTER_CHILD_PROCESS_H_
 
