@@ -26,7 +26,8 @@ size_t Columns(const Conv2dShape& s) {
 }
 
 // For one kernel column kx, the output columns ox whose input column
-// ox + kx - pad lies inside the image: [lo, hi), possibly empty.
+// ox + kx - pad lies inside the image: [lo, hi) within [0, width), possibly
+// empty (a padding wider than the image leaves whole columns outside).
 struct ValidRange {
   ptrdiff_t lo;
   ptrdiff_t hi;
@@ -35,7 +36,7 @@ ValidRange ValidColumns(const Conv2dShape& s, size_t kx) {
   const ptrdiff_t shift =
       static_cast<ptrdiff_t>(kx) - static_cast<ptrdiff_t>(s.kernel / 2);
   const ptrdiff_t width = static_cast<ptrdiff_t>(s.width);
-  const ptrdiff_t lo = std::max<ptrdiff_t>(0, -shift);
+  const ptrdiff_t lo = std::min(width, std::max<ptrdiff_t>(0, -shift));
   const ptrdiff_t hi = std::min(width, width - shift);
   return {lo, std::max(lo, hi)};
 }
