@@ -8,17 +8,21 @@ namespace cserps {
 StalenessGate::StalenessGate(Options options)
     : options_(options), ranks_(options.world_size) {}
 
-bool StalenessGate::AdmitsLocked(uint64_t step) const {
-  if (options_.staleness == 0) return true;
+int64_t StalenessGate::SlowestLiveLocked() const {
   int64_t slowest = INT64_MAX;
   for (const RankState& r : ranks_) {
     if (!r.dead) slowest = std::min(slowest, r.newest_step);
   }
+  return slowest;
+}
+
+bool StalenessGate::AdmitsLocked(int64_t step) const {
+  if (options_.staleness == 0) return true;
+  const int64_t slowest = SlowestLiveLocked();
   // Every rank dead cannot happen while a push waits (its own rank is live);
   // admit rather than wait forever.
   if (slowest == INT64_MAX) return true;
-  return static_cast<int64_t>(step) <=
-         slowest + static_cast<int64_t>(options_.staleness);
+  return step <= slowest + static_cast<int64_t>(options_.staleness);
 }
 
 void StalenessGate::CollectAdmittedLocked(absl::Time now, std::vector<Release>* out) {
@@ -49,13 +53,23 @@ void StalenessGate::Arrive(uint32_t rank, uint64_t step, absl::Time now,
         for (RankState& r : ranks_) r.last_heard = now;
       }
       RankState& me = ranks_[rank];
-      me.dead = false;
+      if (me.dead) {
+        // Back from the dead, it counts from where the slowest of the
+        // others is: counted from its own old step it would hold them back
+        // until it had caught up, far longer than any call's deadline.
+        const int64_t slowest = SlowestLiveLocked();
+        if (slowest != INT64_MAX) {
+          me.shift = std::max(me.shift, slowest - static_cast<int64_t>(step));
+        }
+        me.dead = false;
+      }
+      const int64_t at = static_cast<int64_t>(step) + me.shift;
       me.last_heard = std::max(me.last_heard, now);
-      me.newest_step = std::max(me.newest_step, static_cast<int64_t>(step));
-      if (AdmitsLocked(step)) {
+      me.newest_step = std::max(me.newest_step, at);
+      if (AdmitsLocked(at)) {
         ready.push_back(std::move(release));
       } else {
-        parked_.push_back(Parked{rank, step, std::move(release)});
+        parked_.push_back(Parked{rank, at, std::move(release)});
       }
       CollectAdmittedLocked(now, &ready);
     }

@@ -8,8 +8,9 @@
 // `silence_timeout` on the expiry path (ExpireSilentRanks); the silence of a
 // rank never heard from counts from the shard's first push of any rank. A
 // rank with a parked push is never silent: it is waiting on the others. A
-// dead rank that pushes again is live again and holds the others back from
-// its new step on.
+// dead rank that pushes again is live again and counts from the slowest
+// live rank's step (its steps shifted up to it, never down), so it holds
+// the others back one step at a time, as any live rank does.
 //
 // Thread safety: every method may be called from any thread. Release
 // callbacks run exactly once each, without the gate's lock, on the thread of
@@ -67,17 +68,22 @@ class StalenessGate {
 
  private:
   struct RankState {
-    int64_t newest_step = -1;  // -1: nothing received yet
+    int64_t newest_step = -1;  // shifted; -1: nothing received yet
+    // Added to the rank's steps since it came back from the dead behind
+    // the others.
+    int64_t shift = 0;
     absl::Time last_heard = absl::InfinitePast();
     bool dead = false;
   };
   struct Parked {
     uint32_t rank;
-    uint64_t step;
+    int64_t step;  // shifted
     Release release;
   };
 
-  bool AdmitsLocked(uint64_t step) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // m: the smallest newest step over the live ranks; INT64_MAX when none.
+  int64_t SlowestLiveLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool AdmitsLocked(int64_t step) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Moves the parked pushes that are now admitted into `out`.
   void CollectAdmittedLocked(absl::Time now, std::vector<Release>* out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -99,13 +99,49 @@ TEST_F(GateTest, SilentRankIsDeclaredDeadOnlyAfterTheTimeout) {
   EXPECT_TRUE(Push(0, 3, t0_ + kTimeout)->released);
   EXPECT_TRUE(Push(0, 4, t0_ + kTimeout)->released);
 
-  // Rank 1 comes back at step 1 and holds rank 0 back again.
+  // Rank 1 comes back at step 1 and counts from rank 0's step 4: rank 0
+  // goes on to 4 + s, then waits on rank 1's next step, not on its step 4.
   EXPECT_TRUE(Push(1, 1, t0_ + kTimeout)->released);
   EXPECT_THAT(gate_->DeadRanks(), ElementsAre());
-  auto again = Push(0, 5, t0_ + kTimeout);
+  EXPECT_TRUE(Push(0, 5, t0_ + kTimeout)->released);
+  auto again = Push(0, 6, t0_ + kTimeout);
   EXPECT_FALSE(again->released);
-  EXPECT_TRUE(Push(1, 4, t0_ + kTimeout)->released);
+  EXPECT_TRUE(Push(1, 2, t0_ + kTimeout)->released);
   EXPECT_TRUE(again->released);
+}
+
+// A rank that starts long after the others, or stalls past its timeout,
+// does not stop them for as long as they ran without it: back, it holds
+// them back one of its steps at a time.
+TEST_F(GateTest, ARankBackFromTheDeadHoldsTheOthersBackOneStepAtATime) {
+  Make(2, 2);
+  EXPECT_TRUE(Push(0, 0, t0_)->released);
+  EXPECT_TRUE(Push(0, 1, t0_)->released);
+  auto first = Push(0, 2, t0_);
+  EXPECT_FALSE(first->released);
+  EXPECT_EQ(gate_->ExpireSilentRanks(t0_ + kTimeout), 1);
+  EXPECT_TRUE(first->released);
+  for (uint64_t step = 3; step <= 100; ++step) {
+    ASSERT_TRUE(Push(0, step, t0_ + kTimeout)->released) << step;
+  }
+  const absl::Time back = t0_ + 2 * kTimeout;
+  EXPECT_TRUE(Push(1, 0, back)->released);
+  // Rank 0 may be s = 2 steps ahead of rank 1's place (100), no further.
+  EXPECT_TRUE(Push(0, 101, back)->released);
+  EXPECT_TRUE(Push(0, 102, back)->released);
+  auto parked = Push(0, 103, back);
+  EXPECT_FALSE(parked->released);
+  EXPECT_TRUE(Push(1, 1, back)->released);
+  EXPECT_TRUE(parked->released);
+  // Dead again, rank 0 having gone on to 104, and back again at its step
+  // 2: it counts from 104 now.
+  auto waits = Push(0, 104, back + kTimeout / 2);
+  EXPECT_FALSE(waits->released);
+  EXPECT_EQ(gate_->ExpireSilentRanks(back + kTimeout), 1);
+  EXPECT_TRUE(waits->released);
+  EXPECT_TRUE(Push(1, 2, back + 2 * kTimeout)->released);
+  EXPECT_TRUE(Push(0, 106, back + 2 * kTimeout)->released);
+  EXPECT_FALSE(Push(0, 107, back + 2 * kTimeout)->released);
 }
 
 TEST_F(GateTest, RankNeverHeardFromCountsFromTheFirstPush) {
