@@ -80,7 +80,20 @@ void AsyncService::Shutdown() {
 absl::Status AsyncService::Admit(const PushHead& head, absl::Time arrived) {
   RETURN_IF_ERROR(shard_.Admit(head.fingerprint, head.rank, arrived));
   RETURN_IF_ERROR(Validate(head));
+  {
+    absl::MutexLock lock(&update_mu_);
+    RETURN_IF_ERROR(CheckNotReusedLocked(head));
+  }
   return shard_.activity().CallStarted(head.rank, arrived);
+}
+
+absl::Status AsyncService::CheckNotReusedLocked(const PushHead& head) const {
+  const auto applied = applied_.find(std::make_pair(head.rank, head.offset));
+  if (applied == applied_.end() || head.step >= applied->second) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "step ", head.step, " is older than step ", applied->second, ", applied already for rank ",
+      head.rank, " at offset ", head.offset,
+      ": a worker restarted from an earlier state must not use its rank's steps again"));
 }
 
 absl::Status AsyncService::Validate(const PushHead& head) const {
@@ -146,7 +159,7 @@ void AsyncService::PassGate(const PushHead& head, absl::Time arrived,
 bool AsyncService::Applied(const PushHead& head) {
   absl::MutexLock lock(&update_mu_);
   const auto applied = applied_.find(std::make_pair(head.rank, head.offset));
-  return applied != applied_.end() && head.step <= applied->second;
+  return applied != applied_.end() && head.step == applied->second;
 }
 
 absl::Status AsyncService::Apply(const PushHead& head, absl::Span<float> g,
@@ -154,6 +167,8 @@ absl::Status AsyncService::Apply(const PushHead& head, absl::Span<float> g,
   ShardStore& store = shard_.store();
   absl::MutexLock lock(&update_mu_);
   const auto key = std::make_pair(head.rank, head.offset);
+  // Two pushes of one rank and offset may pass Admit before either lands.
+  RETURN_IF_ERROR(CheckNotReusedLocked(head));
   auto applied = applied_.find(key);
   if (applied == applied_.end() || head.step > applied->second) {
     // p = Direction(g) at x, in place of g, with the servers' momentum;

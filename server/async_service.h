@@ -123,9 +123,13 @@ class AsyncService final : public v1::AsyncParameterServer::CallbackService {
   // lock.
   absl::Status Apply(const PushHead& head, absl::Span<float> g,
                      absl::FunctionRef<absl::Status()> read);
-  // Whether `head`'s push (this step or a later one of its rank and
-  // offset) was applied.
+  // Whether `head`'s push was applied: the newest step applied for its
+  // rank and offset is its step.
   bool Applied(const PushHead& head);
+  // FAILED_PRECONDITION when a newer step of `head`'s rank and offset was
+  // applied: only a step used again gets here (a retry is of the newest).
+  absl::Status CheckNotReusedLocked(const PushHead& head) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(update_mu_);
 
   ShardContext& shard_;
   const Options options_;

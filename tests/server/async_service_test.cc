@@ -423,14 +423,16 @@ TEST_F(AsyncServiceTest, DeadWorkerNoLongerHoldsTheOthersBack) {
     EXPECT_TRUE(s.ok()) << "step " << t << ": " << s.error_message();
   }
 
-  // Rank 1 returns at step 1 and holds rank 0 back again, but not a retry
-  // of a push applied already, which only reads the floats back; shutting
-  // down answers the parked push.
+  // Rank 1 returns at step 1, counts from rank 0's step 5 and holds rank 0
+  // back again from there, but not a retry of a push applied already,
+  // which only reads the floats back; shutting down answers the parked
+  // push.
   ASSERT_TRUE(Push(MakePush(1, 1, c.offset, zeros), &response).ok());
   const grpc::Status retried = Push(MakePush(0, 5, c.offset, zeros), &response);
   EXPECT_TRUE(retried.ok()) << retried.error_message();
+  ASSERT_TRUE(Push(MakePush(0, 6, c.offset, zeros), &response).ok());
   EXPECT_EQ(async_->parked_pushes(), 0u);
-  auto held = PushAsync(MakePush(0, 6, c.offset, zeros));
+  auto held = PushAsync(MakePush(0, 7, c.offset, zeros));
   ASSERT_TRUE(async_->WaitForParkedPushes(1, absl::Seconds(20)));
   async_->Shutdown();
   ASSERT_TRUE(held->WaitDone());
@@ -451,6 +453,17 @@ TEST_F(AsyncServiceTest, RetriedPushIsAppliedOnce) {
   EXPECT_TRUE(Floats(retry.model()) == expected);
   // The next step is applied.
   ASSERT_TRUE(Push(MakePush(0, 1, c.offset, g), &retry).ok());
+  for (uint64_t i = 0; i < c.count; ++i) expected[i] -= 0.25f * g[i];
+  EXPECT_TRUE(Floats(retry.model()) == expected);
+  // An older step is no retry (its worker has gone on) but a step number
+  // used again, as by a worker restarted from an earlier state: refused,
+  // where it was answered as applied and dropped.
+  const grpc::Status reused = Push(MakePush(0, 0, c.offset, g), &retry);
+  EXPECT_EQ(reused.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(reused.error_message(),
+              HasSubstr("step 0 is older than step 1, applied already for rank 0"));
+  EXPECT_EQ(async_->counters().pushes_applied, 2u);
+  ASSERT_TRUE(Push(MakePush(0, 2, c.offset, g), &retry).ok());
   for (uint64_t i = 0; i < c.count; ++i) expected[i] -= 0.25f * g[i];
   EXPECT_TRUE(Floats(retry.model()) == expected);
 }
