@@ -40,7 +40,7 @@ struct EvalSums {
 // Every method requires params.size() == spec().num_params and a batch with
 // batch.dim == spec().input_dim, features.size() == size * dim,
 // labels.size() == size and every label < spec().num_classes; a violation is a
-// programmer error (the data loader validates labels against the model) and
+// programmer error (Trainer::Create checks the data against the model) and
 // aborts. A backend's own failure (a device error) is returned.
 class Model {
  public:

@@ -20,6 +20,23 @@
 namespace cserps {
 namespace {
 
+// The models check their input only as a programmer's error (an abort), so
+// data that does not fit the job's model is refused here, by name.
+absl::Status CheckModelFits(const ModelSpec& spec, const Dataset& data, const char* split) {
+  if (data.dim != spec.input_dim) {
+    return absl::InvalidArgumentError(absl::StrCat("model.input_dim is ", spec.input_dim,
+                                                   " but the ", split, " data has ", data.dim,
+                                                   " features per example"));
+  }
+  const auto largest = std::max_element(data.labels.begin(), data.labels.end());
+  if (largest != data.labels.end() && *largest >= spec.num_classes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model.num_classes is ", spec.num_classes, " but the ", split, " data has label ",
+        static_cast<int>(*largest), " (example ", largest - data.labels.begin(), ")"));
+  }
+  return absl::OkStatus();
+}
+
 constexpr size_t kEvalBatch = 1000;
 // How long beyond a round's timeout a rejoining worker waits for a job
 // whose steps do not move.
@@ -87,11 +104,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
     backend = std::make_unique<HostBackend>(std::move(model),
                                             config.algorithm().block_size());
   }
-  if (backend->spec().input_dim != train->dim) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "model.input_dim is ", backend->spec().input_dim, " but the data has ", train->dim,
-        " features per example"));
-  }
+  RETURN_IF_ERROR(CheckModelFits(backend->spec(), *train, "training"));
+  RETURN_IF_ERROR(CheckModelFits(backend->spec(), *test, "test"));
   if (backend->spec().num_params != link.client->layout().num_params() ||
       backend->ops().num_params() != backend->spec().num_params) {
     return absl::InternalError("model, device and client disagree on the model size");

@@ -272,6 +272,32 @@ TEST(NodeDivergenceTest, ADivergedLocalRankStopsItsNodeAtOnce) {
   EXPECT_THAT(std::string(status[0].message()), ::testing::HasSubstr("local rank 1 failed"));
 }
 
+// Data that does not fit the job's model is refused by name, where the
+// model's own checks aborted the worker (at its first step, or at its first
+// evaluation for the test data).
+TEST(TrainerCreateTest, DataThatDoesNotFitTheModelIsRefused) {
+  v1::JobConfig config = MakeConfig(R"(name: "ssgd")", "lr: 0.05", 1, ::testing::TempDir());
+  config.mutable_model()->set_num_classes(5);
+  absl::StatusOr<std::unique_ptr<testing::InProcessCluster>> cluster =
+      testing::InProcessCluster::Start(config, testing::NumParams(config));
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  absl::StatusOr<std::unique_ptr<Trainer>> trainer =
+      Trainer::Create((*cluster)->config(), &(*cluster)->client(0), &TrainSet(), &TestSet());
+  EXPECT_EQ(trainer.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(trainer.status().message()),
+              ::testing::HasSubstr("model.num_classes is 5 but the training data has label"));
+
+  config.mutable_model()->set_num_classes(10);
+  cluster = testing::InProcessCluster::Start(config, testing::NumParams(config));
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const Dataset wider = testing::RandomDataset(20, kDim + 1, 10, 3);
+  trainer = Trainer::Create((*cluster)->config(), &(*cluster)->client(0), &TrainSet(), &wider);
+  EXPECT_EQ(trainer.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(trainer.status().message()),
+              ::testing::HasSubstr(absl::StrCat("model.input_dim is ", kDim, " but the test data has ",
+                                                kDim + 1, " features per example")));
+}
+
 // What Run() left on each rank of a 2-worker in-process job.
 struct RankRun {
   std::vector<CurvePoint> curve;
