@@ -186,7 +186,7 @@ def main():
                     best[2].append(r)
             results[(method, rc)] = best
     wall = time.time() - started
-    write_report(args, mode, epochs, seeds, lrs, reference, results, wall)
+    write_cser_report(args, mode, epochs, seeds, lrs, reference, results, wall)
 
 
 def machine():
@@ -235,7 +235,7 @@ def plot(args, mode, reference, results):
     return files
 
 
-def write_report(args, mode, epochs, seeds, lrs, reference, results, wall):
+def write_cser_report(args, mode, epochs, seeds, lrs, reference, results, wall):
     os.makedirs(args.out, exist_ok=True)
     plots = plot(args, mode, reference, results)
     cmd = "tools/convergence/run.py" + (" --quick" if mode == "quick" else "")
