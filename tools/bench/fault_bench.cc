@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
@@ -59,6 +60,7 @@ absl::Status Run() {
     std::ofstream out(path);
     out << job;
   }
+  const absl::Cleanup remove_job = [&path] { std::filesystem::remove(path); };
   const std::string program =
       (std::filesystem::read_symlink("/proc/self/exe").parent_path() / "cserps-server").string();
   const uint64_t rounds = absl::GetFlag(FLAGS_rounds);
@@ -74,10 +76,7 @@ absl::Status Run() {
   for (const bool faulty : {false, true}) {
     absl::StatusOr<std::unique_ptr<ServerProcesses>> server =
         ServerProcesses::Start(program, path.string(), 1, {"--bulk_port=-1"});
-    if (!server.ok()) {
-      std::filesystem::remove(path);
-      return server.status();
-    }
+    if (!server.ok()) return server.status();
     const std::string address = (*server)->addresses()[0];
     v1::JobConfig run = config;
     run.mutable_cluster()->set_servers(0, address);
@@ -123,7 +122,6 @@ absl::Status Run() {
                 absl::ToDoubleSeconds(result.wall));
     std::fflush(stdout);
   }
-  std::filesystem::remove(path);
   return absl::OkStatus();
 }
 

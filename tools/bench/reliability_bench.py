@@ -5,7 +5,7 @@ Runs configs/quickstart.textproto (4 workers, 2 shards, S-SGD, 702 steps)
 under cserps-launch, each run in a fresh folder:
 
   plain        without checkpoints;
-  checkpoints  checkpoint.every_steps=100 (6 checkpoints of the whole job);
+  checkpoints  checkpoint.every_steps=100 (7 checkpoints of the whole job);
   restarted    the same with --max_restarts=1, shard 1 killed (SIGKILL) as
                soon as the first checkpoint is complete: the launcher
                restarts it alone and the workers roll back in place;

@@ -50,6 +50,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
@@ -365,13 +366,14 @@ absl::StatusOr<Measured> MeasureCserps(const Case& c, const std::string& server,
     std::ofstream out(path);
     out << JobText(c, absl::GetFlag(FLAGS_block_size));
   }
+  absl::Cleanup remove_job = [&path] { std::filesystem::remove(path); };
   ASSIGN_OR_RETURN(std::unique_ptr<ServerProcesses> servers,
                    ServerProcesses::Start(server, path, c.shards));
   ASSIGN_OR_RETURN(v1::JobConfig config,
                    LoadJobWithOverrides(path, {absl::StrCat(
                                                   "cluster.servers=",
                                                   absl::StrJoin(servers->addresses(), ","))}));
-  std::filesystem::remove(path);
+  std::move(remove_job).Invoke();
   RETURN_IF_ERROR(PinTo(placement.members));
   *config.mutable_security() = SecurityFiles("client");
   const uint64_t d = c.bytes / 4;
@@ -403,8 +405,9 @@ absl::StatusOr<Measured> MeasureCserps(const Case& c, const std::string& server,
   RETURN_IF_ERROR(RunRounds(members, c, 0, kWarmupRounds, &warmup));
   const double per_round = Percentile(warmup, 0.5);
   result.slowest_warmup = Seconds(*std::max_element(warmup.begin(), warmup.end()));
-  result.count = std::clamp(static_cast<int>(absl::GetFlag(FLAGS_seconds) / per_round), 5,
-                            absl::GetFlag(FLAGS_max_rounds));
+  const int max_rounds = absl::GetFlag(FLAGS_max_rounds);
+  result.count = std::clamp(static_cast<int>(absl::GetFlag(FLAGS_seconds) / per_round),
+                            std::min(5, max_rounds), max_rounds);
   const int slices = std::clamp(absl::GetFlag(FLAGS_slices), 1, result.count);
   const TrafficCounts before = traffic(*members[0].client);
   uint64_t done = 0;
@@ -519,6 +522,10 @@ absl::Status Run() {
     layouts.emplace_back(s, m);
   }
   ASSIGN_OR_RETURN(const Placement placement, ParsePlacement(absl::GetFlag(FLAGS_placement)));
+  if (absl::GetFlag(FLAGS_max_rounds) < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_rounds=", absl::GetFlag(FLAGS_max_rounds), " measures no round"));
+  }
   const absl::Duration copy = MemcpyTime(64 << 20, 10);
   std::printf("memcpy of 64 MiB: %.3f GB/s (one thread)\n", (64 << 20) / Seconds(copy) / 1e9);
   if (const std::string dir = absl::GetFlag(FLAGS_certs); !dir.empty()) {
