@@ -190,7 +190,9 @@ for rate in ${RATES//,/ }; do
     dir="$OUT/$rate/$method"
     rm -rf "$dir"
     run_method "$dir" "${METHOD_SET[$method]}"
-    read -r reached accuracy seconds mb <<< "$(summarise "$dir")"
+    # An assignment of its own, so that set -e sees summarise fail.
+    row=$(summarise "$dir")
+    read -r reached accuracy seconds mb <<< "$row"
     [ "$method" = ssgd ] && ssgd_time=$reached
     speedup="-"
     if [ -n "$ssgd_time" ] && [ "$ssgd_time" != - ] && [ "$reached" != - ]; then
