@@ -53,3 +53,11 @@ if [[ " ${missing[*]} " == *" prometheus "* ]] && [ -d /run/systemd/system ]; th
   $SUDO systemctl disable --now prometheus.service ||
     echo "setup: could not stop prometheus.service; stop it before compose publishes 9090" >&2
 fi
+# The compose check runs a Docker daemon of its own, without a bridge or
+# iptables rules; the package would start the system's, which adds both and
+# comes back at every boot. A Docker installed before setup ran is left as
+# it is.
+if [[ " ${missing[*]} " == *" docker.io "* ]] && [ -d /run/systemd/system ]; then
+  $SUDO systemctl disable --now docker.socket docker.service containerd.service ||
+    echo "setup: could not stop the Docker services the package started" >&2
+fi
