@@ -44,13 +44,25 @@ command -v openssl > /dev/null || {
 }
 mkdir -p "$dir"
 umask 077
+# What is made is made here first and moved into $dir once all of it is:
+# a failed or interrupted run leaves $dir as it was.
+work="$(mktemp -d "$dir/.make_certs.XXXXXX")"
+trap 'rm -rf "$work"' EXIT
 
-# NAME.key and NAME.pem signed by the CA in $dir, for `usage` (serverAuth or
-# clientAuth) and, for a server, the subject alternative names $3.
+# openssl with its messages shown only when it fails.
+run_openssl() {
+  if ! openssl "$@" 2> "$work/openssl.log"; then
+    cat "$work/openssl.log" >&2
+    echo "make_certs: openssl $1 failed" >&2
+    return 1
+  fi
+}
+
+# $work/NAME.key and NAME.pem signed by the CA in $2, for `usage` (serverAuth
+# or clientAuth) and, for a server, the subject alternative names $4.
 issue() {
-  local name="$1" usage="$2" alt="${3:-}"
-  local ext
-  ext="$(mktemp)"
+  local name="$1" ca="$2" usage="$3" alt="${4:-}"
+  local ext="$work/$name.ext"
   {
     echo "basicConstraints=critical,CA:FALSE"
     echo "keyUsage=critical,digitalSignature,keyEncipherment"
@@ -68,15 +80,20 @@ issue() {
       (IFS=','; echo "subjectAltName=${entries[*]}")
     fi
   } > "$ext"
-  openssl ecparam -name prime256v1 -genkey -noout -out "$dir/$name.key.tmp" 2> /dev/null
-  openssl pkcs8 -topk8 -nocrypt -in "$dir/$name.key.tmp" -out "$dir/$name.key"
-  rm -f "$dir/$name.key.tmp"
-  openssl req -new -key "$dir/$name.key" -subj "/CN=cserps-$name" -out "$dir/$name.csr"
-  openssl x509 -req -in "$dir/$name.csr" -CA "$dir/ca.pem" -CAkey "$dir/ca.key" \
-    -CAcreateserial -days "$days" -sha256 -extfile "$ext" -out "$dir/$name.pem" 2> /dev/null
-  rm -f "$dir/$name.csr" "$ext" "$dir/ca.srl"
-  chmod 600 "$dir/$name.key"
-  chmod 644 "$dir/$name.pem"
+  run_openssl ecparam -name prime256v1 -genkey -noout -out "$work/$name.key.ec"
+  run_openssl pkcs8 -topk8 -nocrypt -in "$work/$name.key.ec" -out "$work/$name.key"
+  run_openssl req -new -key "$work/$name.key" -subj "/CN=cserps-$name" -out "$work/$name.csr"
+  run_openssl x509 -req -in "$work/$name.csr" -CA "$ca/ca.pem" -CAkey "$ca/ca.key" \
+    -CAserial "$work/ca.srl" -CAcreateserial -days "$days" -sha256 -extfile "$ext" \
+    -out "$work/$name.pem"
+  chmod 600 "$work/$name.key"
+  chmod 644 "$work/$name.pem"
+}
+
+# Moves the named files from $work into $dir.
+install_files() {
+  local f
+  for f in "$@"; do mv -f "$work/$f" "$dir/$f"; done
 }
 
 if [ -n "$client" ]; then
@@ -97,24 +114,37 @@ if [ -n "$client" ]; then
     echo "make_certs: $dir holds no ca.pem and ca.key to sign $client with" >&2
     exit 1
   }
-  issue "$client" clientAuth
+  issue "$client" "$dir" clientAuth
+  install_files "$client.key" "$client.pem"
   echo "make_certs: $dir/$client.pem and $dir/$client.key"
   exit 0
 fi
 
-if [ -f "$dir/ca.pem" ] && [ "$force" -eq 0 ]; then
-  echo "make_certs: $dir already holds a CA; kept (--force makes new ones)"
-  exit 0
+files=(ca.key ca.pem server.key server.pem client.key client.pem token)
+if [ "$force" -eq 0 ]; then
+  present=() absent=()
+  for f in "${files[@]}"; do
+    if [ -e "$dir/$f" ]; then present+=("$f"); else absent+=("$f"); fi
+  done
+  if [ ${#absent[@]} -eq 0 ]; then
+    echo "make_certs: $dir already holds a CA; kept (--force makes new ones)"
+    exit 0
+  fi
+  if [ ${#present[@]} -gt 0 ]; then
+    echo "make_certs: $dir holds ${present[*]} but not ${absent[*]}; --force makes a new set" >&2
+    exit 1
+  fi
 fi
 
-openssl ecparam -name prime256v1 -genkey -noout -out "$dir/ca.key" 2> /dev/null
-openssl req -x509 -new -key "$dir/ca.key" -subj "/CN=cserps job CA" -days "$days" -sha256 \
+run_openssl ecparam -name prime256v1 -genkey -noout -out "$work/ca.key"
+run_openssl req -x509 -new -key "$work/ca.key" -subj "/CN=cserps job CA" -days "$days" -sha256 \
   -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign" \
-  -out "$dir/ca.pem"
-chmod 600 "$dir/ca.key"
-chmod 644 "$dir/ca.pem"
-issue server serverAuth "$names"
-issue client clientAuth
-openssl rand -hex 32 > "$dir/token"
-chmod 600 "$dir/token"
+  -out "$work/ca.pem"
+chmod 600 "$work/ca.key"
+chmod 644 "$work/ca.pem"
+issue server "$work" serverAuth "$names"
+issue client "$work" clientAuth
+run_openssl rand -hex -out "$work/token" 32
+chmod 600 "$work/token"
+install_files "${files[@]}"
 echo "make_certs: CA, server ($names), client and token in $dir"

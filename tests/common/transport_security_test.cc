@@ -159,6 +159,44 @@ TEST_F(TransportSecurityTest, MakeCertsIssuesMoreClientsButNeverOverTheJobsFiles
   EXPECT_EQ(make_client("worker-7"), 1) << "an existing worker's files are kept";
 }
 
+// A set that fails to be made (an IP name that is none) leaves nothing
+// behind, so the next run makes a whole one; a set missing a file is
+// refused by name instead of kept as complete.
+TEST_F(TransportSecurityTest, MakeCertsMakesAWholeSetOrNone) {
+  const fs::path dir = root_ / "partial";
+  struct Made {
+    int exit_code = -1;
+    std::string output;
+  };
+  const auto make = [&dir](const std::string& names) {
+    const std::string command = absl::StrCat("bash ", CSERPS_SOURCE_DIR, "/tools/make_certs.sh ",
+                                             dir.string(), " ", names, " 2>&1");
+    Made made;
+    FILE* pipe = popen(command.c_str(), "r");
+    if (pipe == nullptr) return made;
+    char buffer[4096];
+    for (size_t n; (n = fread(buffer, 1, sizeof(buffer), pipe)) > 0;) made.output.append(buffer, n);
+    const int status = pclose(pipe);
+    made.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    return made;
+  };
+  const Made failed = make("localhost,1.2.3.4.5");
+  EXPECT_EQ(failed.exit_code, 1) << failed.output;
+  EXPECT_THAT(failed.output, HasSubstr("bad ip address")) << failed.output;
+  EXPECT_TRUE(fs::is_empty(dir)) << "a failed run left files in " << dir;
+
+  const Made made = make("localhost,127.0.0.1");
+  ASSERT_EQ(made.exit_code, 0) << made.output;
+  EXPECT_TRUE(LoadTransportSecurity(Tls((dir / "ca.pem").string(), (dir / "server.pem").string(),
+                                        (dir / "server.key").string()),
+                                    TlsRole::kServer)
+                  .ok());
+  fs::remove(dir / "server.pem");
+  const Made partial = make("localhost,127.0.0.1");
+  EXPECT_EQ(partial.exit_code, 1) << partial.output;
+  EXPECT_THAT(partial.output, HasSubstr("but not server.pem; --force makes a new set"));
+}
+
 // The client's key, encrypted with the passphrase "secret" (PKCS#8).
 std::string EncryptedKey(const std::string& key_path) {
   std::ifstream in(key_path);
