@@ -1,7 +1,7 @@
 // A shard rolling back in place to a checkpoint (docs/protocol.md 7.12)
 // while a sparse round is open: the round is aborted, the other member's
-// push that would have completed it, sent once the model is loaded, is
-// refused, and the shard ends with exactly the checkpoint's model and
+// push that would have completed it, sent as the rounds stop or once the
+// model is loaded, is refused, and the shard ends with exactly the checkpoint's model and
 // servers' momentum. (With the sparse rounds still taken while the model
 // loaded and the roll back recorded last, as before, that push completed
 // the round on the loaded model.) A roll back that fails shuts the shard
@@ -126,13 +126,25 @@ class RollBackTest : public ::testing::Test {
 TEST_F(RollBackTest, NoRoundCompletesOrOpensWhileTheShardLoadsItsCheckpoint) {
   ASSERT_TRUE(WriteCheckpoint(config_).ok());
   SparseExchangeService& sparse = servers_.shard(0).sparse_service();
-  // Rank 1 pushes its half of the open round once the model is loaded,
-  // before the shard's services take pushes again.
+  // Rank 1 pushes its half of the open round as the sparse rounds stop,
+  // before the shard has loaded its model or recorded the roll back (so
+  // only the round table can refuse it), and again once the model is
+  // loaded, before the shard's services take pushes again.
+  auto pushed_while_stopping = std::make_shared<absl::Status>(absl::InternalError("not answered"));
   absl::Status pushed_while_loading;
   servers_.shard(0).service().set_on_roll_back(
       [&](uint64_t step, const std::string& reason, const CheckpointReload& reload) {
         return sparse.RollBack(step, reason,
                                [&]() -> absl::StatusOr<std::vector<CheckpointSection>> {
+                                 sparse.Push({.fingerprint = JobFingerprint(config_),
+                                              .rank = 1,
+                                              .step = kCheckpointStep + 1,
+                                              .k = Entries().indices.size()},
+                                             Entries(), 0, 0,
+                                             [pushed_while_stopping](
+                                                 absl::StatusOr<SparseRoundReply> reply) {
+                                               *pushed_while_stopping = reply.status();
+                                             });
                                  auto sections = reload();
                                  SparseVector mean;
                                  pushed_while_loading = ranks_[1]->ExchangeSparse(
@@ -155,7 +167,11 @@ TEST_F(RollBackTest, NoRoundCompletesOrOpensWhileTheShardLoadsItsCheckpoint) {
   ASSERT_TRUE(opened);
   ASSERT_TRUE(rolled_back.ok()) << rolled_back;
   EXPECT_TRUE(absl::IsAborted(waited)) << waited;
+  EXPECT_TRUE(absl::IsAborted(*pushed_while_stopping)) << *pushed_while_stopping;
+  EXPECT_THAT(std::string(pushed_while_stopping->message()),
+              ::testing::HasSubstr("the shard is rolling back"));
   EXPECT_TRUE(absl::IsAborted(pushed_while_loading)) << pushed_while_loading;
+  EXPECT_EQ(sparse.counters().open_rounds, 0u);
 
   std::vector<float> model(kD);
   ASSERT_TRUE(servers_.shard(0).shard().store().Read(0, absl::MakeSpan(model)).ok());
