@@ -6,6 +6,9 @@
 #include <cstdint>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+
 namespace cserps {
 
 // Strictly ascending global float indices, one value each.
@@ -13,6 +16,11 @@ struct SparseVector {
   std::vector<uint32_t> indices;
   std::vector<float> values;
 };
+
+// INVALID_ARGUMENT, naming the first bad index and its position, unless
+// every index lies in [first, end) and each is greater than the one before.
+absl::Status CheckSparseIndices(absl::Span<const uint32_t> indices, uint64_t first,
+                                uint64_t end);
 
 }  // namespace cserps
 

@@ -20,6 +20,7 @@
 #include "common/grbs.h"
 #include "common/grpc_security.h"
 #include "common/grpc_status.h"
+#include "common/sparse_vector.h"
 #include "common/status.h"
 #include "common/traffic_counter.h"
 #include "common/transport_security.h"
@@ -775,6 +776,17 @@ absl::Status PsClient::ExchangeSparse(uint64_t step, const SparseVector& local,
   }
   impl_->wait_nanos_.fetch_add(absl::ToInt64Nanoseconds(absl::Now() - waiting));
   RETURN_IF_ERROR(run_grpc_calls());
+  // The caller writes through the replies' indices: a shard of another
+  // layout, or a corrupt reply, must not reach outside its floats.
+  for (const Share& share : shares) {
+    const absl::Status inside =
+        CheckSparseIndices(share.reply.indices, impl_->layout_.ShardFirstFloat(share.shard),
+                           impl_->layout_.ShardEndFloat(share.shard));
+    if (!inside.ok()) {
+      return absl::DataLossError(absl::StrCat("shard ", share.shard, " answered sparse step ",
+                                              step, " with ", inside.message()));
+    }
+  }
   result->indices.clear();
   result->values.clear();
   for (const Share& share : shares) {
