@@ -1,5 +1,6 @@
 #include "server/sparse_exchange_service.h"
 
+#include <algorithm>
 #include <string>
 #include <utility>
 #include <vector>
@@ -42,7 +43,11 @@ absl::StatusOr<std::unique_ptr<SparseExchangeService>> SparseExchangeService::Cr
     // An entry is 8 bytes; the same 1024-byte allowance as chunks.
     const uint64_t max_entries = shard->chunk_floats() / 2;
     const bool is_union = SelectionOf(config.algorithm()) == SparseSelection::kUnion;
-    const uint64_t reply_entries = is_union ? k_s * config.cluster().num_workers() : k_s;
+    // A union's indices are distinct floats of the shard.
+    const uint64_t reply_entries =
+        is_union ? std::min(k_s * config.cluster().num_workers(),
+                            shard->layout().ShardSize(shard->shard()))
+                 : k_s;
     if (reply_entries > max_entries) {
       return absl::InvalidArgumentError(absl::StrCat(
           "cluster.max_message_bytes: ", config.cluster().max_message_bytes(),
@@ -50,7 +55,9 @@ absl::StatusOr<std::unique_ptr<SparseExchangeService>> SparseExchangeService::Cr
           shard->shard(), " with algorithm.density ", config.algorithm().density(),
           " has k_s = ", k_s, is_union ? " and topk-ssgd replies with up to "
                                        : "",
-          is_union ? absl::StrCat(reply_entries, " (k_s times num_workers)") : "",
+          is_union ? absl::StrCat(reply_entries, " (k_s times num_workers, at most the shard's "
+                                                 "floats)")
+                   : "",
           "; raise max_message_bytes or lower the density"));
     }
   }

@@ -390,6 +390,13 @@ TEST(SparseServiceCreateTest, RefusesAJobWhoseRepliesWouldNotFitAMessage) {
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(refused.status().message()),
               HasSubstr("cluster.max_message_bytes: 65536 bytes hold at most 8064 sparse entries"));
+  // A union holds distinct floats of the shard: 3 * k_s is past the limit
+  // at density 0.9 of a shard of 8000 floats, the shard's size is not.
+  const absl::StatusOr<std::unique_ptr<PsServer>> small =
+      PsServer::Start(Config("name: \"topk-ssgd\" density: 0.9", 64 * 1024,
+                             "kind: FLAT num_params: 16000"),
+                      0, "127.0.0.1:0");
+  EXPECT_TRUE(small.ok()) << small.status();
 }
 
 // Only the jobs of the sparse exchange keep servers' momentum on it: the
