@@ -143,6 +143,65 @@ TEST_P(ShardRestartTest, TrainersRollBackInPlaceAndTrainAsTheUninterruptedJob) {
   }
 }
 
+// An elastic job that lost a member between the checkpoint and the
+// restart: the rounds of the steps trained again still wait for one member
+// fewer, and the trainers' membership says so (the roll back took back the
+// change with its steps, and used to keep the count it had changed to, so
+// the change was never seen again).
+TEST(ElasticShardRestartTest, AMembershipChangeUndoneByTheRollBackIsSeenAgain) {
+  const fs::path root = fs::path(::testing::TempDir()) /
+                        absl::StrCat("shard_restart_test.", getpid(), ".elastic");
+  fs::remove_all(root);
+  v1::JobConfig config = testing::CheckpointedJob(
+      {"ssgd", "", R"(name: "ssgd")"}, "shard-restart-elastic", (root / "ckpt").string(), 4);
+  config.mutable_cluster()->set_num_workers(3);
+  config.mutable_cluster()->set_elastic(true);
+  config.mutable_cluster()->set_round_timeout_s(2);
+  const Dataset train = testing::RandomDataset(160, 20, 4, 17);
+  const Dataset test = testing::RandomDataset(100, 20, 4, 18);
+  // 160 examples, 8 per step and worker: 6 steps per epoch, 18 in all.
+  // Rank 2 stops after step 5; rank 0 restarts shard 1 after step 7, when
+  // the newest complete checkpoint is step 4's.
+  constexpr uint64_t kSteps = 18, kStopAfter = 5, kRestartAfter = 7;
+  absl::StatusOr<std::unique_ptr<InProcessCluster>> cluster = InProcessCluster::Start(config, kD);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  absl::StatusOr<std::vector<std::unique_ptr<Trainer>>> trainers =
+      testing::TrainersOf(**cluster, train, test);
+  ASSERT_TRUE(trainers.ok()) << trainers.status();
+  const absl::Status status = (*cluster)->OnEveryRank([&](int r) -> absl::Status {
+    Trainer& trainer = *(*trainers)[r];
+    RETURN_IF_ERROR(trainer.InitializeModel());
+    bool restarted = false;
+    for (uint64_t round = 0; trainer.step() < kSteps && round < 3 * kSteps; ++round) {
+      if (r == 2 && trainer.step() == kStopAfter) return absl::OkStatus();
+      absl::Status stepped = trainer.Step().status();
+      if (stepped.ok()) stepped = trainer.FullAverageIfDue();
+      if (!stepped.ok()) {
+        ASSIGN_OR_RETURN(const bool rolled_back, trainer.RollBackIfAShardRestarted(stepped));
+        if (!rolled_back) return stepped;
+        continue;
+      }
+      if (r == 0 && !restarted && trainer.step() == kRestartAfter) {
+        restarted = true;
+        v1::JobConfig resumed = (*cluster)->config();
+        resumed.mutable_checkpoint()->set_resume(true);
+        RETURN_IF_ERROR((*cluster)->RestartShard(1, resumed));
+      }
+    }
+    return trainer.FinishTraining();
+  });
+  ASSERT_TRUE(status.ok()) << status;
+  for (int r = 0; r < 2; ++r) {
+    SCOPED_TRACE(absl::StrCat("rank ", r));
+    const Trainer& trainer = *(*trainers)[r];
+    EXPECT_EQ(trainer.roll_backs(), 1u);
+    ASSERT_FALSE(trainer.membership().empty());
+    EXPECT_LE(trainer.membership().back().step, kRestartAfter);
+    EXPECT_EQ(trainer.membership().back().members, 2u);
+  }
+  fs::remove_all(root);
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Algorithms, ShardRestartTest,
     ::testing::Values(

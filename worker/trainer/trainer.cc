@@ -391,20 +391,27 @@ absl::StatusOr<bool> Trainer::RollBackIfAShardRestarted(const absl::Status& fail
   algorithm_->AbandonInFlight();
   RETURN_IF_ERROR(client_->Reregister());
   followed_restart_ = restarted->incarnation;
-  // This process still started where it did.
+  // This process still started where it did, unless the checkpoint is
+  // older still (a rank that rejoined, rolled back to one its predecessor
+  // wrote): then it starts again from there, as a resume would.
   const uint64_t first_step = first_step_, resumed_from = resumed_from_;
   RETURN_IF_ERROR(ResumeFromCheckpoint());
-  first_step_ = first_step;
-  resumed_from_ = resumed_from;
+  if (step_ >= first_step) {
+    first_step_ = first_step;
+    resumed_from_ = resumed_from;
+  }
   // The steps after the checkpoint are trained again, and count once. A
-  // checkpoint completes only with this process's file, so one it did not
-  // write is where it started, having trained nothing yet.
+  // checkpoint it did not write is where it started (or starts again),
+  // having trained nothing yet.
   const auto at = training_floats_at_.find(step_);
   floats_trained_again_ = TrainingFloatsPushed(*client_) -
                           (at != training_floats_at_.end() ? at->second : 0);
   training_floats_at_.erase(training_floats_at_.upper_bound(step_), training_floats_at_.end());
   while (!curve_.empty() && curve_.back().step > step_) curve_.pop_back();
   while (!membership_.empty() && membership_.back().step > step_) membership_.pop_back();
+  // A change undone with its steps is seen again at the next step if the
+  // rounds still wait for as many members.
+  members_ = membership_.empty() ? config_.cluster().num_workers() : membership_.back().members;
   epoch_started_ = false;
   ++roll_backs_;
   return true;
