@@ -140,8 +140,8 @@ class AsyncService final : public v1::AsyncParameterServer::CallbackService {
   absl::Mutex update_mu_;
   // Over the shard's floats; empty for momentum NONE.
   std::vector<float> momentum_ ABSL_GUARDED_BY(update_mu_);
-  // (rank, offset) -> newest step applied: a push at that step or older is a
-  // retry.
+  // (rank, offset) -> newest step applied: a push at that step is a retry,
+  // an older one refused.
   absl::flat_hash_map<std::pair<uint32_t, uint64_t>, uint64_t> applied_
       ABSL_GUARDED_BY(update_mu_);
 

@@ -4,6 +4,11 @@
 #include <utility>
 
 namespace cserps {
+namespace {
+
+constexpr int64_t kMostShifted = int64_t{1} << 62;
+
+}  // namespace
 
 StalenessGate::StalenessGate(Options options)
     : options_(options), ranks_(options.world_size) {}
@@ -63,7 +68,9 @@ void StalenessGate::Arrive(uint32_t rank, uint64_t step, absl::Time now,
         }
         me.dead = false;
       }
-      const int64_t at = static_cast<int64_t>(step) + me.shift;
+      // Held at 2^62, as steps are: a step and a shift, each below it, and
+      // m + s stay inside int64.
+      const int64_t at = std::min(static_cast<int64_t>(step) + me.shift, kMostShifted);
       me.last_heard = std::max(me.last_heard, now);
       me.newest_step = std::max(me.newest_step, at);
       if (AdmitsLocked(at)) {

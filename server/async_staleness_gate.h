@@ -45,7 +45,7 @@ class StalenessGate {
   explicit StalenessGate(Options options);
 
   // Records that `rank` (< world_size, checked by the caller) has reached
-  // `step` at `now`, then calls `release(OK)` at once when the push is
+  // `step` (below 2^62, checked by the caller) at `now`, then calls `release(OK)` at once when the push is
   // admitted, or parks it until the slowest live rank advances or is
   // declared dead. Pushes other ranks parked that this arrival admits are
   // released too.

@@ -29,11 +29,14 @@ for target in config_fuzz idx_fuzz checkpoint_fuzz request_fuzz bulk_frame_fuzz;
   if [ "$target" = request_fuzz ] || [ "$target" = bulk_frame_fuzz ]; then leaks=0; fi
   # --foreground keeps the target in this terminal's process group, so that
   # Ctrl-C reaches it (timeout alone moves it to a group of its own).
-  if ! timeout --foreground $((seconds * 3 + 60)) "$build/bin/$target" -max_total_time="$seconds" \
-      -timeout=20 -rss_limit_mb=4096 -detect_leaks=$leaks -print_final_stats=1 \
-      -artifact_prefix="$work/$target-" "$work/$target" "${seeds[@]}" \
-      >"$work/$target.log" 2>&1; then
-    if grep -q '^==[0-9]*== libFuzzer: run interrupted' "$work/$target.log"; then
+  rc=0
+  timeout --foreground $((seconds * 3 + 60)) "$build/bin/$target" -max_total_time="$seconds" \
+    -timeout=20 -rss_limit_mb=4096 -detect_leaks=$leaks -print_final_stats=1 \
+    -artifact_prefix="$work/$target-" "$work/$target" "${seeds[@]}" \
+    >"$work/$target.log" 2>&1 || rc=$?
+  if [ "$rc" -ne 0 ]; then
+    # timeout's own TERM (a hang, exit 124) reads "interrupted" too.
+    if [ "$rc" -ne 124 ] && grep -q '^==[0-9]*== libFuzzer: run interrupted' "$work/$target.log"; then
       echo "fuzz: interrupted" >&2
       exit 130
     fi

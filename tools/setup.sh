@@ -41,6 +41,13 @@ if [ ${#missing[@]} -eq 0 ]; then
   exit 0
 fi
 
+# Whether containerd ran here before (a container runtime of the host's
+# own, which the Docker clean-up below must leave alone).
+containerd_before=0
+if dpkg-query -W -f='${Status}' containerd 2>/dev/null | grep -q "install ok installed"; then
+  containerd_before=1
+fi
+
 echo "setup: installing ${missing[*]}"
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
@@ -55,9 +62,11 @@ if [[ " ${missing[*]} " == *" prometheus "* ]] && [ -d /run/systemd/system ]; th
 fi
 # The compose check runs a Docker daemon of its own, without a bridge or
 # iptables rules; the package would start the system's, which adds both and
-# comes back at every boot. A Docker installed before setup ran is left as
-# it is.
+# comes back at every boot. A Docker or containerd installed before setup
+# ran is left as it is.
 if [[ " ${missing[*]} " == *" docker.io "* ]] && [ -d /run/systemd/system ]; then
-  $SUDO systemctl disable --now docker.socket docker.service containerd.service ||
+  units=(docker.socket docker.service)
+  if [ "$containerd_before" -eq 0 ]; then units+=(containerd.service); fi
+  $SUDO systemctl disable --now "${units[@]}" ||
     echo "setup: could not stop the Docker services the package started" >&2
 fi

@@ -393,12 +393,15 @@ absl::StatusOr<bool> Trainer::RollBackIfAShardRestarted(const absl::Status& fail
   followed_restart_ = restarted->incarnation;
   // This process still started where it did, unless the checkpoint is
   // older still (a rank that rejoined, rolled back to one its predecessor
-  // wrote): then it starts again from there, as a resume would.
+  // wrote): then it starts again from there, as a resume would, and is no
+  // longer one that joined.
   const uint64_t first_step = first_step_, resumed_from = resumed_from_;
   RETURN_IF_ERROR(ResumeFromCheckpoint());
   if (step_ >= first_step) {
     first_step_ = first_step;
     resumed_from_ = resumed_from;
+  } else {
+    joined_at_ = 0;
   }
   // The steps after the checkpoint are trained again, and count once. A
   // checkpoint it did not write is where it started (or starts again),
