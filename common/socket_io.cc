@@ -212,8 +212,11 @@ absl::Status WaitFor(int fd, short events, absl::Time deadline, absl::string_vie
         return absl::DeadlineExceededError(
             absl::StrCat(what, ": deadline exceeded waiting for the peer"));
       }
-      timeout_ms = static_cast<int>(
-          std::min<int64_t>(absl::ToInt64Milliseconds(left) + 1, INT_MAX));
+      // A deadline centuries away is finite, and its milliseconds saturate
+      // at INT64_MAX, to which one more must not be added.
+      timeout_ms = left >= absl::Milliseconds(INT_MAX)
+                       ? INT_MAX
+                       : static_cast<int>(absl::ToInt64Milliseconds(left) + 1);
     }
     pollfd p{fd, events, 0};
     const int r = poll(&p, 1, timeout_ms);

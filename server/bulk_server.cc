@@ -78,15 +78,17 @@ class BulkServer::Connection : public std::enable_shared_from_this<Connection> {
     return reader_done_ && writer_done_;
   }
 
-  // Stops reading; the writer sends what is queued within kDrainTimeout, then
-  // the socket is shut both ways. Joins both threads.
+  // A shutdown in three steps, each taken for every connection before the
+  // next, so that the drains overlap: stop reading; let the writer send what
+  // is queued until `drained_by`; then shut the socket both ways and join
+  // both threads.
+  void StopReading() { shutdown(stream_->fd(), SHUT_RD); }
+  void Drain(absl::Time drained_by) {
+    absl::MutexLock lock(&mu_);
+    mu_.AwaitWithDeadline(absl::Condition(&writer_done_), drained_by);
+    stopped_ = true;  // replies still to come are not waited for
+  }
   void StopAndJoin() {
-    shutdown(stream_->fd(), SHUT_RD);
-    {
-      absl::MutexLock lock(&mu_);
-      mu_.AwaitWithTimeout(absl::Condition(&writer_done_), kDrainTimeout);
-      stopped_ = true;  // replies still to come are not waited for
-    }
     shutdown(stream_->fd(), SHUT_RDWR);
     Join();
   }
@@ -145,7 +147,7 @@ class BulkServer::Connection : public std::enable_shared_from_this<Connection> {
     absl::Status ok = shard_.AuthenticateHello(
         token.empty() ? std::nullopt : std::optional<absl::string_view>(token));
     if (!ok.ok()) return Fatal(ok);
-    ok = shard_.Admit(hello.fingerprint, hello.rank, absl::Now());
+    ok = shard_.Admit(hello.fingerprint, hello.rank, service_.Now());
     if (!ok.ok()) return Fatal(ok);
     Enqueue(Outgoing{});  // the hello's OK
 
@@ -184,7 +186,7 @@ class BulkServer::Connection : public std::enable_shared_from_this<Connection> {
       }
       ASSIGN_OR_RETURN(std::shared_ptr<float[]> buffer,
                        ReadFloats(request.request_id, request.count, "bulk request values"));
-      const absl::Time arrived = absl::Now();
+      const absl::Time arrived = service_.Now();
       const uint64_t bytes = bulk::Request::kBytes + uint64_t{request.count} * sizeof(float);
       const ParameterServerService::PushPullHead head{
           hello.fingerprint, hello.rank,    request.step,   static_cast<int>(request.stream),
@@ -651,6 +653,9 @@ void BulkServer::Shutdown() {
   // Wakes the acceptor, which sees shut_down_.
   shutdown(listener_.fd(), SHUT_RDWR);
   if (acceptor_.joinable()) acceptor_.join();
+  for (const auto& c : connections) c->StopReading();
+  const absl::Time drained_by = absl::Now() + kDrainTimeout;
+  for (const auto& c : connections) c->Drain(drained_by);
   for (const auto& c : connections) c->StopAndJoin();
 }
 

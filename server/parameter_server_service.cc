@@ -177,22 +177,30 @@ void ParameterServerService::JoinRound(const PushPullHead& head,
                                        absl::Span<const float> values,
                                        uint64_t request_bytes, absl::Time arrived,
                                        RoundCallback done, std::shared_ptr<const void> keep) {
-  stream_traffic_[head.stream].AddRequest(request_bytes, values.size());
   const RoundKey key{head.step, head.stream, head.chunk, head.ratio};
   if (absl::Status room = shard_.activity().CallStarted(head.rank, arrived); !room.ok()) {
+    CountRefused(request_bytes);
     done(Prefixed(CallName(head), room));
     return;
   }
-  rounds_.Push(key, head.rank, head.weight, head.lr, values, arrived,
-               [this, head, done = std::move(done)](absl::StatusOr<RoundMean> mean) {
-                 shard_.activity().CallEnded(head.rank, options_.now());
-                 if (!mean.ok()) {
-                   done(Prefixed(CallName(head), mean.status()));
-                 } else {
-                   done(std::move(mean));
-                 }
-               },
-               std::move(keep));
+  // Refusal counts the codes of refused pushes only: a round that fails
+  // after a push joined it answers DEADLINE_EXCEEDED, ABORTED or UNAVAILABLE.
+  const bool joined = rounds_.Push(
+      key, head.rank, head.weight, head.lr, values, arrived,
+      [this, head, done = std::move(done)](absl::StatusOr<RoundMean> mean) {
+        shard_.activity().CallEnded(head.rank, options_.now());
+        if (!mean.ok()) {
+          done(shard_.Refusal(Prefixed(CallName(head), mean.status())));
+        } else {
+          done(std::move(mean));
+        }
+      },
+      std::move(keep));
+  if (joined) {
+    stream_traffic_[head.stream].AddRequest(request_bytes, values.size());
+  } else {
+    CountRefused(request_bytes);
+  }
 }
 
 void ParameterServerService::CountReply(int stream, uint64_t bytes) {
@@ -427,6 +435,11 @@ grpc::ServerUnaryReactor* ParameterServerService::RollBack(grpc::CallbackServerC
   };
   absl::Status ok = shard_.CheckFingerprint(request->fingerprint());
   if (!ok.ok()) return refuse(ok);
+  // 0 is no shard's incarnation; it is what rolled_back_for says before any.
+  if (request->restarted() == 0) {
+    return refuse(absl::InvalidArgumentError(
+        "restarted must be the incarnation of the shard that restarted (never 0)"));
+  }
   absl::MutexLock lock(&roll_back_mu_);
   // A roll back that failed shut the shard down, after it may have recorded
   // it: the later callers must not take it for done.

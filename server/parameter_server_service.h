@@ -101,6 +101,9 @@ class ParameterServerService final : public v1::ParameterServer::CallbackService
     float weight = 1;
     float lr = 0;
   };
+  // The services' clock (Options::now), which every transport stamps its
+  // requests' arrival with.
+  absl::Time Now() const { return options_.now(); }
   // "PushPull (step 3, stream GRAD, chunk 0) from rank 1": what refusals
   // and failed rounds are prefixed with.
   static std::string CallName(const PushPullHead& head);

@@ -190,8 +190,10 @@ class RoundLifecycle {
   // called exactly once with the round's Result, or with INVALID_ARGUMENT
   // (rank >= world_size, Aggregate::Check, Aggregate::CheckShape against the
   // round's first push, also for retries), OUT_OF_RANGE (the window),
-  // DEADLINE_EXCEEDED (ExpireOverdue) or UNAVAILABLE (FailAll).
-  void Contribute(const Key& key, uint32_t rank, Contribution contribution,
+  // DEADLINE_EXCEEDED (ExpireOverdue) or UNAVAILABLE (FailAll). False when
+  // the push was refused before it joined a round (`done` has been called
+  // with the refusal), true when it joined one or was answered from one.
+  bool Contribute(const Key& key, uint32_t rank, Contribution contribution,
                   absl::Time now, Callback done);
 
  private:

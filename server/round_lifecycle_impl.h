@@ -42,7 +42,7 @@ RoundLifecycle<Aggregate>::~RoundLifecycle() {
 }
 
 template <typename Aggregate>
-void RoundLifecycle<Aggregate>::Contribute(const Key& key, uint32_t rank,
+bool RoundLifecycle<Aggregate>::Contribute(const Key& key, uint32_t rank,
                                            Contribution contribution, absl::Time now,
                                            Callback done) {
   CSERPS_CHECK(done != nullptr);
@@ -54,7 +54,7 @@ void RoundLifecycle<Aggregate>::Contribute(const Key& key, uint32_t rank,
           : Aggregate::Check(key, rank, contribution);
   if (!refused.ok()) {
     done(std::move(refused));
-    return;
+    return false;
   }
   const Shape shape = Aggregate::ShapeOf(contribution);
   std::optional<Result> retained;
@@ -89,7 +89,7 @@ void RoundLifecycle<Aggregate>::Contribute(const Key& key, uint32_t rank,
       refused = Aggregate::CheckShape(key, rank, shape, c->second.shape);
       if (refused.ok()) {
         c->second.waiters.push_back(std::move(done));
-        return;
+        return true;
       }
     } else {
       auto it = open_.find(key);
@@ -108,20 +108,21 @@ void RoundLifecycle<Aggregate>::Contribute(const Key& key, uint32_t rank,
           round.pushed[rank] = true;
         }
         round.waiters.push_back(std::move(done));
-        if (!CompleteLocked(key, round)) return;
+        if (!CompleteLocked(key, round)) return true;
         completed = ExtractCompletingLocked(it);
       }
     }
   }
   if (!refused.ok()) {
     done(std::move(refused));
-    return;
+    return false;
   }
   if (retained.has_value()) {
     done(*std::move(retained));
-    return;
+    return true;
   }
   FinishRound(std::move(completed), now);
+  return true;
 }
 
 template <typename Aggregate>
@@ -265,6 +266,13 @@ int RoundLifecycle<Aggregate>::ExpireOverdue(absl::Time now) {
       for (uint32_t r = 0; r < limits_.world_size; ++r) {
         if (ExpectsLocked(it->first, r) && !round.pushed[r]) missing.push_back(r);
         if (ExpectsLocked(it->first, r) && round.pushed[r]) a_member_pushed = true;
+      }
+      if (limits_.elastic && missing.empty()) {
+        // Waited only for members another overdue round has just dropped.
+        const auto next = std::next(it);
+        completed.push_back(ExtractCompletingLocked(it));
+        it = next;
+        continue;
       }
       if (limits_.elastic && a_member_pushed) {
         for (uint32_t r : missing) {

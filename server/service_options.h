@@ -4,6 +4,7 @@
 #ifndef CSERPS_SERVER_SERVICE_OPTIONS_H_
 #define CSERPS_SERVER_SERVICE_OPTIONS_H_
 
+#include <chrono>
 #include <functional>
 
 #include "absl/time/clock.h"
@@ -21,8 +22,12 @@ struct ShardServiceOptions {
   bool expiry_thread = true;
 };
 
-// The real clock, for options that leave `now` unset.
-inline absl::Time RealNow() { return absl::Now(); }
+// The real clock, for options that leave `now` unset: a steady one, as the
+// services only take differences of its times, so that a step of the wall
+// clock (a resumed VM, NTP) neither fails every open round nor holds them.
+inline absl::Time RealNow() {
+  return absl::UnixEpoch() + absl::FromChrono(std::chrono::steady_clock::now().time_since_epoch());
+}
 
 }  // namespace cserps
 

@@ -1,6 +1,7 @@
 #include "server/shard_store.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <iterator>
 #include <utility>
@@ -17,8 +18,10 @@ absl::Status CheckRange(uint64_t first, uint64_t size, uint64_t offset,
                         uint64_t count) {
   if (offset < first || offset - first > size || count > size - (offset - first)) {
     return absl::OutOfRangeError(absl::StrCat(
-        "floats [", offset, ", ", offset + count, ") are not inside this shard's [",
-        first, ", ", first + size, ")"));
+        "floats ",
+        count <= UINT64_MAX - offset ? absl::StrCat("[", offset, ", ", offset + count, ")")
+                                     : absl::StrCat("from ", offset, ", count ", count, ","),
+        " are not inside this shard's [", first, ", ", first + size, ")"));
   }
   return absl::OkStatus();
 }

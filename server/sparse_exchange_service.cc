@@ -211,17 +211,20 @@ void SparseExchangeService::JoinRound(const PushHead& head, SparseVector entries
     done(shard_.Refusal(Prefixed(name, room)));
     return;
   }
-  traffic_.handled.AddRequest(request_bytes);
-  rounds_.Push(head.step, rank, std::move(entries), arrived,
-               [this, rank, name = std::move(name),
-                done = std::move(done)](absl::StatusOr<SparseRoundReply> reply) {
-                 shard_.activity().CallEnded(rank, options_.now());
-                 if (!reply.ok()) {
-                   done(Prefixed(name, reply.status()));
-                   return;
-                 }
-                 done(*std::move(reply));
-               });
+  // As ParameterServerService::JoinRound: only refusals carry the codes
+  // Refusal counts.
+  const bool joined = rounds_.Push(
+      head.step, rank, std::move(entries), arrived,
+      [this, rank, name = std::move(name),
+       done = std::move(done)](absl::StatusOr<SparseRoundReply> reply) {
+        shard_.activity().CallEnded(rank, options_.now());
+        if (!reply.ok()) {
+          done(shard_.Refusal(Prefixed(name, reply.status())));
+          return;
+        }
+        done(*std::move(reply));
+      });
+  (joined ? traffic_.handled : traffic_.refused).AddRequest(request_bytes);
 }
 
 void SparseExchangeService::Push(const PushHead& head, SparseVector entries,

@@ -10,6 +10,7 @@
 #include <sys/socket.h>
 
 #include <cstring>
+#include <ctime>
 #include <string>
 #include <thread>
 
@@ -66,6 +67,31 @@ TEST(SocketIoTest, ANewConnectionHoldsAWholeChunkFrameAndWakesForOneByte) {
   const absl::Status received = RecvAll(pair->accepted.fd(), &got, 1, Soon(), "receive");
   ASSERT_TRUE(received.ok()) << received;
   EXPECT_EQ(got, 'x');
+}
+
+// A deadline centuries away is a finite one whose milliseconds saturate;
+// the wait for it sleeps in poll as an infinite one does, where the
+// overflowed timeout made it poll without waiting, a core busy (and is
+// undefined behaviour, which the sanitizer build stops at).
+TEST(SocketIoTest, AFarDeadlineWaitsWithoutSpinning) {
+  absl::StatusOr<Pair> pair = Connected();
+  ASSERT_TRUE(pair.ok()) << pair.status();
+  absl::Status received;
+  double waiter_cpu_s = -1;
+  std::thread waiter([&] {
+    timespec start{}, end{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &start);
+    char got = 0;
+    received = RecvAll(pair->accepted.fd(), &got, 1, absl::Now() + absl::Seconds(1e17), "far");
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &end);
+    waiter_cpu_s = double(end.tv_sec - start.tv_sec) + 1e-9 * double(end.tv_nsec - start.tv_nsec);
+  });
+  // Not a synchronisation: the span over which the waiter's CPU is read.
+  absl::SleepFor(absl::Milliseconds(400));
+  ASSERT_TRUE(SendText(pair->dialled, "x").ok());
+  waiter.join();
+  ASSERT_TRUE(received.ok()) << received;
+  EXPECT_LT(waiter_cpu_s, 0.1) << "the wait spun";
 }
 
 TEST(SocketIoTest, BothEndsProbeAnIdlePeer) {

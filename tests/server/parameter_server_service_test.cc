@@ -726,6 +726,28 @@ TEST_F(RefusalTest, BadWeight) {
   }
 }
 
+// A push its round table refuses (the weight, the step window) is refused
+// input, not traffic of its stream (docs/metrics.md).
+TEST_F(RefusalTest, PushesTheRoundTableRefusesCountAsRefused) {
+  const uint64_t bad_before = server_->shard().bad_input();
+  const ParameterServerService::Counters before = server_->service().counters();
+  v1::PushPullRequest zero_weight = ValidPush(1);
+  zero_weight.set_weight(0);
+  const v1::PushPullRequest ahead = ValidPush(kMaxStepLag + 1);
+  v1::PushPullResponse response;
+  EXPECT_EQ(PushPull(zero_weight, &response).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(PushPull(ahead, &response).error_code(), grpc::StatusCode::OUT_OF_RANGE);
+  const ParameterServerService::Counters after = server_->service().counters();
+  EXPECT_EQ(server_->shard().bad_input() - bad_before, 2u);
+  EXPECT_EQ(after.grad.request_bytes, before.grad.request_bytes);
+  EXPECT_EQ(after.grad.request_floats, before.grad.request_floats);
+  EXPECT_EQ(after.other.request_bytes - before.other.request_bytes,
+            zero_weight.ByteSizeLong() + ahead.ByteSizeLong());
+  // An accepted push still counts as its stream's.
+  ExpectRoundCompletes(1, v1::GRAD);
+  EXPECT_GT(server_->service().counters().grad.request_bytes, after.grad.request_bytes);
+}
+
 // ----------------------------------------------------------------- Rounds
 
 TEST_F(ServiceTest, ConcurrentPushesGetTheWeightedMean) {
@@ -950,6 +972,10 @@ TEST_F(ServiceTest, PushModelAndPullModelRefusals) {
   s = PullModel(kD - 2, 3, &pulled);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::OUT_OF_RANGE) << s.error_message();
   EXPECT_THAT(s.error_message(), HasSubstr(absl::StrCat(kD)));
+  // An offset near 2^64: the message names it and the count as sent.
+  s = PullModel(UINT64_MAX, 2, &pulled);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::OUT_OF_RANGE) << s.error_message();
+  EXPECT_THAT(s.error_message(), HasSubstr(absl::StrCat("from ", UINT64_MAX, ", count 2,")));
   s = PullModel(ShardFirst(1), ChunkFloats(kMaxMessageBytes) + 1, &pulled);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
   EXPECT_THAT(s.error_message(), HasSubstr("max_message_bytes"));
@@ -1146,6 +1172,14 @@ TEST_F(ServiceTest, ShutdownAnswersParkedCallsUnavailable) {
 // PsServer is destroyed, and its Shutdown must not touch the services it
 // never made. Run in a child process so that a crash there does not take the
 // other tests down.
+// The services' clock only measures durations; a steady clock keeps a step
+// of the wall clock (a resumed VM, NTP) out of every round's timeout.
+TEST(ServiceClockTest, TheRealClockIsTheSteadyClock) {
+  const absl::Duration steady =
+      absl::FromChrono(std::chrono::steady_clock::now().time_since_epoch());
+  EXPECT_LT(absl::AbsDuration((RealNow() - absl::UnixEpoch()) - steady), absl::Seconds(1));
+}
+
 TEST(PsServerStartDeathTest, BadShardIsAnErrorNotACrash) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   const v1::JobConfig config = MakeConfig(2);

@@ -180,6 +180,17 @@ TEST_F(RollBackTest, NoRoundCompletesOrOpensWhileTheShardLoadsItsCheckpoint) {
   EXPECT_EQ(sparse.counters().rounds_completed, 0u);
 }
 
+// 0 is no shard's incarnation: before any roll back it matched "the roll
+// back already done", which answered OK for the step the shard started from.
+TEST_F(RollBackTest, ARollBackForIncarnationZeroIsRefused) {
+  for (uint64_t step : {uint64_t{0}, kCheckpointStep}) {
+    const absl::Status refused = ranks_[0]->RollBack(0, step, /*restarted=*/0);
+    EXPECT_TRUE(absl::IsInvalidArgument(refused)) << refused;
+    EXPECT_THAT(refused.message(), ::testing::HasSubstr("restarted must be"));
+  }
+  EXPECT_EQ(servers_.shard(0).shard().rolled_back_for(), 0u);
+}
+
 // A push admitted before a roll back that reaches the round table after it
 // (its handler thread held up meanwhile) is refused there, as it would be
 // at its admission now: it would join a round of the new timeline with

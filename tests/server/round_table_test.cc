@@ -607,6 +607,38 @@ TEST(RoundTableTest, ElasticOverdueRoundCompletesWithoutTheMissingAndDropsThem) 
   EXPECT_THAT(next[0].mean(), ElementsAreArray(expected));
 }
 
+// Elastic: a dead rank misses every chunk of a step, so several rounds are
+// overdue at once; the first drops it and the others complete with it
+// gone, reported once.
+TEST(RoundTableTest, ElasticOverdueChunksMissingOneRankReportOneDrop) {
+  RoundTable::Options o = SmallOptions(3);
+  o.limits.timeout = absl::Seconds(10);
+  o.limits.elastic = true;
+  RoundTable table(o);
+  std::vector<std::vector<uint32_t>> drops;
+  table.SetDropObserver([&](const std::vector<uint32_t>& ranks, const std::string&) {
+    drops.push_back(ranks);
+  });
+  Answer a[2][2];
+  for (uint32_t chunk = 0; chunk < 2; ++chunk) {
+    for (uint32_t r = 0; r < 2; ++r) {
+      table.Push({4, 1, chunk}, r, 1.0f, kLr, std::vector<float>{float(r)}, kT0,
+                 a[chunk][r].Callback());
+    }
+  }
+  EXPECT_EQ(table.ExpireOverdue(kT0 + absl::Seconds(10)), 1);
+  ASSERT_EQ(drops.size(), 1u);
+  EXPECT_THAT(drops[0], ElementsAreArray({2u}));
+  EXPECT_EQ(table.members(), 2u);
+  for (auto& chunk : a) {
+    for (Answer& answer : chunk) {
+      ASSERT_TRUE(answer.ok()) << answer.status();
+      EXPECT_THAT(answer.mean(), ElementsAreArray({0.5f}));
+    }
+  }
+  EXPECT_EQ(table.open_rounds(), 0u);
+}
+
 // A round no remaining member pushed to fails, elastic or not.
 TEST(RoundTableTest, ElasticRoundOfDroppedRanksOnlyFails) {
   RoundTable::Options o = SmallOptions(2);

@@ -11,10 +11,10 @@
 
 namespace cserps::testing {
 
-absl::Status ServerSet::Start(v1::JobConfig* config) {
+absl::Status ServerSet::Start(v1::JobConfig* config, ParameterServerService::Options options) {
   for (int s = 0; s < config->cluster().servers_size(); ++s) {
     ASSIGN_OR_RETURN(std::unique_ptr<PsServer> server,
-                     PsServer::Start(*config, s, "127.0.0.1:0"));
+                     PsServer::Start(*config, s, "127.0.0.1:0", options));
     config->mutable_cluster()->set_servers(s, server->address());
     shards_.push_back(std::move(server));
   }

@@ -26,7 +26,7 @@ namespace cserps::testing {
 // addresses Start writes into the config; shut down by the destructor.
 class ServerSet {
  public:
-  absl::Status Start(v1::JobConfig* config);
+  absl::Status Start(v1::JobConfig* config, ParameterServerService::Options options = {});
   PsServer& shard(int s) { return *shards_[s]; }
   ~ServerSet();
 

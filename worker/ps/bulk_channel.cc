@@ -224,10 +224,19 @@ absl::Status BulkChannel::Wait(uint64_t id, absl::Time deadline) {
     }
     // Another waiter is reading, bounded by its own deadline; it may be
     // filling this request's mean, so this one waits for it, not for its
-    // deadline.
+    // deadline: until it has read this request's reply, or reads no more.
+    // (The reader keeps reading_ set from one reply to the next.)
+    struct Waiter {
+      BulkChannel* channel;
+      uint64_t id;
+    } waiter{this, id};
     mu_.Await(absl::Condition(
-        +[](BulkChannel* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(c->mu_) { return !c->reading_; },
-        this));
+        +[](Waiter* w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(w->channel->mu_) {
+          if (!w->channel->reading_) return true;
+          auto it = w->channel->pending_.find(w->id);
+          return it == w->channel->pending_.end() || it->second.done;
+        },
+        &waiter));
   }
 }
 

@@ -7,6 +7,7 @@
 // client has connected anew.
 #include <sys/socket.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <fstream>
@@ -175,6 +176,30 @@ TEST_F(BulkTransportTest, ARoundInFlightOutlivesTheReplacementOfItsChannel) {
   }
   EXPECT_EQ(cut_member.retries(), 2u);
   EXPECT_EQ(service.counters().model_rounds_completed, 2u);
+}
+
+// A bulk push arrives by the shard's clock, as a gRPC one does: its round
+// times out by that clock, and its rank is heard by it.
+TEST_F(BulkTransportTest, ABulkPushIsTimedByTheShardsClock) {
+  constexpr int kTimeoutS = 20;
+  std::atomic<int64_t> now_s{1000};
+  config_ = MakeConfig(2, kTimeoutS, R"pb(name: "ssgd")pb");
+  ASSERT_TRUE(servers_
+                  .Start(&config_, {.now = [&now_s] { return absl::FromUnixSeconds(now_s); },
+                                    .expiry_thread = false})
+                  .ok());
+  auto raw = RegisteredAndGreeted();
+  ASSERT_TRUE(raw.ok()) << raw.status();
+  ParameterServerService& service = servers_.shard(0).service();
+  ASSERT_TRUE(raw->SendWholePush(1, 1, Values(0), v1::MODEL).ok());
+  ASSERT_TRUE(service.WaitForWaitingCalls(1, bulk_test::kIo));
+  const absl::Time opened = absl::FromUnixSeconds(now_s);
+  EXPECT_EQ(service.ExpireOverdueRounds(opened + absl::Seconds(kTimeoutS - 1)), 0);
+  EXPECT_EQ(service.ExpireOverdueRounds(opened + absl::Seconds(kTimeoutS)), 1);
+  auto failed = raw->Receive();
+  ASSERT_TRUE(failed.ok()) << failed.status();
+  EXPECT_EQ(failed->reply.code, static_cast<uint32_t>(absl::StatusCode::kDeadlineExceeded));
+  EXPECT_THAT(failed->message, HasSubstr("missing ranks 1"));
 }
 
 TEST_F(BulkTransportTest, WithoutABulkPortMembersUseGrpc) {
@@ -377,25 +402,61 @@ uint64_t MaxSocketBufferBytes() {
 // requests instead of queueing replies without end, so the peer's sends stall
 // (here requests the shard refuses at once, three times as many bytes as the
 // sockets' buffers can hold); the shard serves on.
-TEST_F(BulkTransportTest, APeerThatReadsNoRepliesIsReadNoFurther) {
-  StartJob(1);
-  auto raw = RegisteredAndGreeted();
-  ASSERT_TRUE(raw.ok()) << raw.status();
-  const uint64_t buffers = MaxSocketBufferBytes();
-  ASSERT_GT(buffers, 0u);
-  const uint64_t requests_count = 3 * buffers / bulk::Request::kBytes;
-  std::string requests(requests_count * bulk::Request::kBytes, '\0');
-  for (uint64_t i = 0; i < requests_count; ++i) {
-    // A step far past the step window: refused as soon as it is read.
+// Requests refused as soon as they are read (a step far past the step
+// window), more than both ends' socket buffers could hold of them.
+std::string AFloodOfRefusedRequests() {
+  const uint64_t count = 3 * MaxSocketBufferBytes() / bulk::Request::kBytes;
+  std::string requests(count * bulk::Request::kBytes, '\0');
+  for (uint64_t i = 0; i < count; ++i) {
     bulk::Encode(bulk::Request{.count = 0, .request_id = i + 1, .step = 1000000,
                                .stream = v1::MODEL},
                  requests.data() + i * bulk::Request::kBytes);
   }
+  return requests;
+}
+
+TEST_F(BulkTransportTest, APeerThatReadsNoRepliesIsReadNoFurther) {
+  StartJob(1);
+  auto raw = RegisteredAndGreeted();
+  ASSERT_TRUE(raw.ok()) << raw.status();
+  const std::string requests = AFloodOfRefusedRequests();
+  ASSERT_FALSE(requests.empty());
   const absl::Status sent = raw->SendFor(requests.data(), requests.size(), absl::Seconds(3));
   EXPECT_TRUE(absl::IsDeadlineExceeded(sent)) << sent;
   EXPECT_LT(servers_.shard(0).service().counters().other.request_bytes, requests.size());
   raw->Close();
   ExpectALoneRoundServed(1);
+}
+
+// Peers that read none of their replies each hold the shard's shutdown
+// until its drain timeout (3 s): once for all of them, not once each.
+TEST_F(BulkTransportTest, PeersThatReadNothingHoldTheShutdownOnceNotOnceEach) {
+  StartJob(1);
+  ASSERT_TRUE(Member(config_, v1::ClusterConfig::GRPC, 0).ok());
+  constexpr int kPeers = BulkServer::kConnectionsPerMember;
+  std::vector<RawConnection> peers;
+  for (int i = 0; i < kPeers; ++i) {
+    auto raw = Greeted(0);
+    ASSERT_TRUE(raw.ok()) << raw.status();
+    peers.push_back(*std::move(raw));
+  }
+  const std::string requests = AFloodOfRefusedRequests();
+  ASSERT_FALSE(requests.empty());
+  // A send that stops short: the shard reads no further, its replies to
+  // this peer fill both sockets' buffers, and its writer waits to send.
+  std::vector<absl::Status> sent(kPeers);
+  std::vector<std::thread> flooding;
+  for (int i = 0; i < kPeers; ++i) {
+    flooding.emplace_back([&, i] {
+      sent[i] = peers[i].SendFor(requests.data(), requests.size(), absl::Seconds(2));
+    });
+  }
+  for (std::thread& t : flooding) t.join();
+  for (const absl::Status& s : sent) ASSERT_TRUE(absl::IsDeadlineExceeded(s)) << s;
+  const absl::Time start = absl::Now();
+  servers_.shard(0).Shutdown();
+  // Once each would be 12 s.
+  EXPECT_LT(absl::Now() - start, absl::Seconds(7));
 }
 
 TEST_F(BulkTransportTest, APushCutShortIsNotCounted) {

@@ -5,6 +5,7 @@
 // Over gRPC, to a shard that holds a call unanswered: the round sends it
 // again once its attempt's deadline passes, and the answer counts; to one
 // that refuses a call eleven times, it sends it until the round's deadline.
+// Two waiters on one bulk channel each return once their own reply is in.
 #include <sys/socket.h>
 #include <sys/uio.h>
 
@@ -24,6 +25,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/bulk_wire.h"
 #include "common/socket_io.h"
@@ -146,6 +148,88 @@ TEST(PushPullRoundTest, ARefusedChunkEndsTheRoundOnlyOnceItsOtherChunksAreAnswer
   EXPECT_THAT(next, Each(3.0f));
   EXPECT_THAT(mean, Each(-1.0f));
 
+  std::move(end_script).Invoke();
+  EXPECT_TRUE(script.ok()) << script;
+}
+
+// Two threads wait on one channel: the one reading for both reads the
+// other's reply, and that one returns then, while the reader reads on for
+// its own (it once woke only when the reader stopped reading).
+TEST(PushPullRoundTest, AWaiterReturnsOnceAnotherWaiterHasReadItsReply) {
+  constexpr uint32_t kProbeMembers = 5;
+  int port = 0;
+  absl::StatusOr<Socket> listener = ListenTcp("127.0.0.1", 0, &port);
+  ASSERT_TRUE(listener.ok()) << listener.status();
+  absl::Notification second_returned;
+  absl::Status script;
+  // Greets; answers a probe, saying kProbeMembers members; answers the
+  // third request with 2s, and the second with 1s once the third's waiter
+  // has returned.
+  std::thread shard([&] {
+    script = [&]() -> absl::Status {
+      ASSIGN_OR_RETURN(Socket s, AcceptTcp(*listener));
+      char hello[bulk::Hello::kBytes];
+      RETURN_IF_ERROR(RecvAll(s.fd(), hello, sizeof(hello), Deadline(), "scripted shard"));
+      RETURN_IF_ERROR(Send(s.fd(), bulk::Reply{}, nullptr, 0));
+      ASSIGN_OR_RETURN(const bulk::Request probe, NextRequest(s.fd()));
+      const std::vector<float> mean(probe.count, 0.0f);
+      RETURN_IF_ERROR(Send(s.fd(),
+                           {.count = probe.count, .request_id = probe.request_id,
+                            .members = kProbeMembers},
+                           mean.data(), mean.size() * sizeof(float)));
+      ASSIGN_OR_RETURN(const bulk::Request first, NextRequest(s.fd()));
+      ASSIGN_OR_RETURN(const bulk::Request second, NextRequest(s.fd()));
+      RETURN_IF_ERROR(AnswerWith(s.fd(), second, 2.0f));
+      second_returned.WaitForNotificationWithTimeout(absl::Seconds(20));
+      RETURN_IF_ERROR(AnswerWith(s.fd(), first, 1.0f));
+      // Until the channel closes.
+      char byte;
+      return RecvAll(s.fd(), &byte, 1, Deadline(), "scripted shard").ok()
+                 ? absl::InternalError("a byte after the requests")
+                 : absl::OkStatus();
+    }();
+  });
+  absl::StatusOr<std::unique_ptr<BulkChannel>> channel =
+      BulkChannel::Connect("127.0.0.1", port, 7, 0, {}, Deadline(), "the scripted shard");
+  absl::Cleanup end_script = [&] {
+    if (channel.ok()) channel->reset();
+    shutdown(listener->fd(), SHUT_RDWR);
+    if (!second_returned.HasBeenNotified()) second_returned.Notify();
+    shard.join();
+  };
+  ASSERT_TRUE(channel.ok()) << channel.status();
+  const std::vector<float> payload(kChunkFloats, 0.0f);
+  const absl::Span<const float> values[] = {payload};
+  std::vector<float> probe_mean(kChunkFloats), first_mean(kChunkFloats),
+      second_mean(kChunkFloats);
+  auto send = [&](uint64_t step, std::vector<float>& mean) {
+    return (*channel)->Send(bulk::Request{.step = step, .stream = v1::MODEL}, values,
+                            {absl::MakeSpan(mean)}, Deadline());
+  };
+  absl::StatusOr<uint64_t> probe = send(1, probe_mean);
+  absl::StatusOr<uint64_t> first = send(2, first_mean);
+  ASSERT_TRUE(probe.ok()) << probe.status();
+  ASSERT_TRUE(first.ok()) << first.status();
+  absl::Status first_waited;
+  std::thread first_waiter(
+      [&] { first_waited = (*channel)->Wait(*first, absl::Now() + absl::Seconds(5)); });
+  // The probe's reply read (its members seen) means the first waiter reads
+  // for the channel, as it is the only one waiting.
+  for (int i = 0; i < 20'000 && (*channel)->members() != kProbeMembers; ++i) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  const bool first_reads = (*channel)->members() == kProbeMembers;
+  absl::StatusOr<uint64_t> second = send(3, second_mean);
+  absl::Status second_waited = second.status();
+  if (first_reads && second.ok()) second_waited = (*channel)->Wait(*second, Deadline());
+  second_returned.Notify();
+  first_waiter.join();
+  ASSERT_TRUE(first_reads);
+  EXPECT_TRUE(second_waited.ok()) << second_waited;
+  EXPECT_THAT(second_mean, Each(2.0f));
+  EXPECT_TRUE(first_waited.ok()) << first_waited << " (the second waiter returned only then)";
+  EXPECT_THAT(first_mean, Each(1.0f));
+  EXPECT_TRUE((*channel)->Wait(*probe, Deadline()).ok());
   std::move(end_script).Invoke();
   EXPECT_TRUE(script.ok()) << script;
 }
