@@ -177,13 +177,23 @@ absl::Status MakeCheckpointStepDir(const std::string& dir, uint64_t step) {
     created.push_back(up);
     if (up == up.parent_path()) break;
   }
-  fs::create_directories(CheckpointStepDir(dir, step), error);
+  const fs::path step_dir = CheckpointStepDir(dir, step);
+  const bool step_created = fs::create_directories(step_dir, error);
   if (error) {
-    return absl::UnavailableError(absl::StrCat("checkpoint folder ",
-                                               CheckpointStepDir(dir, step), ": ",
-                                               error.message()));
+    return absl::UnavailableError(
+        absl::StrCat("checkpoint folder ", step_dir.string(), ": ", error.message()));
   }
-  for (auto it = created.rbegin(); it != created.rend(); ++it) {
+  // Private to the user, as the files are (a checkpoint holds the model):
+  // every folder this process created.
+  std::vector<fs::path> made = created;
+  if (step_created) made.push_back(step_dir);
+  for (const fs::path& folder : made) {
+    fs::permissions(folder, fs::perms::owner_all, fs::perm_options::replace, error);
+    if (error) {
+      return absl::UnavailableError(
+          absl::StrCat("checkpoint folder ", folder.string(), ": chmod 700: ", error.message()));
+    }
+  }  for (auto it = created.rbegin(); it != created.rend(); ++it) {
     RETURN_IF_ERROR(SyncFolder(it->parent_path().string()));
   }
   // The step's folder is durable once its entry in `dir` is: the files'

@@ -121,7 +121,8 @@ absl::Status WriteFileAtomically(const std::string& path,
   if (getrandom(&random, sizeof(random), 0) != sizeof(random)) return Errno(path, "getrandom");
   const std::string temporary = absl::StrCat(path, ".tmp.", getpid(), ".", writes.fetch_add(1),
                                              ".", absl::Hex(random, absl::kZeroPad16));
-  const int fd = open(temporary.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  // Readable by this user only: a checkpoint holds the model.
+  const int fd = open(temporary.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   if (fd < 0) return Errno(temporary, "open");
   absl::Status ok;
   for (absl::string_view part : parts) {

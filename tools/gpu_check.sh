@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Checks the CUDA backend on a machine with a GPU, in one go (about a minute
-# on one H200): runs every GPU test binary, cserps-bench-gpu and the main job
+# on one H200): runs every GPU test binary, cserps-bench-gpu, the main job
 # (configs/quickstart.textproto through cserps-launch, --backend=cuda then
-# cpu), then, since such a machine has more cores than a development one,
+# cpu) and the Python front's CUDA test (when python3's torch sees the GPU),
+# then, since such a machine has more cores than a development one,
 # the wire and scale benches (about two minutes more), and ends with one
 # summary table.
 #
@@ -147,6 +148,41 @@ run_jobs() {
   job_result=${job_result%; }
 }
 
+# Sets python_result: the Python front's CUDA tensors (tests/python/test_cuda.py)
+# through this build's cserps_native, when this machine's python3 has a torch
+# that sees the GPU; a skip there is a failure. A bundle holds no module
+# (it is built for one Python version, the development machine's).
+run_python_cuda() {
+  if [ -n "$BUNDLE" ]; then
+    python_result="not run (a bundle holds no Python module)"
+    return
+  fi
+  if ! python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+    python_result="not run (python3's torch does not see a GPU)"
+    return
+  fi
+  if ! cmake --build "$BUILD_DIR" -j"$JOBS" --target cserps_native >"$WORK/native.txt" 2>&1; then
+    tail -n 20 "$WORK/native.txt"
+    python_result="not run (cserps_native did not build for this python3: pybind11 and its headers?)"
+    return
+  fi
+  local rc=0 t0=$SECONDS
+  echo "--- pytest tests/python/test_cuda.py"
+  PYTHONPATH="$BUILD_DIR/python" CSERPS_BIN_DIR="$BUILD_DIR/bin" PYTHONDONTWRITEBYTECODE=1 \
+    timeout 300 python3 -m pytest -q -rs -p no:cacheprovider tests/python/test_cuda.py \
+    >"$WORK/python.txt" 2>&1 || rc=$?
+  cat "$WORK/python.txt"
+  if [ "$rc" -ne 0 ]; then
+    python_result="FAILED, exit $rc ($((SECONDS - t0)) s)"
+    failures+=("Python CUDA tests")
+  elif grep -q 'skipped' "$WORK/python.txt"; then
+    python_result="SKIPPED although torch sees a GPU ($((SECONDS - t0)) s)"
+    failures+=("Python CUDA tests SKIPPED")
+  else
+    python_result="ok ($((SECONDS - t0)) s)"
+  fi
+}
+
 # Sets wire_result: cserps-bench-wire and cserps-bench-scale from $1 on this
 # machine's cores (docs/results/wire.md and scale.md measure them on two),
 # short cases, each bench bounded in time.
@@ -274,6 +310,12 @@ main() {
     run_jobs "$bin_dir"
   fi
 
+  # --- the Python front on the GPU -----------------------------------------
+  local python_result="not run (no GPU listed)"
+  if [ ${#failures[@]} -eq 0 ] && [ "$have_gpu" = 1 ]; then
+    run_python_cuda
+  fi
+
   # --- the wire path on this machine's cores -------------------------------
   local wire_result="not run (no GPU listed)"
   if [ ${#failures[@]} -eq 0 ] && [ "$have_gpu" = 1 ]; then
@@ -288,6 +330,7 @@ main() {
   printf '| %-10s | %s\n' "gpu tests" "$tests_result"
   printf '| %-10s | %s\n' "benchmark" "$bench_result"
   printf '| %-10s | %s\n' "main job" "$job_result"
+  printf '| %-10s | %s\n' "python" "$python_result"
   printf '| %-10s | %s\n' "wire" "$wire_result"
   if [ -f "$WORK/bench.txt" ] && grep -q '^|' "$WORK/bench.txt"; then
     echo

@@ -2,9 +2,11 @@
 // are incomplete, damaged or another job's are passed over, each with its
 // reason; pruning keeps the newest complete ones and what is not the job's;
 // a folder or manifest that cannot be read is never taken for an absent one;
-// a process that resumes forgets its files of the later steps.
+// a process that resumes forgets its files of the later steps; folders and
+// files are private to the user.
 #include "common/checkpoint_dir.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -75,6 +77,22 @@ TEST_F(CheckpointDirTest, TheNewestCompleteStepIsLoadedAndNewerIncompleteOnesPas
   ASSERT_EQ(passed_over.size(), 1u);
   EXPECT_THAT(passed_over[0], HasSubstr("step 300"));
   EXPECT_THAT(passed_over[0], HasSubstr("not complete"));
+}
+
+// A checkpoint holds the model: its folders and files are the user's alone,
+// whatever the umask (the folders this process made; a folder that was
+// there keeps its mode).
+TEST_F(CheckpointDirTest, FoldersAndFilesArePrivateToTheUser) {
+  const mode_t umask_was = umask(022);
+  WriteStep(100, true);
+  umask(umask_was);
+  auto mode = [](const fs::path& p) { return fs::status(p).permissions(); };
+  EXPECT_EQ(mode(dir_), fs::perms::owner_all);
+  EXPECT_EQ(mode(CheckpointStepDir(dir_, 100)), fs::perms::owner_all);
+  for (const auto& entry : fs::directory_iterator(CheckpointStepDir(dir_, 100))) {
+    EXPECT_EQ(mode(entry.path()), fs::perms::owner_read | fs::perms::owner_write)
+        << entry.path();
+  }
 }
 
 TEST_F(CheckpointDirTest, ADamagedOrForeignStepFallsBackToThePreviousOne) {

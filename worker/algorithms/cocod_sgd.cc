@@ -26,8 +26,14 @@ class CocodSgd final : public Algorithm {
     return StartPeriod(t + 1, x);   // line 1 of the next period
   }
 
+  // A period that began at `step` (the last step ended one) averages on
+  // the final average's own round, (MODEL, step): as nothing was trained
+  // since its snapshot, x = x̂ once it lands, the servers' model too, and a
+  // second round of that key would only be answered as a retry of it.
   absl::Status Finish(uint64_t step, float* x) override {
+    const bool began_at_finish = period_began_ == step;
     RETURN_IF_ERROR(EndPeriod(x));
+    if (began_at_finish) return absl::OkStatus();
     return Algorithm::Finish(step, x);
   }
 
@@ -46,6 +52,7 @@ class CocodSgd final : public Algorithm {
   void AbandonInFlight() override { pending_.reset(); }
 
   absl::Status ResumeAfter(uint64_t steps) override {
+    period_began_.reset();
     if (steps == 0) return absl::OkStatus();
     next_sync_ = PeriodAt(0);
     while (next_sync_ <= steps) next_sync_ += PeriodAt(next_sync_);
@@ -66,6 +73,7 @@ class CocodSgd final : public Algorithm {
   absl::Status StartPeriod(uint64_t t, const float* x) {
     RETURN_IF_ERROR(ops().Copy(x, snapshot_.data()));
     ASSIGN_OR_RETURN(pending_, StartModelAverage(t, snapshot_.data()));
+    period_began_ = t;
     next_sync_ = t + PeriodAt(t);
     return absl::OkStatus();
   }
@@ -93,6 +101,8 @@ class CocodSgd final : public Algorithm {
   std::optional<PendingAverage> pending_;
   bool landed_ = false;  // x̂ holds the open period's average
   uint64_t next_sync_ = 0;
+  // The step of the last StartPeriod of this process (none after a resume).
+  std::optional<uint64_t> period_began_;
 };
 
 }  // namespace

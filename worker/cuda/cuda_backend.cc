@@ -31,6 +31,8 @@ CudaBackend::~CudaBackend() {
   // Errors here can only repeat an earlier asynchronous fault.
   static_cast<void>(cudaStreamSynchronize(stream_));
   ops_.reset();
+  // The model's cuBLAS handle is bound to the stream: destroyed first.
+  model_.reset();
   static_cast<void>(cudaStreamDestroy(stream_));
 }
 

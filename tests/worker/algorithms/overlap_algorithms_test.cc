@@ -4,8 +4,11 @@
 // real in-process cluster.
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <memory>
 #include <set>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -84,6 +87,49 @@ TEST(CocodSgdTest, FollowsAlgorithm1WithWeightedAverages) {
   // The local steps between averages must have moved the workers apart, or
   // the comparison would not test the correction x̂ + (x − s).
   EXPECT_FALSE(AllNear(run->models[kSteps - 2][0], run->models[kSteps - 2][1], 1e-3));
+}
+
+// Training that ends where a period begins: that period's average is the
+// final one (every worker and the servers at the weighted mean of the
+// snapshots), begun once, not again by Finish on the same round.
+TEST(CocodSgdTest, APeriodBegunAtTheEndIsTheFinalAverage) {
+  constexpr int kPeriodSteps = 12;  // k = 3: the last period begins at step 12
+  const v1::JobConfig config = MakeJobConfig(R"(name: "cocod-sgd" period: 3)",
+                                             R"(lr: 0.05 momentum_kind: HEAVY_BALL momentum: 0.9)",
+                                             kWeights);
+  const size_t d = NumParams(config);
+  class RoundsComm final : public testing::ForwardingComm {
+   public:
+    using ForwardingComm::ForwardingComm;
+    std::unique_ptr<ShardedAverage> BeginShardedAverage(v1::Stream stream, uint64_t step,
+                                                        uint32_t ratio, float weight,
+                                                        float lr) override {
+      rounds.emplace_back(stream, step);
+      return ForwardingComm::BeginShardedAverage(stream, step, ratio, weight, lr);
+    }
+    std::vector<std::pair<v1::Stream, uint64_t>> rounds;
+  };
+  std::vector<std::unique_ptr<RoundsComm>> comms(kWeights.size());
+  absl::StatusOr<ClusterRun> run = testing::RunOnCluster(
+      config, SyntheticGradients(7, 3, d), InitialModel(7, d), kPeriodSteps, /*finish=*/true,
+      [&](int r, PsClient& client) {
+        comms[r] = std::make_unique<RoundsComm>(&client);
+        return comms[r].get();
+      });
+  ASSERT_TRUE(run.ok()) << run.status();
+  for (size_t r = 0; r < comms.size(); ++r) {
+    const auto& rounds = comms[r]->rounds;
+    EXPECT_EQ(std::count(rounds.begin(), rounds.end(), std::make_pair(v1::MODEL, uint64_t{12})),
+              1)
+        << "rank " << r;
+  }
+  // The snapshots of step 12 are the models after step 11.
+  const std::vector<float> final_model =
+      WeightedMean(run->models[kPeriodSteps - 1], kWeights, testing::AllRanges(config));
+  for (size_t r = 0; r < kWeights.size(); ++r) {
+    EXPECT_TRUE(AllNear(run->finished[r], final_model, kTolerance)) << "worker " << r;
+  }
+  EXPECT_TRUE(AllNear(run->server_model, final_model, kTolerance));
 }
 
 // A checkpoint's full average is an error reset (docs/reliability.md): the

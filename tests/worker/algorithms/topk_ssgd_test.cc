@@ -25,33 +25,17 @@ using ::testing::ElementsAreArray;
 constexpr uint64_t kSeed = 77;
 
 // Every ExchangeSparse of one worker, forwarded to the real client.
-class RecordingComm final : public Communicator {
+class RecordingComm final : public ForwardingComm {
  public:
-  explicit RecordingComm(Communicator* inner) : inner_(inner) {}
-  const BlockLayout& layout() const override { return inner_->layout(); }
-  std::unique_ptr<ShardedAverage> BeginShardedAverage(v1::Stream stream, uint64_t step,
-                                                      uint32_t ratio, float weight,
-                                                      float lr) override {
-    return inner_->BeginShardedAverage(stream, step, ratio, weight, lr);
-  }
+  using ForwardingComm::ForwardingComm;
   absl::Status ExchangeSparse(uint64_t step, const SparseVector& local,
                               SparseVector* result) override {
-    RETURN_IF_ERROR(inner_->ExchangeSparse(step, local, result));
+    RETURN_IF_ERROR(ForwardingComm::ExchangeSparse(step, local, result));
     pushes.push_back(local);
     results.push_back(*result);
     return absl::OkStatus();
   }
-  absl::Status AsyncPushPull(uint64_t step, float lr, absl::Span<const float> grad,
-                             absl::Span<float> model) override {
-    return inner_->AsyncPushPull(step, lr, grad, model);
-  }
-  absl::Status PullModel(absl::Span<float> model, bool wait_for_init) override {
-    return inner_->PullModel(model, wait_for_init);
-  }
   std::vector<SparseVector> pushes, results;
-
- private:
-  Communicator* inner_;
 };
 
 struct Recorded {
