@@ -363,14 +363,13 @@ class BulkServer::Connection : public std::enable_shared_from_this<Connection> {
       std::shared_ptr<Connection> self = weak.lock();
       if (self == nullptr) return;
       if (!result.ok()) {
-        self->Enqueue(Failure(request_id, result.status()));
+        self->Enqueue(Failure(request_id, result.status()), awaited.get());
       } else {
         Outgoing out;
         out.head.request_id = request_id;
         fill(*self, out, *std::move(result));
-        self->Enqueue(std::move(out));
+        self->Enqueue(std::move(out), awaited.get());
       }
-      awaited->Done();  // after the reply is queued, so the writer sees it
     };
   }
 
@@ -394,6 +393,10 @@ class BulkServer::Connection : public std::enable_shared_from_this<Connection> {
       if (c == nullptr) return;
       absl::MutexLock lock(&c->mu_);
       c->awaiting_.erase(request_id_);
+    }
+    // Done, by the connection `c` that holds its lock.
+    void DoneLocked(Connection& c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(c.mu_) {
+      if (!done_.exchange(true)) c.awaiting_.erase(request_id_);
     }
 
    private:
@@ -451,9 +454,14 @@ class BulkServer::Connection : public std::enable_shared_from_this<Connection> {
   // the hand-over to the writer. What the socket does not take at once,
   // every larger reply and every reply over TLS (whose records cannot be
   // left half written for another thread), the writer sends.
-  void Enqueue(Outgoing out) {
+  // `awaited`, the request `out` answers, is done with the reply queued (or
+  // claimed for sending) under the same lock: the writer never finds
+  // nothing awaited and nothing queued before it, and a peer that has the
+  // reply may use its request_id again at once.
+  void Enqueue(Outgoing out, Awaited* awaited = nullptr) {
     {
       absl::MutexLock lock(&mu_);
+      if (awaited != nullptr) awaited->DoneLocked(*this);
       if (writer_done_) return;
       // Counted once committed to, before it leaves, as gRPC's replies are:
       // a member that has its mean sees it in the shard's counters.

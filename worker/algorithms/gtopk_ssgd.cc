@@ -72,6 +72,14 @@ class SparseTopkSsgd final : public Algorithm {
   // workers' common model bit for bit.
   absl::Status Finish(uint64_t, float*) override { return absl::OkStatus(); }
 
+  // A step that failed between writing u on G and zeroing it (a device
+  // error before a roll back) left u nonzero there, which later steps would
+  // apply again.
+  absl::Status ResumeAfter(uint64_t) override {
+    if (momentum() == nullptr) return absl::OkStatus();
+    return ops().ScatterSparse(SparseOp::kZero, global_.indices, {}, 0, update_.data());
+  }
+
  private:
   const float members_;
   std::vector<TopKRange> ranges_;  // one per non-empty shard

@@ -384,6 +384,42 @@ TEST_F(BulkTransportTest, ARequestIdStillInFlightEndsTheConnection) {
   EXPECT_TRUE(raw->Closed());
 }
 
+// An id is unique among the requests in flight only: once its reply is in,
+// the next request may carry it again, at once, though the reply was sent
+// by the other member's thread (which completed the round).
+TEST_F(BulkTransportTest, AnIdMayBeUsedAgainOnceItsReplyIsIn) {
+  constexpr int kRounds = 300;
+  StartJob(2);
+  std::vector<RawConnection> members;
+  for (uint32_t rank = 0; rank < 2; ++rank) {
+    ASSERT_TRUE(Member(config_, v1::ClusterConfig::GRPC, rank).ok());
+    auto raw = Greeted(rank);
+    ASSERT_TRUE(raw.ok()) << raw.status();
+    members.push_back(*std::move(raw));
+  }
+  std::vector<std::string> failures(2);
+  std::vector<std::thread> threads;
+  for (int m = 0; m < 2; ++m) {
+    threads.emplace_back([&, m] {
+      const std::vector<float> v = Values(m);
+      for (uint64_t step = 1; step <= kRounds && failures[m].empty(); ++step) {
+        absl::Status sent = members[m].SendWholePush(1, step, v, v1::MODEL);
+        auto answer = members[m].Receive();
+        if (!sent.ok() || !answer.ok()) {
+          failures[m] = absl::StrCat("step ", step, ": ", sent.ToString(), " ",
+                                     answer.status().ToString());
+        } else if (answer->reply.code != 0 || answer->reply.request_id != 1) {
+          failures[m] = absl::StrCat("step ", step, ": request_id ", answer->reply.request_id,
+                                     ": ", answer->message);
+        }
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(failures[0], "");
+  EXPECT_EQ(failures[1], "");
+}
+
 // The most TCP's buffers of one connection may hold, both ways: the
 // maxima of tcp_rmem and tcp_wmem, where the kernel's autotuning stops.
 uint64_t MaxSocketBufferBytes() {
