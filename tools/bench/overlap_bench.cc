@@ -25,7 +25,7 @@
 #include "worker/algorithms/registry.h"
 #include "worker/device/host_device_ops.h"
 #include "worker/model/model.h"
-#include "worker/ps/communicator.h"
+#include "worker/ps/forwarding_communicator.h"
 
 ABSL_FLAG(int, workers, 2, "Workers (threads).");
 ABSL_FLAG(int, batch, 256, "Examples per worker per step (sets the compute time).");
@@ -37,28 +37,17 @@ namespace {
 
 // Completes every average no earlier than `delay` after it started: a
 // network with that latency, injected at the transport seam.
-class DelayedCommunicator final : public Communicator {
+class DelayedCommunicator final : public ForwardingCommunicator {
  public:
   DelayedCommunicator(Communicator* inner, absl::Duration delay)
-      : inner_(inner), delay_(delay) {}
+      : ForwardingCommunicator(inner), delay_(delay) {}
 
-  const BlockLayout& layout() const override { return inner_->layout(); }
   std::unique_ptr<ShardedAverage> BeginShardedAverage(v1::Stream stream, uint64_t step,
                                                       uint32_t ratio, float weight,
                                                       float lr) override {
     return std::make_unique<Delayed>(
-        inner_->BeginShardedAverage(stream, step, ratio, weight, lr), absl::Now() + delay_);
-  }
-  absl::Status ExchangeSparse(uint64_t step, const SparseVector& local,
-                              SparseVector* result) override {
-    return inner_->ExchangeSparse(step, local, result);
-  }
-  absl::Status AsyncPushPull(uint64_t step, float lr, absl::Span<const float> grad,
-                             absl::Span<float> model) override {
-    return inner_->AsyncPushPull(step, lr, grad, model);
-  }
-  absl::Status PullModel(absl::Span<float> model, bool wait_for_init) override {
-    return inner_->PullModel(model, wait_for_init);
+        ForwardingCommunicator::BeginShardedAverage(stream, step, ratio, weight, lr),
+        absl::Now() + delay_);
   }
 
  private:
@@ -86,7 +75,6 @@ class DelayedCommunicator final : public Communicator {
     const absl::Time ready_;
   };
 
-  Communicator* inner_;
   const absl::Duration delay_;
 };
 

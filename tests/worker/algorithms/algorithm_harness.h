@@ -30,6 +30,7 @@
 #include "worker/device/host_device_ops.h"
 #include "worker/group/local_group.h"
 #include "worker/ps/communicator.h"
+#include "worker/ps/forwarding_communicator.h"
 #include "worker/ps/ps_client.h"
 
 namespace cserps::testing {
@@ -111,33 +112,6 @@ class RankAlgorithm {
 // The communicator rank r's algorithm is given in place of its client (a
 // recording wrapper, say); it outlives the run.
 using CommWrapper = std::function<Communicator*(int rank, PsClient& client)>;
-
-// Forwards every call to `inner`: a recording wrapper overrides the calls it
-// records.
-class ForwardingComm : public Communicator {
- public:
-  explicit ForwardingComm(Communicator* inner) : inner_(inner) {}
-  const BlockLayout& layout() const override { return inner_->layout(); }
-  std::unique_ptr<ShardedAverage> BeginShardedAverage(v1::Stream stream, uint64_t step,
-                                                      uint32_t ratio, float weight,
-                                                      float lr) override {
-    return inner_->BeginShardedAverage(stream, step, ratio, weight, lr);
-  }
-  absl::Status ExchangeSparse(uint64_t step, const SparseVector& local,
-                              SparseVector* result) override {
-    return inner_->ExchangeSparse(step, local, result);
-  }
-  absl::Status AsyncPushPull(uint64_t step, float lr, absl::Span<const float> grad,
-                             absl::Span<float> model) override {
-    return inner_->AsyncPushPull(step, lr, grad, model);
-  }
-  absl::Status PullModel(absl::Span<float> model, bool wait_for_init) override {
-    return inner_->PullModel(model, wait_for_init);
-  }
-
- private:
-  Communicator* inner_;
-};
 
 // Starts an in-process cluster for `config`, writes `x0` to the servers from
 // rank 0, then runs `steps` steps of the algorithm on every rank (one

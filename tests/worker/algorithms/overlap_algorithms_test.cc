@@ -98,14 +98,14 @@ TEST(CocodSgdTest, APeriodBegunAtTheEndIsTheFinalAverage) {
                                              R"(lr: 0.05 momentum_kind: HEAVY_BALL momentum: 0.9)",
                                              kWeights);
   const size_t d = NumParams(config);
-  class RoundsComm final : public testing::ForwardingComm {
+  class RoundsComm final : public ForwardingCommunicator {
    public:
-    using ForwardingComm::ForwardingComm;
+    using ForwardingCommunicator::ForwardingCommunicator;
     std::unique_ptr<ShardedAverage> BeginShardedAverage(v1::Stream stream, uint64_t step,
                                                         uint32_t ratio, float weight,
                                                         float lr) override {
       rounds.emplace_back(stream, step);
-      return ForwardingComm::BeginShardedAverage(stream, step, ratio, weight, lr);
+      return ForwardingCommunicator::BeginShardedAverage(stream, step, ratio, weight, lr);
     }
     std::vector<std::pair<v1::Stream, uint64_t>> rounds;
   };

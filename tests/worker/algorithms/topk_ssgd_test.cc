@@ -25,12 +25,12 @@ using ::testing::ElementsAreArray;
 constexpr uint64_t kSeed = 77;
 
 // Every ExchangeSparse of one worker, forwarded to the real client.
-class RecordingComm final : public ForwardingComm {
+class RecordingComm final : public ForwardingCommunicator {
  public:
-  using ForwardingComm::ForwardingComm;
+  using ForwardingCommunicator::ForwardingCommunicator;
   absl::Status ExchangeSparse(uint64_t step, const SparseVector& local,
                               SparseVector* result) override {
-    RETURN_IF_ERROR(ForwardingComm::ExchangeSparse(step, local, result));
+    RETURN_IF_ERROR(ForwardingCommunicator::ExchangeSparse(step, local, result));
     pushes.push_back(local);
     results.push_back(*result);
     return absl::OkStatus();
