@@ -193,7 +193,8 @@ absl::Status MakeCheckpointStepDir(const std::string& dir, uint64_t step) {
       return absl::UnavailableError(
           absl::StrCat("checkpoint folder ", folder.string(), ": chmod 700: ", error.message()));
     }
-  }  for (auto it = created.rbegin(); it != created.rend(); ++it) {
+  }
+  for (auto it = created.rbegin(); it != created.rend(); ++it) {
     RETURN_IF_ERROR(SyncFolder(it->parent_path().string()));
   }
   // The step's folder is durable once its entry in `dir` is: the files'

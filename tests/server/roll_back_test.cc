@@ -201,14 +201,14 @@ TEST_F(RollBackTest, APushAdmittedBeforeARollBackJoinsNoRoundAfterIt) {
   const ParameterServerService::PushPullHead head{
       .fingerprint = JobFingerprint(config_), .rank = 0, .step = kCheckpointStep + 1,
       .stream = v1::MODEL};
-  const absl::StatusOr<size_t> count = service.AdmitPushPull(head, absl::Now());
+  const absl::StatusOr<size_t> count = service.AdmitPushPull(head, service.Now());
   ASSERT_TRUE(count.ok()) << count.status();
   ASSERT_TRUE(ranks_[1]->RollBack(0, kCheckpointStep, kRestarted).ok());
   const std::vector<float> values(*count, 2.0f);
   // Shared with the callback, which a round left open would run at the
   // shard's shutdown.
   auto joined = std::make_shared<absl::Status>(absl::InternalError("not answered"));
-  service.JoinRound(head, values, 0, absl::Now(),
+  service.JoinRound(head, values, 0, service.Now(),
                     [joined](absl::StatusOr<RoundMean> mean) { *joined = mean.status(); });
   EXPECT_TRUE(absl::IsAborted(*joined)) << *joined;
   EXPECT_THAT(joined->message(), ::testing::HasSubstr("roll back to it too"));
