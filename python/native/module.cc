@@ -53,7 +53,15 @@ namespace cserps {
 namespace {
 
 [[noreturn]] void Raise(PyObject* type, const absl::Status& status) {
-  PyErr_SetString(type, std::string(status.message()).c_str());
+  // A message may quote bytes of a file that are not UTF-8, which
+  // PyErr_SetString would drop with the whole message.
+  PyObject* message = PyUnicode_DecodeUTF8(status.message().data(),
+                                           static_cast<Py_ssize_t>(status.message().size()),
+                                           "backslashreplace");
+  if (message != nullptr) {
+    PyErr_SetObject(type, message);
+    Py_DECREF(message);
+  }
   throw py::error_already_set();
 }
 

@@ -2,6 +2,7 @@
 torch.optim.SGD, and its refusals of bad arguments."""
 
 import copy
+import re
 
 import pytest
 import torch
@@ -134,11 +135,17 @@ def test_a_step_refuses_a_learning_rate_the_servers_would(tmp_path, start_server
     servers = start_servers(job, 1)
     optimizer = cserps.torch.Optimizer(model.parameters(), job=job, servers=servers.servers)
     before = optimizer.flat_params.clone()
-    for lr in (float("nan"), float("inf"), -0.1):
+    state = [b.clone() for b in optimizer.state_dict()["cserps"]["buffers"]]
+    # 1e39 is finite in Python and inf in float32: refused before the step
+    # changes anything, as the others.
+    for lr in (float("nan"), float("inf"), -0.1, 1e39):
         optimizer.param_groups[0]["lr"] = lr
-        with pytest.raises(ValueError, match=rf"lr'\] is {lr}: it must be finite and >= 0"):
+        with pytest.raises(ValueError,
+                           match=rf"lr'\] is {re.escape(str(lr))}: it must be finite and >= 0"):
             optimizer.step()
     assert optimizer.steps == 0 and torch.equal(optimizer.flat_params, before)
+    assert all(torch.equal(a, b) for a, b in
+               zip(optimizer.state_dict()["cserps"]["buffers"], state))
 
 
 def test_unknown_algorithm_lists_the_known_ones(tmp_path):
@@ -214,6 +221,49 @@ def test_a_parameter_frozen_after_construction_is_refused_at_step(tmp_path, star
         train_step(model, optimizer, x, y)
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), before))
     assert optimizer.steps == 1
+
+
+def test_a_parameter_cast_or_resized_after_construction_is_refused(tmp_path, start_servers):
+    # It was put back as a float32 on the old device, or spread over its
+    # slot of the flat buffer.
+    model = mlp(3)
+    job = cluster.write_job(tmp_path, cluster.job_text(num_params(model), servers=1))
+    servers = start_servers(job, 1)
+    optimizer = cserps.torch.Optimizer(model.parameters(), job=job, servers=servers.servers)
+    model.double()
+    with pytest.raises(ValueError, match=r"parameter 0 is now torch.float64 .*make the Optimizer"):
+        optimizer.zero_grad()
+    model.float()
+    flat = optimizer.flat_params.clone()
+    next(model.parameters()).data = torch.tensor([7.0])
+    with pytest.raises(ValueError, match=r"parameter 0 is now torch.float32 on cpu with 1 elements"):
+        optimizer.zero_grad()
+    assert torch.equal(optimizer.flat_params, flat)
+
+
+def test_the_jobs_settings_written_back_are_no_change(tmp_path, start_servers):
+    # The group shows them as float32 holds them (0.9 reads
+    # 0.8999999761581421): writing the same value back is no change.
+    model = mlp(3)
+    job = cluster.write_job(tmp_path, cluster.job_text(num_params(model), servers=1))
+    servers = start_servers(job, 1)
+    optimizer = cserps.torch.Optimizer(model.parameters(), job=job, servers=servers.servers,
+                                       momentum=0.9, weight_decay=1e-4)
+    optimizer.param_groups[0].update(momentum=0.9, weight_decay=1e-4)
+    (x, y), = batches(1)
+    train_step(model, optimizer, x, y)
+    assert optimizer.steps == 1
+    optimizer.param_groups[0]["momentum"] = 0.8
+    with pytest.raises(ValueError, match=r"param_groups\[0\]\['momentum'\] changed"):
+        train_step(model, optimizer, x, y)
+
+
+def test_a_message_with_bytes_that_are_not_utf8_is_kept(tmp_path):
+    text = cluster.job_text(100).replace('name: "torch_test"', 'name: "caf\xe9"')
+    path = tmp_path / "latin1.textproto"
+    path.write_bytes(text.encode("latin-1"))
+    with pytest.raises(ValueError, match=r"name: may hold only letters.*caf\\xe9"):
+        _native.Job(str(path), ["cluster.servers=127.0.0.1:5"])
 
 
 def test_model_of_another_size_names_both_and_the_fix(tmp_path):

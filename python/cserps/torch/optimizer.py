@@ -4,6 +4,7 @@ by the worker library on the parameters in place."""
 
 import math
 import numbers
+import struct
 
 import torch
 
@@ -72,16 +73,33 @@ def _seconds(name, value, zero_allowed):
     return seconds
 
 
+def _float32(value):
+    """`value` rounded to float32, as the job and the servers hold it (inf
+    beyond its range)."""
+    return struct.unpack("f", struct.pack("f", value))[0]
+
+
 def _learning_rate(name, value):
     """`value` as a learning rate: ValueError unless it is a finite number
-    >= 0, as the servers require."""
+    >= 0 in float32, as the servers require."""
     try:
         lr = math.nan if isinstance(value, bool) else float(value)
     except (TypeError, ValueError):
         lr = math.nan
-    if not math.isfinite(lr) or lr < 0:
-        raise ValueError(f"{name} is {value!r}: it must be finite and >= 0")
+    if not math.isfinite(_float32(lr)) or lr < 0:
+        raise ValueError(f"{name} is {value!r}: it must be finite and >= 0 (a float32)")
     return lr
+
+
+def _same_setting(a, b):
+    """Whether two values of a fixed setting are the same once held in
+    float32 (the job's momentum 0.9 reads 0.8999999761581421)."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return a == b
+    try:
+        return _float32(float(a)) == _float32(float(b))
+    except (TypeError, ValueError, OverflowError):
+        return False
 
 
 def _count(name, value, limit):
@@ -252,6 +270,15 @@ class Optimizer(torch.optim.Optimizer):
         copying in what was put elsewhere (a parameter's .data replaced, a
         .grad set to None or to a new tensor)."""
         flat_ptr, grad_ptr = self._flat.data_ptr(), self._flat_grad.data_ptr()
+        # Checked before anything is copied: a parameter cast, moved or
+        # resized since (model.double(), .to(), p.data = ...) would be put
+        # back as a float32 on the old device, or spread over its slot.
+        for i, (p, (_, n)) in enumerate(zip(self._params, self._slices)):
+            if p.dtype != torch.float32 or p.device != self._device or p.numel() != n:
+                raise ValueError(
+                    f"parameter {i} is now {p.dtype} on {p.device} with {p.numel()} elements; "
+                    f"it was torch.float32 on {self._device} with {n}: make the Optimizer "
+                    "after model.to(), .cuda() or .double(), and keep every parameter's shape")
         with torch.no_grad():
             for p, (offset, n) in zip(self._params, self._slices):
                 if p.data_ptr() != flat_ptr + 4 * offset or not p.is_contiguous():
@@ -291,7 +318,7 @@ class Optimizer(torch.optim.Optimizer):
                 loss = closure()
         group = self.param_groups[0]
         for key, value in self._fixed.items():
-            if group[key] != value:
+            if not _same_setting(group[key], value):
                 raise ValueError(
                     f"param_groups[0][{key!r}] changed from {value} to {group[key]}: "
                     "the job fixes it for every worker and the servers (only lr may change)")
