@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -114,6 +115,30 @@ absl::Status RunAll(const std::vector<std::unique_ptr<Call>>& calls, absl::Time 
                  std::string(again.front()->status.message()), again.size(), backoff.retries());
     pending = std::move(again);
   }
+}
+
+// Copies each call's reply floats (`bytes_of(call)`) into `out` at its
+// offset, once every reply holds as many as its call asked for: a shard
+// that answers with another size (another layout, a corrupt reply) is
+// DATA_LOSS, and `out` is left as it was.
+template <typename Call, typename BytesOf>
+absl::Status ScatterReplies(const std::vector<std::unique_ptr<Call>>& calls, BytesOf bytes_of,
+                            const std::vector<std::string>& addresses, absl::string_view what,
+                            absl::Span<float> out) {
+  for (const auto& call : calls) {
+    const std::string& bytes = bytes_of(*call);
+    if (bytes.size() != call->count * sizeof(float)) {
+      return absl::DataLossError(absl::StrCat(
+          what, " reply from shard ", call->shard, " at ", addresses[call->shard],
+          " for the floats from ", call->request.offset(), ": ", bytes.size(),
+          " bytes, where ", call->count, " floats were asked for"));
+    }
+  }
+  for (const auto& call : calls) {
+    std::memcpy(out.data() + call->request.offset(), bytes_of(*call).data(),
+                call->count * sizeof(float));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -279,6 +304,9 @@ absl::StatusOr<uint32_t> PsClient::Register(int requested_rank,
         " shards), so it must be given its rank"));
   }
   int rank = requested_rank;
+  // One deadline for every shard: a node's local ranks wait for this one
+  // no longer than max(round, setup) timeouts (node_client.h).
+  const absl::Time deadline = absl::Now() + impl_->options_.setup_timeout;
   for (uint32_t s : impl_->shards_) {
     v1::RegisterRequest request;
     *request.mutable_config() = impl_->config_;
@@ -286,7 +314,6 @@ absl::StatusOr<uint32_t> PsClient::Register(int requested_rank,
     request.set_requested_rank(rank);
     request.set_worker_id(worker_id);
     v1::RegisterResponse response;
-    const absl::Time deadline = absl::Now() + impl_->options_.setup_timeout;
     // Until the deadline: an elastic job's replacement waits here for the
     // shards to drop the rank it takes.
     Backoff backoff(deadline);
@@ -517,13 +544,10 @@ absl::Status PsClient::PullModel(absl::Span<float> model, bool wait_for_init) {
                            impl.stubs_[c.shard]->async()->PullModel(
                                c.context.get(), &c.request, &c.response, std::move(done));
                          }));
-  for (const auto& call : calls) {
-    impl.total_.AddReply(call->response.ByteSizeLong());
-    RETURN_IF_ERROR(BytesToFloats(call->response.values(),
-                                  model.subspan(call->request.offset(), call->count),
-                                  absl::StrCat("PullModel reply from shard ", call->shard)));
-  }
-  return absl::OkStatus();
+  for (const auto& call : calls) impl.total_.AddReply(call->response.ByteSizeLong());
+  return ScatterReplies(
+      calls, [](const Call& c) -> const std::string& { return c.response.values(); },
+      impl.addresses_, "PullModel", model);
 }
 
 absl::Status PsClient::AsyncPushPull(uint64_t step, float lr, absl::Span<const float> grad,
@@ -566,10 +590,10 @@ absl::Status PsClient::AsyncPushPull(uint64_t step, float lr, absl::Span<const f
     for (const auto& call : calls) {
       impl.total_.AddReply(call->response.ByteSizeLong());
       impl.async_.AddReply(call->response.ByteSizeLong());
-      RETURN_IF_ERROR(
-          BytesToFloats(call->response.model(), model.subspan(call->request.offset(), call->count),
-                        absl::StrCat("AsyncPushPull reply from shard ", call->shard)));
     }
+    RETURN_IF_ERROR(ScatterReplies(
+        calls, [](const Call& c) -> const std::string& { return c.response.model(); },
+        impl.addresses_, "AsyncPushPull", model));
     calls.clear();
     return absl::OkStatus();
   };

@@ -327,16 +327,19 @@ class PushPullRound final : public ShardedAverage {
     spdlog::warn("{}; sending the shard's unanswered chunks of step {} over gRPC",
                  std::string((status.ok() ? state.bulk_error : status).message()), setup_.step);
     std::vector<absl::Span<const float>> values;
-    auto resend = [&](uint32_t chunk, uint64_t begin, uint64_t count) {
+    // A chunk never sent is a first send: its floats count here.
+    auto send = [&](uint32_t chunk, uint64_t begin, uint64_t count, bool retry) {
       values.clear();
       state.payload(begin, count, &values);
-      AddGrpcCall(state, state.shard, chunk, begin, count, values, /*retry=*/true);
-      setup_.retries->fetch_add(1);
+      AddGrpcCall(state, state.shard, chunk, begin, count, values, retry);
+      if (retry) setup_.retries->fetch_add(1);
     };
-    for (size_t i : lost) resend(state.bulk_chunks[i], state.bulk_begins[i], state.bulk_counts[i]);
+    for (size_t i : lost) {
+      send(state.bulk_chunks[i], state.bulk_begins[i], state.bulk_counts[i], /*retry=*/true);
+    }
     for (uint64_t begin = sent; begin < state.size; begin += setup_.chunk_floats) {
-      resend(static_cast<uint32_t>(begin / setup_.chunk_floats), begin,
-             std::min(setup_.chunk_floats, state.size - begin));
+      send(static_cast<uint32_t>(begin / setup_.chunk_floats), begin,
+           std::min(setup_.chunk_floats, state.size - begin), /*retry=*/false);
     }
     IssueGrpc(state);
     return absl::OkStatus();

@@ -178,6 +178,46 @@ TEST_F(BulkTransportTest, ARoundInFlightOutlivesTheReplacementOfItsChannel) {
   EXPECT_EQ(service.counters().model_rounds_completed, 2u);
 }
 
+// A round begun on a channel that broke before it sent anything sends its
+// chunks over gRPC, and they are first sends: their floats count (the
+// achieved compression reads them), and they are no retries.
+TEST_F(BulkTransportTest, ChunksABrokenChannelNeverSentCountAsSent) {
+  ASSERT_NO_FATAL_FAILURE(StartBulkAndGrpcMembers());
+  PsClient& cut_member = *bulk_member_;
+  PsClient& other = *grpc_member_;
+  const std::vector<float> v0 = Values(0), v1 = Values(1);
+  std::vector<float> first_mean(kD), second_mean(kD);
+  std::unique_ptr<ShardedAverage> first =
+      cut_member.BeginShardedAverage(v1::MODEL, 1, 1, 1.0f, 0.0f);
+  std::unique_ptr<ShardedAverage> second =
+      cut_member.BeginShardedAverage(v1::MODEL, 2, 1, 1.0f, 0.0f);
+  ASSERT_TRUE(first->StartShard(0, v0, absl::MakeSpan(first_mean)).ok());
+  ParameterServerService& service = servers_.shard(0).service();
+  ASSERT_TRUE(service.WaitForWaitingCalls(1, bulk_test::kIo));
+  ASSERT_EQ(bulk_test::CutBulkConnections(servers_.shard(0).bulk_port()), 1);
+  absl::Status other_rounds;
+  std::thread t([&] {
+    std::vector<float> mean(kD);
+    for (uint64_t step : {1, 2}) {
+      other_rounds =
+          other.AverageBlocks(v1::MODEL, step, 1, v1, 1.0f, 0.0f, absl::MakeSpan(mean));
+      if (!other_rounds.ok()) return;
+    }
+  });
+  // Finds the channel broken; the second round still holds it.
+  const absl::Status first_landed = first->WaitShard(0);
+  const uint64_t retries = cut_member.retries();
+  const TrafficCounts before = cut_member.traffic(v1::MODEL);
+  absl::Status second_landed = second->StartShard(0, v0, absl::MakeSpan(second_mean));
+  if (second_landed.ok()) second_landed = second->WaitShard(0);
+  t.join();
+  ASSERT_TRUE(first_landed.ok()) << first_landed;
+  ASSERT_TRUE(second_landed.ok()) << second_landed;
+  ASSERT_TRUE(other_rounds.ok()) << other_rounds;
+  EXPECT_EQ(cut_member.traffic(v1::MODEL).request_floats - before.request_floats, kD);
+  EXPECT_EQ(cut_member.retries(), retries);
+}
+
 // A bulk push arrives by the shard's clock, as a gRPC one does: its round
 // times out by that clock, and its rank is heard by it.
 TEST_F(BulkTransportTest, ABulkPushIsTimedByTheShardsClock) {

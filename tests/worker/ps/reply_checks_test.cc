@@ -1,7 +1,9 @@
-// The sparse exchange's replies are checked before the caller writes
-// through their indices: a shard that answers with an index outside its
-// floats, or out of order (another layout's server, a corrupt reply), fails
-// the exchange naming the shard, where the worker wrote outside its model.
+// A shard's replies are checked before the caller writes through them. The
+// sparse exchange's: a shard that answers with an index outside its floats,
+// or out of order (another layout's server, a corrupt reply), fails the
+// exchange naming the shard, where the worker wrote outside its model.
+// PullModel's: a reply of another size fails the call as DATA_LOSS naming
+// the shard, and the model is left as it was.
 #include <grpcpp/grpcpp.h>
 
 #include <cstdint>
@@ -92,6 +94,47 @@ TEST(SparseReplyTest, IndicesOutOfOrderFailTheExchange) {
   const absl::Status status = ExchangeWith({40, 3});
   EXPECT_TRUE(absl::IsDataLoss(status)) << status;
   EXPECT_THAT(status.message(), HasSubstr("strictly ascending"));
+}
+
+// Answers every PullModel with one float fewer than it asked for.
+class ShortModelShard final : public v1::ParameterServer::CallbackService {
+  grpc::ServerUnaryReactor* PullModel(grpc::CallbackServerContext* context,
+                                      const v1::PullModelRequest* request,
+                                      v1::PullModelResponse* response) override {
+    const std::vector<float> values(request->count() - 1, 1.0f);
+    response->set_values(values.data(), values.size() * sizeof(float));
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+};
+
+TEST(ModelReplyTest, AReplyOfAnotherSizeIsDataLossAndLeavesTheModel) {
+  ShortModelShard shard;
+  int port = 0;
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&shard);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+  const v1::JobConfig config = testing::TestConfig(absl::StrCat(R"pb(
+    name: "model-reply-test"
+    cluster { servers: "127.0.0.1:)pb", port, R"pb(" num_workers: 1 transport: GRPC }
+    model { kind: FLAT num_params: )pb", kD, R"pb( }
+    data { batch_size: 1 }
+    optimizer { lr: 0.1 }
+    algorithm { name: "ssgd" }
+    epochs: 1
+  )pb"));
+  absl::StatusOr<std::unique_ptr<PsClient>> client = PsClient::Connect(config, kD);
+  ASSERT_TRUE(client.ok()) << client.status();
+  std::vector<float> model(kD, -2.0f);
+  const absl::Status pulled = (*client)->PullModel(absl::MakeSpan(model), false);
+  server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+  EXPECT_TRUE(absl::IsDataLoss(pulled)) << pulled;
+  EXPECT_THAT(pulled.message(), HasSubstr(absl::StrCat("PullModel reply from shard 0 at 127.0.0.1:",
+                                                       port)));
+  EXPECT_THAT(model, ::testing::Each(-2.0f));
 }
 
 }  // namespace
