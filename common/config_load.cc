@@ -102,7 +102,10 @@ absl::StatusOr<v1::JobConfig> LoadJobWithOverrides(
   ApplyDefaults(&config);
   absl::Status valid = ValidateJobConfig(config, validate_options);
   if (!valid.ok()) {
-    return absl::Status(valid.code(), absl::StrCat(path, ": ", valid.message()));
+    // The value may be the override's, not the file's.
+    return absl::Status(valid.code(),
+                        absl::StrCat(path, overrides.empty() ? "" : " with its --set overrides",
+                                     ": ", valid.message()));
   }
   return config;
 }

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -159,6 +160,23 @@ absl::Status MalformedOverride(absl::string_view assignment,
 
 std::vector<std::string> SplitOverrides(absl::string_view flag) {
   return absl::StrSplit(flag, ';', absl::SkipWhitespace());
+}
+
+std::optional<std::string> RepeatedSetFlags(int argc, char** argv) {
+  std::vector<std::string> values;
+  for (int i = 1; i < argc; ++i) {
+    const absl::string_view arg = argv[i];
+    if (arg == "--") break;
+    absl::string_view name = arg;
+    if (!absl::ConsumePrefix(&name, "--")) absl::ConsumePrefix(&name, "-");
+    if (name == "set" && i + 1 < argc) {
+      values.push_back(argv[++i]);
+    } else if (absl::ConsumePrefix(&name, "set=")) {
+      values.emplace_back(name);
+    }
+  }
+  if (values.size() < 2) return std::nullopt;
+  return absl::StrJoin(values, ";");
 }
 
 absl::Status ApplyOverride(v1::JobConfig* config, absl::string_view assignment) {

@@ -6,6 +6,7 @@
 #ifndef CSERPS_COMMON_CONFIG_OVERRIDE_H_
 #define CSERPS_COMMON_CONFIG_OVERRIDE_H_
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,11 @@ namespace cserps {
 // ';' because list values use ','; empty and all-whitespace pieces are
 // dropped.
 std::vector<std::string> SplitOverrides(absl::string_view flag);
+
+// The values of every --set in `argv` (before a "--"), joined by ';' in
+// their order, when there are several; none otherwise. A flag parser keeps
+// only the last, and the others would be dropped without a word.
+std::optional<std::string> RepeatedSetFlags(int argc, char** argv);
 
 // Applies one "field.path=value" assignment through protobuf reflection:
 //   "seed=7", "optimizer.lr=0.05", "optimizer.momentum_kind=NESTEROV"

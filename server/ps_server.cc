@@ -83,6 +83,10 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(
   builder.SetMaxSendMessageSize(static_cast<int>(config.cluster().max_message_bytes()));
   builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
                              static_cast<int>(absl::ToInt64Milliseconds(kHandshakeTimeout)));
+  // gRPC shares a port on Linux by default (SO_REUSEPORT): a second shard
+  // started on a port in use (an address spelled another way in
+  // cluster.servers) would take half its connections instead of failing.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   if (server->metrics_ != nullptr) {
     ServerMetrics* m = server->metrics_.get();
     ParameterServerService* service = server->service_.get();

@@ -2,6 +2,7 @@
 #include <malloc.h>
 
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -45,6 +46,9 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "cserps-server --config=job.textproto --shard=S [--listen=host:port]");
   absl::ParseCommandLine(argc, argv);
+  if (std::optional<std::string> all = cserps::RepeatedSetFlags(argc, argv)) {
+    absl::SetFlag(&FLAGS_set, *all);
+  }
   // Every round allocates its sum and mean (a chunk: 1 MiB by default, its
   // sum twice that) and frees them a few steps later. glibc hands blocks
   // this large back to the kernel (unmapped, or trimmed off the heap's top),

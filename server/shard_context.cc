@@ -1,6 +1,10 @@
 #include "server/shard_context.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdint>
+#include <new>
 #include <random>
 #include <utility>
 
@@ -47,7 +51,27 @@ absl::StatusOr<std::unique_ptr<ShardContext>> ShardContext::Create(
         " servers"));
   }
   ASSIGN_OR_RETURN(ModelSpec spec, MakeModelSpec(config.model()));
-  std::unique_ptr<ShardContext> context(new ShardContext(config, shard, spec.num_params));
+  // Validation bounds the model by what a number can say (2^40 floats), not
+  // by this machine's memory: a shard that cannot fit is refused by name
+  // rather than aborted by its allocation (or, memory overcommitted, killed
+  // while it fills it).
+  const uint64_t shard_floats =
+      BlockLayout(spec.num_params, config.algorithm().block_size(), num_shards).ShardSize(shard);
+  const uint64_t memory_bytes =
+      uint64_t{static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES))} * sysconf(_SC_PAGE_SIZE);
+  auto no_room = [&] {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "shard ", shard, ": its ", shard_floats, " floats of model.num_params ", spec.num_params,
+        " (", num_shards, " shards) do not fit in this machine's ", memory_bytes >> 20,
+        " MiB: use more shards"));
+  };
+  if (shard_floats > memory_bytes / sizeof(float)) return no_room();
+  std::unique_ptr<ShardContext> context;
+  try {
+    context.reset(new ShardContext(config, shard, spec.num_params));
+  } catch (const std::bad_alloc&) {
+    return no_room();
+  }
   ASSIGN_OR_RETURN(context->security_, LoadTransportSecurity(config.security(), TlsRole::kServer));
   const v1::CheckpointConfig& checkpoint = config.checkpoint();
   if (checkpoint.resume() || checkpoint.restart_on_failure()) {

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -373,6 +374,9 @@ int main(int argc, char** argv) {
       "cserps-worker --config=job.textproto [--rank=R] [--set='field=value;...'] "
       "[--backend=cpu|cuda] [--local_rank=J]");
   absl::ParseCommandLine(argc, argv);
+  if (std::optional<std::string> all = cserps::RepeatedSetFlags(argc, argv)) {
+    absl::SetFlag(&FLAGS_set, *all);
+  }
   if (absl::GetFlag(FLAGS_blas_threads) > 0) {
     openblas_set_num_threads(absl::GetFlag(FLAGS_blas_threads));
   }

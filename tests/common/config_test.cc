@@ -253,6 +253,20 @@ TEST(SplitOverridesTest, SplitsAtSemicolonsAndDropsBlankPieces) {
   EXPECT_TRUE(SplitOverrides("").empty());
 }
 
+// A flag parser keeps the last of several --set; they are all taken, in
+// order, whichever spelling each has, and nothing after "--" (a launched
+// command's own arguments).
+TEST(RepeatedSetFlagsTest, JoinsEverySetBeforeTheCommand) {
+  std::vector<std::string> args = {"prog", "--set=optimizer.lr=0.5", "--config=x",
+                                   "-set", "epochs=3", "--set", "seed=7;name=y",
+                                   "--", "--set=not.ours=1"};
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  EXPECT_EQ(RepeatedSetFlags(static_cast<int>(argv.size()), argv.data()),
+            "optimizer.lr=0.5;epochs=3;seed=7;name=y");
+  EXPECT_EQ(RepeatedSetFlags(3, argv.data()), std::nullopt) << "one --set is the flag's own";
+}
+
 // ---------------------------------------------------------------------------
 // LoadJobWithOverrides
 
@@ -297,10 +311,11 @@ TEST(LoadJobWithOverridesTest, ErrorsSayWhereTheyCameFrom) {
   EXPECT_THAT(std::string(status.message()),
               StartsWith("--set optimizer.lr=abc: optimizer.lr: "));
 
+  // The value may be the override's: the message says both.
   status = LoadJobWithOverrides(path, {"optimizer.lr=-1"}, PortZero()).status();
   EXPECT_EQ(status, absl::InvalidArgumentError(
-                        absl::StrCat(path, ": optimizer.lr: must be > 0 and "
-                                           "finite (got -1)")));
+                        absl::StrCat(path, " with its --set overrides: optimizer.lr: must be > 0 "
+                                           "and finite (got -1)")));
 
   // The options reach validation.
   status = LoadJobWithOverrides(path, {}).status();

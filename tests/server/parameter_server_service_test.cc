@@ -1195,6 +1195,35 @@ TEST(PsServerStartDeathTest, BadShardIsAnErrorNotACrash) {
       ::testing::ExitedWithCode(0), "");
 }
 
+// A second shard on a port in use fails to start, where gRPC's default
+// (SO_REUSEPORT) let both listen and split the connections between them.
+TEST(PsServerStartTest, APortInUseIsRefused) {
+  const v1::JobConfig config = MakeConfig(2);
+  absl::StatusOr<std::unique_ptr<PsServer>> first = PsServer::Start(config, 0, "127.0.0.1:0");
+  ASSERT_TRUE(first.ok()) << first.status();
+  absl::StatusOr<std::unique_ptr<PsServer>> second =
+      PsServer::Start(config, 1, (*first)->address());
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kUnavailable) << second.status();
+  EXPECT_THAT(second.status().message(), HasSubstr("address in use"));
+  if (second.ok()) (*second)->Shutdown();
+  (*first)->Shutdown();
+}
+
+// A model this machine cannot hold (validation bounds it at 2^40 floats,
+// what a number can say) is refused by name, where the allocation aborted
+// the process (4 TiB: more than any machine this runs on).
+TEST(PsServerStartTest, AModelBeyondMemoryIsRefusedNotACrash) {
+  v1::JobConfig config = MakeConfig(1);
+  config.mutable_model()->Clear();
+  config.mutable_model()->set_kind(v1::ModelConfig::FLAT);
+  config.mutable_model()->set_num_params(uint64_t{1} << 40);
+  ApplyDefaults(&config);
+  absl::StatusOr<std::unique_ptr<PsServer>> server = PsServer::Start(config, 0, "127.0.0.1:0");
+  EXPECT_EQ(server.status().code(), absl::StatusCode::kResourceExhausted) << server.status();
+  EXPECT_THAT(server.status().message(), HasSubstr("model.num_params"));
+  if (server.ok()) (*server)->Shutdown();
+}
+
 TEST(PsServerStartDeathTest, UnusableAddressIsAnErrorNotACrash) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   const v1::JobConfig config = MakeConfig(2);

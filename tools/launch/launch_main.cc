@@ -697,6 +697,9 @@ int main(int argc, char** argv) {
       "cserps-launch --config=configs/quickstart.textproto [--set='field=value;...']\n"
       "  cserps-launch --config=JOB --nproc=N [--set=...] -- python3 script.py [ARGS...]");
   const std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
+  if (std::optional<std::string> all = cserps::RepeatedSetFlags(argc, argv)) {
+    absl::SetFlag(&FLAGS_set, *all);
+  }
   std::vector<std::string> command(positional.begin() + 1, positional.end());
   sigset_t mask;
   sigemptyset(&mask);
