@@ -99,6 +99,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
     const v1::JobConfig& config, TrainerLink link, const Dataset* train,
     const Dataset* test, WorkerMetrics* metrics, std::unique_ptr<DeviceBackend> backend) {
   ASSIGN_OR_RETURN(TrainerPlan plan, PlanTrainer(config, link, train->size));
+  RETURN_IF_ERROR(PrepareOutputDir(config));
   if (backend == nullptr) {
     ASSIGN_OR_RETURN(std::unique_ptr<Model> model, MakeCpuModel(config.model()));
     backend = std::make_unique<HostBackend>(std::move(model),

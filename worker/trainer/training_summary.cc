@@ -1,6 +1,12 @@
 #include "worker/trainer/training_summary.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <utility>
@@ -44,6 +50,29 @@ void ReportTraffic(const PsClient& client, WorkerMetrics& metrics) {
   // Model pushes and pulls count only towards the totals.
   metrics.SetTraffic("other", client.bytes_pushed() > pushed ? client.bytes_pushed() - pushed : 0,
                       client.bytes_pulled() > pulled ? client.bytes_pulled() - pulled : 0);
+}
+
+absl::Status PrepareOutputDir(const v1::JobConfig& config) {
+  const std::filesystem::path dir(config.output_dir());
+  std::error_code error;
+  std::filesystem::create_directories(dir, error);
+  if (error) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("output_dir: cannot create ", dir.string(), ": ", error.message()));
+  }
+  // Unique to this thread: the local ranks of a node may be threads of one
+  // process.
+  static std::atomic<uint64_t> probes{0};
+  const std::filesystem::path probe =
+      dir / absl::StrCat(".cserps-probe.", getpid(), ".", probes.fetch_add(1));
+  const int fd = open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "output_dir: cannot write in ", dir.string(), ": ", std::strerror(errno)));
+  }
+  close(fd);
+  unlink(probe.c_str());
+  return absl::OkStatus();
 }
 
 absl::Status WriteTrainingSummary(const TrainingSummary& summary) {

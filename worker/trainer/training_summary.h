@@ -78,6 +78,12 @@ struct TrainingSummary {
   const std::vector<MembershipChange>* membership = nullptr;  // null: none
   double wall_seconds = 0;
 };
+// Makes <output_dir> and checks that this process can write a file there,
+// before the training whose summary it will hold: FAILED_PRECONDITION
+// naming output_dir otherwise (found at the end, the run's results were
+// lost, and a restart policy trained it again only to lose them again).
+absl::Status PrepareOutputDir(const v1::JobConfig& config);
+
 // Writes <output_dir>/<SummaryBaseName>.csv (the curve) and .json.
 // PERMISSION_DENIED naming output_dir when it cannot be created; DATA_LOSS
 // naming the file when a write fails.

@@ -8,6 +8,8 @@
 // CudaBackend against HostBackend (tests/gpu).
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -296,6 +298,24 @@ TEST(TrainerCreateTest, DataThatDoesNotFitTheModelIsRefused) {
   EXPECT_THAT(std::string(trainer.status().message()),
               ::testing::HasSubstr(absl::StrCat("model.input_dim is ", kDim, " but the test data has ",
                                                 kDim + 1, " features per example")));
+}
+
+// An output_dir the summary could not be written to is refused before the
+// training, not found after it.
+TEST(TrainerCreateTest, AnOutputDirThatCannotBeWrittenIsRefusedFirst) {
+  const std::string file = ::testing::TempDir() + "/trainer_test_output_file";
+  { std::ofstream(file) << "a file, not a folder"; }
+  v1::JobConfig config =
+      MakeConfig(R"(name: "ssgd")", "lr: 0.05", 1, file + "/out");
+  absl::StatusOr<std::unique_ptr<testing::InProcessCluster>> cluster =
+      testing::InProcessCluster::Start(config, testing::NumParams(config));
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  absl::StatusOr<std::unique_ptr<Trainer>> trainer =
+      Trainer::Create((*cluster)->config(), &(*cluster)->client(0), &TrainSet(), &TestSet());
+  EXPECT_EQ(trainer.status().code(), absl::StatusCode::kFailedPrecondition) << trainer.status();
+  EXPECT_THAT(std::string(trainer.status().message()),
+              ::testing::HasSubstr(absl::StrCat("output_dir: cannot create ", file, "/out")));
+  std::remove(file.c_str());
 }
 
 // What Run() left on each rank of a 2-worker in-process job.
