@@ -318,6 +318,40 @@ absl::Status ForgetPartsAfter(const CheckpointJob& job, CheckpointRole role, uin
   return absl::OkStatus();
 }
 
+namespace {
+
+// Removes the incomplete steps older than `step`, newer than every complete
+// step, but the newest of them. Every live process wrote its part of a
+// checkpoint before any took the next one's average, so those steps miss a
+// part that will never come (a rank dropped from an elastic job writes
+// none), and without this the folder grew by a step at every checkpoint.
+// Steps from `step` on are left: after a roll back they may be an abandoned
+// timeline's, whose folders the new one writes into again.
+absl::Status PruneUnfinished(const std::string& dir, uint64_t fingerprint, uint64_t step) {
+  ASSIGN_OR_RETURN(const std::vector<uint64_t> steps, StepsNewestFirst(dir));
+  bool newest_spared = false;
+  for (uint64_t older : steps) {
+    if (older >= step) continue;
+    absl::StatusOr<Manifest> manifest = ReadManifest(dir, older);
+    if (manifest.ok() && manifest->fingerprint == fingerprint) break;  // complete
+    // Another job's steps, and manifests that cannot be read, stay.
+    if (manifest.ok() || !absl::IsNotFound(manifest.status())) continue;
+    if (!newest_spared) {
+      newest_spared = true;
+      continue;
+    }
+    std::error_code error;
+    fs::remove_all(CheckpointStepDir(dir, older), error);
+    if (error && error != std::errc::no_such_file_or_directory) {
+      return absl::UnavailableError(absl::StrCat("removing ", CheckpointStepDir(dir, older),
+                                                 ": ", error.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 CheckpointJob CheckpointJob::Of(const v1::JobConfig& config) {
   CheckpointJob job;
   job.dir = config.checkpoint().dir();
@@ -343,7 +377,10 @@ absl::StatusOr<bool> WriteCheckpointPart(const CheckpointJob& job, CheckpointRol
                                 std::pair{CheckpointRole::kRank, job.num_ranks}}) {
     for (uint32_t i = 0; i < count; ++i) {
       std::error_code error;
-      if (!fs::exists(folder / CheckpointFileName(r, i), error)) return false;
+      if (!fs::exists(folder / CheckpointFileName(r, i), error)) {
+        RETURN_IF_ERROR(PruneUnfinished(job.dir, job.fingerprint, step));
+        return false;
+      }
       files.push_back(CheckpointId{job.fingerprint, step, r, i});
     }
   }

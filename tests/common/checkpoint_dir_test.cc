@@ -242,6 +242,30 @@ TEST_F(CheckpointDirTest, PruningKeepsTheNewestCompleteStepsAndWhatIsNotTheJobs)
 // them there; the run that resumes from step 2 writes step 4 again. Each of
 // its processes forgets its own files after step 2 when it starts, so step 4
 // is complete only once every file of the new run is written.
+// A rank dropped from an elastic job writes no more parts: every later step
+// stays incomplete. A part written prunes the older ones that can no
+// longer complete (all but the newest below it), where the folder grew by
+// a step at every checkpoint.
+TEST_F(CheckpointDirTest, StepsThatCanNoLongerCompleteArePruned) {
+  WriteStep(100, true);
+  const CheckpointJob job{.dir = dir_, .fingerprint = kJob, .num_shards = 1, .num_ranks = 2,
+                          .keep = 1};
+  const std::vector<float> values = {1.0f};
+  for (uint64_t step = 200; step <= 700; step += 100) {
+    for (CheckpointRole role : {CheckpointRole::kShard, CheckpointRole::kRank}) {
+      absl::StatusOr<bool> complete = WriteCheckpointPart(job, role, 0, step, {{"model", values}});
+      ASSERT_TRUE(complete.ok()) << complete.status();
+      EXPECT_FALSE(*complete);
+    }
+  }
+  for (uint64_t step : {100, 600, 700}) EXPECT_TRUE(StepExists(step)) << step;
+  for (uint64_t step : {200, 300, 400, 500}) EXPECT_FALSE(StepExists(step)) << step;
+  std::vector<std::string> passed_over;
+  auto loaded = LoadNewestCheckpoint(dir_, kJob, &passed_over);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->step, 100u);
+}
+
 TEST_F(CheckpointDirTest, AStepIsCompletedOnlyByTheFilesOfTheRunThatResumedBeforeIt) {
   const CheckpointJob job{.dir = dir_, .fingerprint = kJob, .num_shards = 1, .num_ranks = 2};
   auto write = [&](CheckpointRole role, uint32_t index, uint64_t step, float value) {
