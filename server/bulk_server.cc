@@ -82,7 +82,15 @@ class BulkServer::Connection : public std::enable_shared_from_this<Connection> {
   // next, so that the drains overlap: stop reading; let the writer send what
   // is queued until `drained_by`; then shut the socket both ways and join
   // both threads.
-  void StopReading() { shutdown(stream_->fd(), SHUT_RD); }
+  void StopReading() {
+    {
+      absl::MutexLock lock(&mu_);
+      reading_stopped_ = true;
+    }
+    // Wakes a reader blocked in its socket; what the socket still holds is
+    // read no further (Linux goes on handing it out after SHUT_RD).
+    shutdown(stream_->fd(), SHUT_RD);
+  }
   void Drain(absl::Time drained_by) {
     absl::MutexLock lock(&mu_);
     mu_.AwaitWithDeadline(absl::Condition(&writer_done_), drained_by);
@@ -152,7 +160,7 @@ class BulkServer::Connection : public std::enable_shared_from_this<Connection> {
     Enqueue(Outgoing{});  // the hello's OK
 
     for (;;) {
-      AwaitRoomForReplies();
+      if (!AwaitRoomForReplies()) return absl::UnavailableError("the shard shuts down");
       char head_bytes[bulk::Request::kBytes];
       RETURN_IF_ERROR(stream_->RecvAll(head_bytes, sizeof(head_bytes), absl::InfiniteFuture(),
                                        "bulk request"));
@@ -219,13 +227,15 @@ class BulkServer::Connection : public std::enable_shared_from_this<Connection> {
   // many as a member may keep waiting in rounds (MaxWaitingCallsPerRank)
   // may be queued, so a member that has sent a round's chunks before it
   // reads the first reply is read on.
-  void AwaitRoomForReplies() {
+  // False once the connection reads no more requests (its shutdown).
+  bool AwaitRoomForReplies() {
     absl::MutexLock lock(&mu_);
     mu_.Await(absl::Condition(
         +[](Connection* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(c->mu_) {
-          return c->queue_.size() < c->max_queued_ || c->writer_done_;
+          return c->queue_.size() < c->max_queued_ || c->writer_done_ || c->reading_stopped_;
         },
         this));
+    return !reading_stopped_;
   }
 
   // A request's `count` floats, at most a chunk (more cannot be read past:
@@ -540,7 +550,8 @@ class BulkServer::Connection : public std::enable_shared_from_this<Connection> {
   bool reader_done_ ABSL_GUARDED_BY(mu_) = false;
   // The ids of requests admitted whose replies are still to come (Awaited).
   absl::flat_hash_set<uint64_t> awaiting_ ABSL_GUARDED_BY(mu_);
-  bool stopped_ ABSL_GUARDED_BY(mu_) = false;  // StopAndJoin waits no longer
+  bool stopped_ ABSL_GUARDED_BY(mu_) = false;  // Drain waits no longer
+  bool reading_stopped_ ABSL_GUARDED_BY(mu_) = false;  // StopReading
   bool writer_done_ ABSL_GUARDED_BY(mu_) = false;
   // A frame is being written (by the writer or by Enqueue).
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
