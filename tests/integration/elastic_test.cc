@@ -7,13 +7,19 @@
 // cluster.admit_every_steps, a replacement worker (a new worker id) takes
 // rank 3 back at the next admission step and finishes the job with them;
 // with QSparse-local-SGD it syncs to the same common model as they do.
+#include <unistd.h>
+
 #include <cstring>
+#include <filesystem>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "absl/time/clock.h"
+#include "common/checkpoint_dir.h"
+#include "common/config_fingerprint.h"
 #include "common/status.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -147,6 +153,13 @@ TEST_P(ElasticReplacementTest, AReplacementTakesTheDroppedRankAtTheNextAdmission
   v1::JobConfig config = testing::TestConfig(
       absl::StrReplaceAll(kElasticCser, {{kCser, GetParam().algorithm}}));
   config.mutable_cluster()->set_admit_every_steps(4);
+  // Checkpoints at the admission steps too (4, 8, ...).
+  const std::string checkpoints = absl::StrCat(::testing::TempDir(), "/elastic_checkpoints.",
+                                               getpid(), ".", GetParam().name);
+  std::filesystem::remove_all(checkpoints);
+  config.mutable_checkpoint()->set_dir(checkpoints);
+  config.mutable_checkpoint()->set_every_steps(4);
+  config.mutable_checkpoint()->set_keep(10);
   ElasticJob job;
   const absl::Status started = job.Start(config);
   ASSERT_TRUE(started.ok()) << started;
@@ -250,6 +263,17 @@ TEST_P(ElasticReplacementTest, AReplacementTakesTheDroppedRankAtTheNextAdmission
     EXPECT_EQ(status->members(), 4u);
     EXPECT_EQ(status->rounds_failed(), 0u);
   }
+  // The admission's checkpoint (step 8) is complete: the replacement wrote
+  // its part. Without the later steps, it is the newest.
+  for (uint64_t later = 12; later < steps; later += 4) {
+    std::filesystem::remove_all(CheckpointStepDir(checkpoints, later));
+  }
+  std::vector<std::string> passed_over;
+  const absl::StatusOr<LoadedCheckpoint> newest =
+      LoadNewestCheckpoint(checkpoints, JobFingerprint(cluster->config()), &passed_over);
+  ASSERT_TRUE(newest.ok()) << newest.status();
+  EXPECT_EQ(newest->step, 8u);
+  std::filesystem::remove_all(checkpoints);
 }
 
 }  // namespace

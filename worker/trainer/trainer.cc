@@ -198,7 +198,13 @@ absl::Status Trainer::RejoinRunningJob() {
   step_ = first_step_ = joined_at_ = step;
   spdlog::info("{}rejoined the job at step {} with the servers' model and zero state",
                plan_.log_prefix, step_);
-  return absl::OkStatus();
+  // The admission's full average may be a checkpoint's, which the others
+  // took without this rank: its part is what it starts from (the average
+  // and zero state), and without it the step never completed.
+  if (!CheckpointDue(config_, step_, total)) return absl::OkStatus();
+  training_floats_at_[step_] = TrainingFloats();
+  return WriteStateCheckpoint(config_, plan_.partition, step_, *algorithm_, ops_, {},
+                              plan_.log_prefix);
 }
 
 absl::Status Trainer::FullAverageIfDue() {
