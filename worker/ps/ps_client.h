@@ -4,12 +4,14 @@
 // asynchronous SGD's push. The gRPC channels and stubs are internal.
 //
 // Each call sends one RPC per shard and chunk, all in parallel, and returns
-// when every shard has answered. A call that fails UNAVAILABLE (its
-// connection reset, its server restarting at the same address) is sent
-// again with capped exponential backoff until its deadline: pushes are
-// counted once per round and rank (asynchronous ones once per rank, offset
-// and step), so a retry never counts twice. Thread safety: one thread at a time
-// per client; the traffic accessors may be read from any thread.
+// when every shard has answered. A Register, round, PushModel or PullModel
+// call that fails UNAVAILABLE (its connection reset, its server restarting
+// at the same address) is sent again with capped exponential backoff until
+// its deadline: pushes are counted once per round and rank (asynchronous
+// ones once per rank, offset and step), so a retry never counts twice.
+// GetStatus, Rejoin and RollBack are sent once (docs/protocol.md 13).
+// Thread safety: one thread at a time per client; the traffic accessors
+// may be read from any thread.
 #ifndef CSERPS_WORKER_PS_PS_CLIENT_H_
 #define CSERPS_WORKER_PS_PS_CLIENT_H_
 
