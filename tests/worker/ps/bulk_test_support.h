@@ -230,6 +230,37 @@ class BulkTransportTest : public ::testing::Test {
     bulk_member_ = *std::move(bulk);
     grpc_member_ = *std::move(grpc);
   }
+  // The bulk member's MODEL rounds of steps 1 and 2 (Values(0), weight 1)
+  // begun, the first `started` of them started, and its bulk connection cut
+  // once they wait at the shard; false when that did not happen.
+  struct CutRounds {
+    std::unique_ptr<ShardedAverage> round[2];
+    std::vector<float> mean[2] = {std::vector<float>(kD), std::vector<float>(kD)};
+  };
+  bool BeginAndCut(int started, CutRounds* rounds) {
+    const std::vector<float> v0 = Values(0);
+    for (int i = 0; i < 2; ++i) {
+      rounds->round[i] = bulk_member_->BeginShardedAverage(v1::MODEL, i + 1, 1, 1.0f, 0.0f);
+    }
+    for (int i = 0; i < started; ++i) {
+      if (!rounds->round[i]->StartShard(0, v0, absl::MakeSpan(rounds->mean[i])).ok()) return false;
+    }
+    return servers_.shard(0).service().WaitForWaitingCalls(started, kIo) &&
+           CutBulkConnections(servers_.shard(0).bulk_port()) == 1;
+  }
+  // The gRPC member's MODEL rounds of steps 1 and 2 with Values(1), weight
+  // 1, on a thread of its own: join it before reading `*status`.
+  std::thread GrpcMemberRounds(absl::Status* status) {
+    return std::thread([this, status] {
+      const std::vector<float> v = Values(1);
+      std::vector<float> mean(kD);
+      for (uint64_t step : {1, 2}) {
+        *status =
+            grpc_member_->AverageBlocks(v1::MODEL, step, 1, v, 1.0f, 0.0f, absl::MakeSpan(mean));
+        if (!status->ok()) return;
+      }
+    });
+  }
   uint64_t fingerprint() const { return JobFingerprint(config_); }
   // Rank 0 registered (over gRPC), and a raw connection greeted as it.
   absl::StatusOr<RawConnection> RegisteredAndGreeted() {

@@ -138,28 +138,16 @@ TEST_F(BulkTransportTest, APushWhoseConnectionIsCutGoesOverGrpcAndIsCountedOnce)
 TEST_F(BulkTransportTest, ARoundInFlightOutlivesTheReplacementOfItsChannel) {
   ASSERT_NO_FATAL_FAILURE(StartBulkAndGrpcMembers());
   PsClient& cut_member = *bulk_member_;
-  PsClient& other = *grpc_member_;
   const std::vector<float> v0 = Values(0), v1 = Values(1);
-  std::vector<float> first_mean(kD), second_mean(kD);
-  std::unique_ptr<ShardedAverage> first =
-      cut_member.BeginShardedAverage(v1::MODEL, 1, 1, 1.0f, 0.0f);
-  std::unique_ptr<ShardedAverage> second =
-      cut_member.BeginShardedAverage(v1::MODEL, 2, 1, 1.0f, 0.0f);
-  ASSERT_TRUE(first->StartShard(0, v0, absl::MakeSpan(first_mean)).ok());
-  ASSERT_TRUE(second->StartShard(0, v0, absl::MakeSpan(second_mean)).ok());
+  CutRounds rounds;
+  ASSERT_TRUE(BeginAndCut(2, &rounds));
+  auto& [first, second] = rounds.round;
+  const std::vector<float>& first_mean = rounds.mean[0];
+  const std::vector<float>& second_mean = rounds.mean[1];
   ParameterServerService& service = servers_.shard(0).service();
-  ASSERT_TRUE(service.WaitForWaitingCalls(2, bulk_test::kIo));
-  ASSERT_EQ(bulk_test::CutBulkConnections(servers_.shard(0).bulk_port()), 1);
 
   absl::Status other_rounds;
-  std::thread t([&] {
-    std::vector<float> mean(kD);
-    for (uint64_t step : {1, 2}) {
-      other_rounds =
-          other.AverageBlocks(v1::MODEL, step, 1, v1, 1.0f, 0.0f, absl::MakeSpan(mean));
-      if (!other_rounds.ok()) return;
-    }
-  });
+  std::thread t = GrpcMemberRounds(&other_rounds);
   const absl::Status first_landed = first->WaitShard(0);
   // Finds the channel broken and replaces it.
   std::unique_ptr<ShardedAverage> third =
@@ -184,31 +172,16 @@ TEST_F(BulkTransportTest, ARoundInFlightOutlivesTheReplacementOfItsChannel) {
 TEST_F(BulkTransportTest, ChunksABrokenChannelNeverSentCountAsSent) {
   ASSERT_NO_FATAL_FAILURE(StartBulkAndGrpcMembers());
   PsClient& cut_member = *bulk_member_;
-  PsClient& other = *grpc_member_;
-  const std::vector<float> v0 = Values(0), v1 = Values(1);
-  std::vector<float> first_mean(kD), second_mean(kD);
-  std::unique_ptr<ShardedAverage> first =
-      cut_member.BeginShardedAverage(v1::MODEL, 1, 1, 1.0f, 0.0f);
-  std::unique_ptr<ShardedAverage> second =
-      cut_member.BeginShardedAverage(v1::MODEL, 2, 1, 1.0f, 0.0f);
-  ASSERT_TRUE(first->StartShard(0, v0, absl::MakeSpan(first_mean)).ok());
-  ParameterServerService& service = servers_.shard(0).service();
-  ASSERT_TRUE(service.WaitForWaitingCalls(1, bulk_test::kIo));
-  ASSERT_EQ(bulk_test::CutBulkConnections(servers_.shard(0).bulk_port()), 1);
+  CutRounds rounds;
+  ASSERT_TRUE(BeginAndCut(1, &rounds));
+  auto& [first, second] = rounds.round;
   absl::Status other_rounds;
-  std::thread t([&] {
-    std::vector<float> mean(kD);
-    for (uint64_t step : {1, 2}) {
-      other_rounds =
-          other.AverageBlocks(v1::MODEL, step, 1, v1, 1.0f, 0.0f, absl::MakeSpan(mean));
-      if (!other_rounds.ok()) return;
-    }
-  });
+  std::thread t = GrpcMemberRounds(&other_rounds);
   // Finds the channel broken; the second round still holds it.
   const absl::Status first_landed = first->WaitShard(0);
   const uint64_t retries = cut_member.retries();
   const TrafficCounts before = cut_member.traffic(v1::MODEL);
-  absl::Status second_landed = second->StartShard(0, v0, absl::MakeSpan(second_mean));
+  absl::Status second_landed = second->StartShard(0, Values(0), absl::MakeSpan(rounds.mean[1]));
   if (second_landed.ok()) second_landed = second->WaitShard(0);
   t.join();
   ASSERT_TRUE(first_landed.ok()) << first_landed;
