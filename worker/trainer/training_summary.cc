@@ -4,11 +4,12 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -60,12 +61,10 @@ absl::Status PrepareOutputDir(const v1::JobConfig& config) {
     return absl::FailedPreconditionError(
         absl::StrCat("output_dir: cannot create ", dir.string(), ": ", error.message()));
   }
-  // Unique to this thread: the local ranks of a node may be threads of one
-  // process.
-  static std::atomic<uint64_t> probes{0};
-  const std::filesystem::path probe =
-      dir / absl::StrCat(".cserps-probe.", getpid(), ".", probes.fetch_add(1));
-  const int fd = open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  // A name of its own (mkostemp): the ranks of a job, threads of one
+  // process or containers each pid 1, may share the folder.
+  std::string probe = (dir / ".cserps-probe.XXXXXX").string();
+  const int fd = mkostemp(probe.data(), O_CLOEXEC);
   if (fd < 0) {
     return absl::FailedPreconditionError(absl::StrCat(
         "output_dir: cannot write in ", dir.string(), ": ", std::strerror(errno)));
