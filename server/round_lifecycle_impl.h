@@ -267,21 +267,18 @@ int RoundLifecycle<Aggregate>::ExpireOverdue(absl::Time now) {
         if (ExpectsLocked(it->first, r) && !round.pushed[r]) missing.push_back(r);
         if (ExpectsLocked(it->first, r) && round.pushed[r]) a_member_pushed = true;
       }
-      if (limits_.elastic && missing.empty()) {
-        // Waited only for members another overdue round has just dropped.
-        const auto next = std::next(it);
-        completed.push_back(ExtractCompletingLocked(it));
-        it = next;
-        continue;
-      }
       if (limits_.elastic && a_member_pushed) {
-        for (uint32_t r : missing) {
-          member_[r] = false;
-          admitted_at_[r].reset();
-          dropped_.push_back(r);
+        // None missing: it waited only for members another overdue round
+        // has just dropped.
+        if (!missing.empty()) {
+          for (uint32_t r : missing) {
+            member_[r] = false;
+            admitted_at_[r].reset();
+            dropped_.push_back(r);
+          }
+          members_ -= static_cast<uint32_t>(missing.size());
+          drops.emplace_back(std::move(missing), Aggregate::RoundName(it->first));
         }
-        members_ -= static_cast<uint32_t>(missing.size());
-        drops.emplace_back(std::move(missing), Aggregate::RoundName(it->first));
         const auto next = std::next(it);
         completed.push_back(ExtractCompletingLocked(it));
         it = next;

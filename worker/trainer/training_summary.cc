@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/algorithm_catalog.h"
+#include "common/status.h"
 
 namespace cserps {
 
@@ -80,12 +81,7 @@ absl::Status WriteTrainingSummary(const TrainingSummary& summary) {
   const FinalReport& final_report = *summary.final_report;
   const double wall_seconds = summary.wall_seconds;
   const std::filesystem::path dir(config.output_dir());
-  std::error_code error;
-  std::filesystem::create_directories(dir, error);
-  if (error) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "output_dir: cannot create ", dir.string(), ": ", error.message()));
-  }
+  RETURN_IF_ERROR(PrepareOutputDir(config));  // it may have gone since the start
   const std::string base = SummaryBaseName(config, summary.rank, summary.local_rank);
   {
     std::ofstream csv(dir / (base + ".csv"));

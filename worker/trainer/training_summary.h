@@ -85,8 +85,8 @@ struct TrainingSummary {
 absl::Status PrepareOutputDir(const v1::JobConfig& config);
 
 // Writes <output_dir>/<SummaryBaseName>.csv (the curve) and .json.
-// PERMISSION_DENIED naming output_dir when it cannot be created; DATA_LOSS
-// naming the file when a write fails.
+// PrepareOutputDir's error when the folder cannot be made or written to;
+// DATA_LOSS naming the file when a write fails.
 absl::Status WriteTrainingSummary(const TrainingSummary& summary);
 
 }  // namespace cserps
