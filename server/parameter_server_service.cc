@@ -185,7 +185,7 @@ void ParameterServerService::JoinRound(const PushPullHead& head,
   }
   // Refusal counts the codes of refused pushes only: a round that fails
   // after a push joined it answers DEADLINE_EXCEEDED, ABORTED or UNAVAILABLE.
-  const bool joined = rounds_.Push(
+  rounds_.Push(
       key, head.rank, head.weight, head.lr, values, arrived,
       [this, head, done = std::move(done)](absl::StatusOr<RoundMean> mean) {
         shard_.activity().CallEnded(head.rank, options_.now());
@@ -195,12 +195,13 @@ void ParameterServerService::JoinRound(const PushPullHead& head,
           done(std::move(mean));
         }
       },
-      std::move(keep));
-  if (joined) {
-    stream_traffic_[head.stream].AddRequest(request_bytes, values.size());
-  } else {
-    CountRefused(request_bytes);
-  }
+      std::move(keep), [&](bool joined) {
+        if (joined) {
+          stream_traffic_[head.stream].AddRequest(request_bytes, values.size());
+        } else {
+          CountRefused(request_bytes);
+        }
+      });
 }
 
 void ParameterServerService::CountReply(int stream, uint64_t bytes) {

@@ -73,6 +73,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -106,6 +107,13 @@ struct RoundLimits {
   // the table.
   std::function<absl::Status(uint32_t rank)> admitted = nullptr;
 };
+
+// Told once per push whether it joined a round (or was answered from one)
+// or was refused, before any reply to it goes out: a caller that counts
+// requests here has counted them before the caller's peer, answered, can
+// read the count.
+using CountPush = absl::FunctionRef<void(bool joined)>;
+inline void CountNoPush(bool /*joined*/) {}
 
 template <typename Aggregate>
 class RoundLifecycle {
@@ -190,11 +198,10 @@ class RoundLifecycle {
   // called exactly once with the round's Result, or with INVALID_ARGUMENT
   // (rank >= world_size, Aggregate::Check, Aggregate::CheckShape against the
   // round's first push, also for retries), OUT_OF_RANGE (the window),
-  // DEADLINE_EXCEEDED (ExpireOverdue) or UNAVAILABLE (FailAll). False when
-  // the push was refused before it joined a round (`done` has been called
-  // with the refusal), true when it joined one or was answered from one.
-  bool Contribute(const Key& key, uint32_t rank, Contribution contribution,
-                  absl::Time now, Callback done);
+  // DEADLINE_EXCEEDED (ExpireOverdue) or UNAVAILABLE (FailAll). `count` is
+  // called first, once: see CountPush.
+  void Contribute(const Key& key, uint32_t rank, Contribution contribution,
+                  absl::Time now, Callback done, CountPush count);
 
  private:
   // A round still collecting pushes.

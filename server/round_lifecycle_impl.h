@@ -42,9 +42,9 @@ RoundLifecycle<Aggregate>::~RoundLifecycle() {
 }
 
 template <typename Aggregate>
-bool RoundLifecycle<Aggregate>::Contribute(const Key& key, uint32_t rank,
+void RoundLifecycle<Aggregate>::Contribute(const Key& key, uint32_t rank,
                                            Contribution contribution, absl::Time now,
-                                           Callback done) {
+                                           Callback done, CountPush count) {
   CSERPS_CHECK(done != nullptr);
   absl::Status refused =
       rank >= limits_.world_size
@@ -53,12 +53,14 @@ bool RoundLifecycle<Aggregate>::Contribute(const Key& key, uint32_t rank,
                 " is out of range for world_size ", limits_.world_size))
           : Aggregate::Check(key, rank, contribution);
   if (!refused.ok()) {
+    count(false);
     done(std::move(refused));
-    return false;
+    return;
   }
   const Shape shape = Aggregate::ShapeOf(contribution);
   std::optional<Result> retained;
   RoundNode completed;  // when this push completes it
+  bool waiting = false;  // for the push that completes the round
   {
     absl::MutexLock lock(&mu_);
     if (shut_down_) {
@@ -89,7 +91,7 @@ bool RoundLifecycle<Aggregate>::Contribute(const Key& key, uint32_t rank,
       refused = Aggregate::CheckShape(key, rank, shape, c->second.shape);
       if (refused.ok()) {
         c->second.waiters.push_back(std::move(done));
-        return true;
+        waiting = true;
       }
     } else {
       auto it = open_.find(key);
@@ -108,21 +110,24 @@ bool RoundLifecycle<Aggregate>::Contribute(const Key& key, uint32_t rank,
           round.pushed[rank] = true;
         }
         round.waiters.push_back(std::move(done));
-        if (!CompleteLocked(key, round)) return true;
-        completed = ExtractCompletingLocked(it);
+        if (CompleteLocked(key, round)) {
+          completed = ExtractCompletingLocked(it);
+        } else {
+          waiting = true;
+        }
       }
     }
+    // Under mu_: once it is released, another push may complete the round
+    // and answer this one.
+    count(refused.ok());
   }
   if (!refused.ok()) {
     done(std::move(refused));
-    return false;
-  }
-  if (retained.has_value()) {
+  } else if (retained.has_value()) {
     done(*std::move(retained));
-    return true;
+  } else if (!waiting) {
+    FinishRound(std::move(completed), now);
   }
-  FinishRound(std::move(completed), now);
-  return true;
 }
 
 template <typename Aggregate>

@@ -174,10 +174,10 @@ RoundTable::RoundTable(Options options)
       on_complete_(std::move(options.on_complete)),
       on_latency_(std::move(options.on_latency)) {}
 
-bool RoundTable::Push(const RoundKey& key, uint32_t rank, float weight, float lr,
+void RoundTable::Push(const RoundKey& key, uint32_t rank, float weight, float lr,
                       absl::Span<const float> values, absl::Time now, RoundCallback done,
-                      std::shared_ptr<const void> keep) {
-  return Contribute(key, rank, {weight, lr, values, std::move(keep)}, now, std::move(done));
+                      std::shared_ptr<const void> keep, CountPush count) {
+  Contribute(key, rank, {weight, lr, values, std::move(keep)}, now, std::move(done), count);
 }
 
 RoundMean RoundTable::Finish(const RoundKey& key, const WeightedSum& sum,

@@ -158,12 +158,11 @@ class RoundTable : public RoundLifecycle<WeightedSum> {
   // `lr` is kept with the round for on_complete (GRAD rounds apply
   // x -= lr * mean); every member sends the same one. `values` are read
   // while Push runs, or, when `keep` is set, while the round holds it (the
-  // caller leaves them unchanged until `keep` is released). Returns whether
-  // the push joined a round (or was answered from one); false when it was
-  // refused before (`done` has had the refusal).
-  bool Push(const RoundKey& key, uint32_t rank, float weight, float lr,
+  // caller leaves them unchanged until `keep` is released). `count` is
+  // called first, once (CountPush).
+  void Push(const RoundKey& key, uint32_t rank, float weight, float lr,
             absl::Span<const float> values, absl::Time now, RoundCallback done,
-            std::shared_ptr<const void> keep = nullptr);
+            std::shared_ptr<const void> keep = nullptr, CountPush count = CountNoPush);
 
  private:
   RoundMean Finish(const RoundKey& key, const WeightedSum& sum,

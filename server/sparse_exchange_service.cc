@@ -213,7 +213,7 @@ void SparseExchangeService::JoinRound(const PushHead& head, SparseVector entries
   }
   // As ParameterServerService::JoinRound: only refusals carry the codes
   // Refusal counts.
-  const bool joined = rounds_.Push(
+  rounds_.Push(
       head.step, rank, std::move(entries), arrived,
       [this, rank, name = std::move(name),
        done = std::move(done)](absl::StatusOr<SparseRoundReply> reply) {
@@ -223,8 +223,8 @@ void SparseExchangeService::JoinRound(const PushHead& head, SparseVector entries
           return;
         }
         done(*std::move(reply));
-      });
-  (joined ? traffic_.handled : traffic_.refused).AddRequest(request_bytes);
+      },
+      [&](bool joined) { (joined ? traffic_.handled : traffic_.refused).AddRequest(request_bytes); });
 }
 
 void SparseExchangeService::Push(const PushHead& head, SparseVector entries,

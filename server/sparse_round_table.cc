@@ -35,9 +35,9 @@ SparseRoundTable::SparseRoundTable(Options options)
   CSERPS_CHECK(complete_ != nullptr);
 }
 
-bool SparseRoundTable::Push(uint64_t step, uint32_t rank, SparseVector entries,
-                            absl::Time now, SparseRoundCallback done) {
-  return Contribute(step, rank, std::move(entries), now, std::move(done));
+void SparseRoundTable::Push(uint64_t step, uint32_t rank, SparseVector entries,
+                            absl::Time now, SparseRoundCallback done, CountPush count) {
+  Contribute(step, rank, std::move(entries), now, std::move(done), count);
 }
 
 SparseRoundReply SparseRoundTable::Finish(uint64_t step, SparsePushes pushes,

@@ -96,10 +96,9 @@ class SparseRoundTable : public RoundLifecycle<SparsePushes> {
   // of range), OUT_OF_RANGE (step window), DEADLINE_EXCEEDED (the round
   // timed out; names the missing ranks) or UNAVAILABLE (FailAll). A retry
   // (same rank and step) is not counted again: its entries are ignored and
-  // it gets the round's reply. False when the push was refused before it
-  // joined the round (`done` has had the refusal).
-  bool Push(uint64_t step, uint32_t rank, SparseVector entries, absl::Time now,
-            SparseRoundCallback done);
+  // it gets the round's reply. `count` is called first, once (CountPush).
+  void Push(uint64_t step, uint32_t rank, SparseVector entries, absl::Time now,
+            SparseRoundCallback done, CountPush count = CountNoPush);
 
  private:
   SparseRoundReply Finish(uint64_t step, SparsePushes pushes,

@@ -762,6 +762,30 @@ TEST_F(ServiceTest, ConcurrentPushesGetTheWeightedMean) {
   EXPECT_EQ(status.open_rounds(), 0u);
 }
 
+// Every push of a round is counted before any member is answered: a member
+// that reads the metrics once answered finds its round's requests in them.
+// The last push completes the round and answers every member inside
+// JoinRound.
+TEST_F(ServiceTest, ARoundsPushesAreCountedBeforeItsMembersAreAnswered) {
+  Start(3);
+  RegisterAll();
+  ParameterServerService& service = server_->service();
+  const uint64_t before = service.counters().model.request_bytes;
+  const std::vector<float> values(ChunkLen(shard_, 0), 1.0f);
+  constexpr uint64_t kRequestBytes = 100;
+  std::vector<uint64_t> seen;
+  for (uint32_t r = 0; r < world_; ++r) {
+    const ParameterServerService::PushPullHead head{fingerprint_, r, 1, v1::MODEL, 1, 0, 1.0f,
+                                                    0.0f};
+    service.JoinRound(head, values, kRequestBytes, service.Now(),
+                      [&](absl::StatusOr<RoundMean> mean) {
+                        EXPECT_TRUE(mean.ok()) << mean.status();
+                        seen.push_back(service.counters().model.request_bytes - before);
+                      });
+  }
+  EXPECT_EQ(seen, std::vector<uint64_t>(world_, world_ * kRequestBytes));
+}
+
 // Runs a round on every chunk of the shard and returns the concatenated mean.
 class ModelUpdateTest : public ServiceTest,
                         public ::testing::WithParamInterface<uint32_t> {

@@ -247,6 +247,27 @@ TEST_F(SparseServiceTest, RetryIsAnsweredWithTheSameBytesAndNotCountedTwice) {
   EXPECT_EQ(PullShard(), model);  // the retry changed nothing
 }
 
+// As the dense rounds': every push is counted before any member is
+// answered, here inside the push that completes the round.
+TEST_F(SparseServiceTest, ARoundsPushesAreCountedBeforeItsMembersAreAnswered) {
+  Start(Config("name: \"gtopk-ssgd\" density: 0.05"));
+  SparseExchangeService& service = server_->sparse_service();
+  const uint64_t before = service.counters().traffic.request_bytes;
+  std::mt19937 rng(10);
+  constexpr uint64_t kRequestBytes = 100;
+  std::vector<uint64_t> seen;
+  for (uint32_t r = 0; r < kWorkers; ++r) {
+    auto [indices, values] = RandomEntries(rng);
+    service.Push({JobFingerprint(config_), r, 0, k_s_},
+                 {std::move(indices), std::move(values)}, kRequestBytes, 0,
+                 [&](absl::StatusOr<SparseRoundReply> reply) {
+                   EXPECT_TRUE(reply.ok()) << reply.status();
+                   seen.push_back(service.counters().traffic.request_bytes - before);
+                 });
+  }
+  EXPECT_EQ(seen, std::vector<uint64_t>(kWorkers, kWorkers * kRequestBytes));
+}
+
 TEST_F(SparseServiceTest, RefusesBadInputAndKeepsServing) {
   Start(Config("name: \"gtopk-ssgd\" density: 0.05"));
   std::mt19937 rng(10);
