@@ -2,7 +2,8 @@
 # Checks the CUDA backend on a machine with a GPU, in one go (about a minute
 # on one H200): runs every GPU test binary, cserps-bench-gpu, the main job
 # (configs/quickstart.textproto through cserps-launch, --backend=cuda then
-# cpu) and the Python front's CUDA test (when python3's torch sees the GPU),
+# cpu) and the Python front's CUDA test (when the build's Python has a torch
+# that sees the GPU),
 # then, since such a machine has more cores than a development one,
 # the wire and scale benches (about two minutes more), and ends with one
 # summary table.
@@ -149,27 +150,36 @@ run_jobs() {
 }
 
 # Sets python_result: the Python front's CUDA tensors (tests/python/test_cuda.py)
-# through this build's cserps_native, when this machine's python3 has a torch
-# that sees the GPU; a skip there is a failure. A bundle holds no module
-# (it is built for one Python version, the development machine's).
+# through this build's cserps_native, run by the Python the build made it for
+# (CMake's Python_EXECUTABLE: /usr/bin/python3 unless configured otherwise),
+# when that Python has pytest and a torch that sees the GPU; a skip there is
+# a failure. A bundle holds no module (it is built for one Python version,
+# the development machine's).
 run_python_cuda() {
   if [ -n "$BUNDLE" ]; then
     python_result="not run (a bundle holds no Python module)"
     return
   fi
-  if ! python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
-    python_result="not run (python3's torch does not see a GPU)"
+  local py
+  py=$(sed -n 's/^_\{0,1\}Python_EXECUTABLE:[A-Z]*=//p' "$BUILD_DIR/CMakeCache.txt" | head -n 1)
+  if [ -z "$py" ]; then
+    python_result="not run (the build found no Python)"
+    return
+  fi
+  if ! "$py" -c 'import pytest, torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' \
+      2>/dev/null; then
+    python_result="not run ($py has no pytest, or no torch that sees a GPU; another Python: -DPython_EXECUTABLE)"
     return
   fi
   if ! cmake --build "$BUILD_DIR" -j"$JOBS" --target cserps_native >"$WORK/native.txt" 2>&1; then
     tail -n 20 "$WORK/native.txt"
-    python_result="not run (cserps_native did not build for this python3: pybind11 and its headers?)"
+    python_result="not run (cserps_native did not build for $py: pybind11 and its headers?)"
     return
   fi
   local rc=0 t0=$SECONDS
   echo "--- pytest tests/python/test_cuda.py"
   PYTHONPATH="$BUILD_DIR/python" CSERPS_BIN_DIR="$BUILD_DIR/bin" PYTHONDONTWRITEBYTECODE=1 \
-    timeout 300 python3 -m pytest -q -rs -p no:cacheprovider tests/python/test_cuda.py \
+    timeout 300 "$py" -m pytest -q -rs -p no:cacheprovider tests/python/test_cuda.py \
     >"$WORK/python.txt" 2>&1 || rc=$?
   cat "$WORK/python.txt"
   if [ "$rc" -ne 0 ]; then

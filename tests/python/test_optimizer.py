@@ -230,9 +230,17 @@ def test_a_parameter_cast_or_resized_after_construction_is_refused(tmp_path, sta
     job = cluster.write_job(tmp_path, cluster.job_text(num_params(model), servers=1))
     servers = start_servers(job, 1)
     optimizer = cserps.torch.Optimizer(model.parameters(), job=job, servers=servers.servers)
+    (x, y), = batches(1)
+    train_step(model, optimizer, x, y)
+    saved = optimizer.state_dict()
+    train_step(model, optimizer, x, y)
     model.double()
     with pytest.raises(ValueError, match=r"parameter 0 is now torch.float64 .*make the Optimizer"):
         optimizer.zero_grad()
+    # Refused before any of the state goes in.
+    with pytest.raises(ValueError, match=r"parameter 0 is now torch.float64"):
+        optimizer.load_state_dict(saved)
+    assert optimizer.steps == 2
     model.float()
     flat = optimizer.flat_params.clone()
     next(model.parameters()).data = torch.tensor([7.0])
@@ -253,6 +261,10 @@ def test_the_jobs_settings_written_back_are_no_change(tmp_path, start_servers):
     (x, y), = batches(1)
     train_step(model, optimizer, x, y)
     assert optimizer.steps == 1
+    # Saved as written back, the state is the job's too.
+    optimizer.load_state_dict(optimizer.state_dict())
+    train_step(model, optimizer, x, y)
+    assert optimizer.steps == 2
     optimizer.param_groups[0]["momentum"] = 0.8
     with pytest.raises(ValueError, match=r"param_groups\[0\]\['momentum'\] changed"):
         train_step(model, optimizer, x, y)

@@ -269,16 +269,8 @@ class Optimizer(torch.optim.Optimizer):
         """Makes every parameter and gradient a view of the flat buffers again,
         copying in what was put elsewhere (a parameter's .data replaced, a
         .grad set to None or to a new tensor)."""
+        self._check_unchanged()
         flat_ptr, grad_ptr = self._flat.data_ptr(), self._flat_grad.data_ptr()
-        # Checked before anything is copied: a parameter cast, moved or
-        # resized since (model.double(), .to(), p.data = ...) would be put
-        # back as a float32 on the old device, or spread over its slot.
-        for i, (p, (_, n)) in enumerate(zip(self._params, self._slices)):
-            if p.dtype != torch.float32 or p.device != self._device or p.numel() != n:
-                raise ValueError(
-                    f"parameter {i} is now {p.dtype} on {p.device} with {p.numel()} elements; "
-                    f"it was torch.float32 on {self._device} with {n}: make the Optimizer "
-                    "after model.to(), .cuda() or .double(), and keep every parameter's shape")
         with torch.no_grad():
             for p, (offset, n) in zip(self._params, self._slices):
                 if p.data_ptr() != flat_ptr + 4 * offset or not p.is_contiguous():
@@ -296,6 +288,17 @@ class Optimizer(torch.optim.Optimizer):
                     dense = g if g.layout == torch.strided else g.to_dense()
                     self._flat_grad[offset:offset + n].copy_(dense.reshape(-1))
                 p.grad = self._view(self._flat_grad, p, offset, n)
+
+    def _check_unchanged(self):
+        """ValueError when a parameter was cast, moved or resized since
+        (model.double(), .to(), p.data = ...): _repoint would put it back as a
+        float32 on the old device, or spread it over its slot."""
+        for i, (p, (_, n)) in enumerate(zip(self._params, self._slices)):
+            if p.dtype != torch.float32 or p.device != self._device or p.numel() != n:
+                raise ValueError(
+                    f"parameter {i} is now {p.dtype} on {p.device} with {p.numel()} elements; "
+                    f"it was torch.float32 on {self._device} with {n}: make the Optimizer "
+                    "after model.to(), .cuda() or .double(), and keep every parameter's shape")
 
     def zero_grad(self, set_to_none=False):
         """Zeroes the gradients in place (set_to_none is ignored: they stay
@@ -417,12 +420,13 @@ class Optimizer(torch.optim.Optimizer):
             raise ValueError(f"the state's param_groups are not one group of "
                              f"{len(self._params)} parameters")
         for key, value in self._fixed.items():
-            if groups[0].get(key) != value:
+            if not _same_setting(groups[0].get(key), value):
                 raise ValueError(
                     f"the state's {key} is {groups[0].get(key)} but the job's is {value}")
         _learning_rate("the state's lr", groups[0].get("lr"))
         step = _count("the state's step", saved["step"], 2**63)
         finished = bool(saved["finished"])
+        self._check_unchanged()
         # Checked whole above: from here nothing is refused halfway.
         buffers = [t.detach().cpu().contiguous() for t in tensors[1:]]
         self._trainer.load_state(step, [b.data_ptr() for b in buffers], self._num_params)
