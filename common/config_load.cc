@@ -102,10 +102,14 @@ absl::StatusOr<v1::JobConfig> LoadJobWithOverrides(
   ApplyDefaults(&config);
   absl::Status valid = ValidateJobConfig(config, validate_options);
   if (!valid.ok()) {
-    // The value may be the override's, not the file's.
-    return absl::Status(valid.code(),
-                        absl::StrCat(path, overrides.empty() ? "" : " with its --set overrides",
-                                     ": ", valid.message()));
+    // The value may be the override's (--set, or a start flag's), not the
+    // file's.
+    return absl::Status(
+        valid.code(),
+        absl::StrCat(path,
+                     overrides.empty() ? "" : " with its overrides (--set, --resume, "
+                                              "--restart_on_failure)",
+                     ": ", valid.message()));
   }
   return config;
 }

@@ -314,8 +314,10 @@ TEST(LoadJobWithOverridesTest, ErrorsSayWhereTheyCameFrom) {
   // The value may be the override's: the message says both.
   status = LoadJobWithOverrides(path, {"optimizer.lr=-1"}, PortZero()).status();
   EXPECT_EQ(status, absl::InvalidArgumentError(
-                        absl::StrCat(path, " with its --set overrides: optimizer.lr: must be > 0 "
-                                           "and finite (got -1)")));
+                        absl::StrCat(path,
+                                     " with its overrides (--set, --resume, "
+                                     "--restart_on_failure): optimizer.lr: must be > 0 "
+                                     "and finite (got -1)")));
 
   // The options reach validation.
   status = LoadJobWithOverrides(path, {}).status();
