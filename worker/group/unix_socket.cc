@@ -121,6 +121,13 @@ absl::Status UnixSocket::Send(const void* data, size_t size, absl::Time deadline
     if (n < 0) {
       if (errno == EINTR || errno == EAGAIN) continue;
       if (errno == EPIPE || errno == ECONNRESET) {
+        // The peer may have answered and closed since the poll: its answer
+        // is still there to read, and says more than the close.
+        pollfd p{fd_, POLLIN, 0};
+        if (stop_if_readable && poll(&p, 1, 0) > 0 && (p.revents & POLLIN) != 0) {
+          if (stopped != nullptr) *stopped = true;
+          return absl::OkStatus();
+        }
         return absl::UnavailableError("send: the peer closed its end");
       }
       return Errno(errno, "send");

@@ -34,7 +34,8 @@ class UnixSocket {
 
   // Sends all `size` bytes. With `stop_if_readable`, stops early, and
   // returns OK with *stopped set, once the peer has sent something: a reply
-  // that makes the rest pointless (an error).
+  // that makes the rest pointless (an error), also when the peer closed its
+  // end after it.
   absl::Status Send(const void* data, size_t size, absl::Time deadline,
                     bool stop_if_readable = false, bool* stopped = nullptr);
   // Receives exactly `size` bytes.
