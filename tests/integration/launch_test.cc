@@ -295,7 +295,7 @@ TEST_F(LaunchTest, KilledServerIsRestartedAloneAndTheWorkersRollBack) {
 // launcher restarts the whole job from step 0, which ends as the
 // uninterrupted one.
 TEST_F(LaunchTest, KilledServerBeforeACheckpointRestartsTheWholeJob) {
-  const CutAndWhole run = KillAServer(out_, ";log_every_steps=2", "[worker 0] ");
+  const CutAndWhole run = KillAServer(out_, ";log_every_steps=2;checkpoint.every_steps=45", "[worker 0] ");
   ASSERT_EQ(run.whole_exit_code, 0) << run.whole_output;
   const std::string& output = run.cut.output;
   ASSERT_TRUE(run.cut.killed) << output;
@@ -380,13 +380,14 @@ TEST_F(LaunchTest, ElasticJobReplacesAKilledWorker) {
       CSERPS_LAUNCH_BIN, " --config=", CSERPS_SOURCE_DIR,
       "/configs/tiny.textproto --timeout_s=120 --max_restarts=1 --set='output_dir=",
       out_.string(),
-      ";cluster.num_workers=4;cluster.elastic=true;cluster.round_timeout_s=5"
+      ";cluster.num_workers=4;cluster.elastic=true;cluster.round_timeout_s=10"
       ";cluster.admit_every_steps=8;epochs=60;log_every_steps=5;algorithm.name=cser"
       ";algorithm.period=4;algorithm.ratio_c1=2;algorithm.ratio_c2=8' 2>&1");
   // Worker 3 is killed when worker 0 reports step 10. Once the server has
   // dropped it the others are stopped (SIGSTOP) until the replacement is
   // admitted, so that they cannot finish the job before it arrives; they
-  // stop for less than a round's timeout. (No data.rank_slowdown: it would
+  // must stop for less than a round's timeout, which leaves the replacement
+  // 10 s to start and register on a busy machine. (No data.rank_slowdown: it would
   // stretch a step by the time it was stopped.)
   bool killed = false, stopped = false, resumed = false;
   auto signal_others = [](const std::map<std::string, pid_t>& pids, int signal) {

@@ -5,7 +5,6 @@ to a C++ cserps-worker."""
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 
@@ -287,9 +286,7 @@ def test_debian_torchrun_runs_the_workers_with_the_documented_work_around(tmp_pa
     d = 20 * 16 + 16 + 16 * 4 + 4
     job = cluster.write_job(tmp_path, cluster.job_text(d, num_workers=2))
     servers = start_servers(job, 2)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = cluster.free_port()
     command = [sys.executable, "-m", "torch.distributed.run", "--redirects=9:0", "--tee=9:0",
                "--nproc_per_node=2", "--master_addr=127.0.0.1", f"--master_port={port}",
                WORKER, f"--out={tmp_path}", "--steps=10"]

@@ -37,12 +37,6 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 SKIP = 77
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def free_port_range(count):
     """A base port such that base .. base+count-1 are free now (bounded
     search), below the kernel's ephemeral range: the job's own connections
@@ -229,7 +223,7 @@ scrape_configs:
     for path in (config, os.path.join(ROOT, "deploy", "prometheus", "prometheus.yml")):
         subprocess.run(["promtool", "check", "config", path], check=True,
                        stdout=subprocess.DEVNULL)
-    port = free_port()
+    port = free_port_range(1)
     log = open(os.path.join(work, "prometheus.log"), "w")
     prom = subprocess.Popen(["prometheus", f"--config.file={config}",
                              f"--storage.tsdb.path={os.path.join(work, 'data')}",

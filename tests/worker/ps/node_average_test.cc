@@ -152,7 +152,8 @@ TEST_P(NodeAverageShapes, MatchesTheFlatAverageOverEveryProcess) {
   const size_t d = testing::NumParams(config);
   ASSERT_EQ(d, 1000u);
   testing::ServerSet servers;
-  ASSERT_TRUE(servers.Start(&config).ok());
+  const absl::Status started = servers.Start(&config);
+  ASSERT_TRUE(started.ok()) << started;
   const std::vector<testing::Models> values = Values(members, d);
   const std::vector<uint32_t> weights = Weights(members);
   std::vector<float> x0(d);
@@ -343,7 +344,8 @@ TEST(NodeAverageTest, FailuresReachEveryLocalRank) {
       "algorithm { name: \"ef-sgd\" ratio: 4 block_size: 16 }\n");
   const size_t d = testing::NumParams(config);
   testing::ServerSet servers;
-  ASSERT_TRUE(servers.Start(&config).ok());
+  const absl::Status started = servers.Start(&config);
+  ASSERT_TRUE(started.ok()) << started;
   const BlockLayout layout(d, 16, 2);
   std::vector<absl::Status> refused(kRanks), injected(kRanks);
   const auto status = testing::OnEveryProcess(
@@ -431,7 +433,8 @@ TEST(RestrictedPsClientTest, SparseExchangeCoversOnlyItsShards) {
       "algorithm { name: \"topk-ssgd\" density: 0.01 block_size: 16 }\n");
   const size_t d = testing::NumParams(config);
   testing::ServerSet servers;
-  ASSERT_TRUE(servers.Start(&config).ok());
+  const absl::Status started = servers.Start(&config);
+  ASSERT_TRUE(started.ok()) << started;
   const uint64_t k = SparseK(config.algorithm(), d);
   SparseVector local;
   std::vector<SparseVector> own(2);

@@ -191,7 +191,8 @@ TEST_P(TrainerTest, NodesOfTwoLocalRanksComputeWhatTheirPartsCompute) {
   std::vector<std::vector<ProcessRun>> runs(2, std::vector<ProcessRun>(kNodes * kLocal));
   for (const bool by_hand : {false, true}) {
     testing::ServerSet servers;
-    ASSERT_TRUE(servers.Start(&config).ok());
+    const absl::Status started = servers.Start(&config);
+    ASSERT_TRUE(started.ok()) << started;
     const auto status = testing::OnEveryProcess(
         kNodes, kLocal, [&](uint32_t n, uint32_t j, LocalGroup& group) -> absl::Status {
           ASSIGN_OR_RETURN(std::unique_ptr<PsClient> client,
@@ -257,7 +258,8 @@ TEST(NodeDivergenceTest, ADivergedLocalRankStopsItsNodeAtOnce) {
   }
   const uint64_t d = testing::NumParams(config);
   testing::ServerSet servers;
-  ASSERT_TRUE(servers.Start(&config).ok());
+  const absl::Status started = servers.Start(&config);
+  ASSERT_TRUE(started.ok()) << started;
   std::vector<ProcessRun> runs(kLocal);
   const auto status = testing::OnEveryProcess(
       1, kLocal, [&](uint32_t, uint32_t j, LocalGroup& group) -> absl::Status {
