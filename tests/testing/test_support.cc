@@ -12,6 +12,11 @@
 namespace cserps::testing {
 
 absl::Status ServerSet::Start(v1::JobConfig* config, ParameterServerService::Options options) {
+  // Addresses of an earlier set (a config started twice) are stale: a new
+  // shard that drew one of their ports would list it twice.
+  for (std::string& address : *config->mutable_cluster()->mutable_servers()) {
+    address = "127.0.0.1:0";
+  }
   for (int s = 0; s < config->cluster().servers_size(); ++s) {
     ASSIGN_OR_RETURN(std::unique_ptr<PsServer> server,
                      PsServer::Start(*config, s, "127.0.0.1:0", options));

@@ -23,7 +23,8 @@
 namespace cserps::testing {
 
 // The server shards of a config on ephemeral 127.0.0.1 ports, whose
-// addresses Start writes into the config; shut down by the destructor.
+// addresses Start writes into the config (over whatever it listed);
+// shut down by the destructor.
 class ServerSet {
  public:
   absl::Status Start(v1::JobConfig* config, ParameterServerService::Options options = {});
