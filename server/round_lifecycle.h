@@ -108,10 +108,10 @@ struct RoundLimits {
   std::function<absl::Status(uint32_t rank)> admitted = nullptr;
 };
 
-// Told once per push whether it joined a round (or was answered from one)
-// or was refused, before any reply to it goes out: a caller that counts
-// requests here has counted them before the caller's peer, answered, can
-// read the count.
+// Told once per push, before any reply to it can go out, whether it joined
+// a round (or was answered from one) or was refused: a request counted here
+// is in the counts before its sender, or any member the round answers, can
+// read them.
 using CountPush = absl::FunctionRef<void(bool joined)>;
 inline void CountNoPush(bool /*joined*/) {}
 

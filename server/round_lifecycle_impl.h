@@ -60,7 +60,7 @@ void RoundLifecycle<Aggregate>::Contribute(const Key& key, uint32_t rank,
   const Shape shape = Aggregate::ShapeOf(contribution);
   std::optional<Result> retained;
   RoundNode completed;  // when this push completes it
-  bool waiting = false;  // for the push that completes the round
+  bool waiting = false;  // to be answered by the push that completes the round
   {
     absl::MutexLock lock(&mu_);
     if (shut_down_) {

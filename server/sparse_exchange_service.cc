@@ -224,7 +224,9 @@ void SparseExchangeService::JoinRound(const PushHead& head, SparseVector entries
         }
         done(*std::move(reply));
       },
-      [&](bool joined) { (joined ? traffic_.handled : traffic_.refused).AddRequest(request_bytes); });
+      [&](bool joined) {
+        (joined ? traffic_.handled : traffic_.refused).AddRequest(request_bytes);
+      });
 }
 
 void SparseExchangeService::Push(const PushHead& head, SparseVector entries,

@@ -3,10 +3,9 @@
 # on one H200): runs every GPU test binary, cserps-bench-gpu, the main job
 # (configs/quickstart.textproto through cserps-launch, --backend=cuda then
 # cpu) and the Python front's CUDA test (when the build's Python has a torch
-# that sees the GPU),
-# then, since such a machine has more cores than a development one,
-# the wire and scale benches (about two minutes more), and ends with one
-# summary table.
+# that sees the GPU), then, since such a machine has more cores than a
+# development one, the wire and scale benches (about two minutes more), and
+# ends with one summary table.
 #
 #   tools/gpu_check.sh                      build here (Release, -DCSERPS_CUDA=ON), then run
 #   tools/gpu_check.sh --bundle .gpu-bundle run what tools/gpu_bundle.sh packed

@@ -295,7 +295,10 @@ TEST_F(LaunchTest, KilledServerIsRestartedAloneAndTheWorkersRollBack) {
 // launcher restarts the whole job from step 0, which ends as the
 // uninterrupted one.
 TEST_F(LaunchTest, KilledServerBeforeACheckpointRestartsTheWholeJob) {
-  const CutAndWhole run = KillAServer(out_, ";log_every_steps=2;checkpoint.every_steps=45", "[worker 0] ");
+  // The first checkpoint is 45 steps after the kill's trigger, far more
+  // than the kill takes to arrive on a busy machine.
+  const CutAndWhole run =
+      KillAServer(out_, ";log_every_steps=2;checkpoint.every_steps=45", "[worker 0] ");
   ASSERT_EQ(run.whole_exit_code, 0) << run.whole_output;
   const std::string& output = run.cut.output;
   ASSERT_TRUE(run.cut.killed) << output;
@@ -387,8 +390,8 @@ TEST_F(LaunchTest, ElasticJobReplacesAKilledWorker) {
   // dropped it the others are stopped (SIGSTOP) until the replacement is
   // admitted, so that they cannot finish the job before it arrives; they
   // must stop for less than a round's timeout, which leaves the replacement
-  // 10 s to start and register on a busy machine. (No data.rank_slowdown: it would
-  // stretch a step by the time it was stopped.)
+  // 10 s to start and register on a busy machine. (No data.rank_slowdown:
+  // it would stretch a step by the time it was stopped.)
   bool killed = false, stopped = false, resumed = false;
   auto signal_others = [](const std::map<std::string, pid_t>& pids, int signal) {
     for (int r = 0; r < 3; ++r) kill(pids.at(absl::StrCat("worker ", r)), signal);
