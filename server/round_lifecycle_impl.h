@@ -60,7 +60,6 @@ void RoundLifecycle<Aggregate>::Contribute(const Key& key, uint32_t rank,
   const Shape shape = Aggregate::ShapeOf(contribution);
   std::optional<Result> retained;
   RoundNode completed;  // when this push completes it
-  bool waiting = false;  // to be answered by the push that completes the round
   {
     absl::MutexLock lock(&mu_);
     if (shut_down_) {
@@ -89,10 +88,7 @@ void RoundLifecycle<Aggregate>::Contribute(const Key& key, uint32_t rank,
       if (refused.ok()) retained = r->result;
     } else if (auto c = completing_.find(key); c != completing_.end()) {
       refused = Aggregate::CheckShape(key, rank, shape, c->second.shape);
-      if (refused.ok()) {
-        c->second.waiters.push_back(std::move(done));
-        waiting = true;
-      }
+      if (refused.ok()) c->second.waiters.push_back(std::move(done));
     } else {
       auto it = open_.find(key);
       if (it == open_.end()) {
@@ -110,11 +106,7 @@ void RoundLifecycle<Aggregate>::Contribute(const Key& key, uint32_t rank,
           round.pushed[rank] = true;
         }
         round.waiters.push_back(std::move(done));
-        if (CompleteLocked(key, round)) {
-          completed = ExtractCompletingLocked(it);
-        } else {
-          waiting = true;
-        }
+        if (CompleteLocked(key, round)) completed = ExtractCompletingLocked(it);
       }
     }
     // Under mu_: once it is released, another push may complete the round
@@ -125,7 +117,7 @@ void RoundLifecycle<Aggregate>::Contribute(const Key& key, uint32_t rank,
     done(std::move(refused));
   } else if (retained.has_value()) {
     done(*std::move(retained));
-  } else if (!waiting) {
+  } else if (!completed.empty()) {
     FinishRound(std::move(completed), now);
   }
 }
