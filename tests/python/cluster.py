@@ -4,38 +4,28 @@ Every process started here is stopped by the helper that started it; every
 wait is bounded.
 """
 
+import importlib.util
 import os
 import queue
-import random
-import socket
 import subprocess
 import threading
 import time
 
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 BIN_DIR = os.environ.get("CSERPS_BIN_DIR", "")
 START_TIMEOUT_S = 30
 STOP_TIMEOUT_S = 10
 
 
 def free_port():
-    """A port free now on 127.0.0.1 for a process to bind later, below the
-    kernel's ephemeral range, from which other connections and port-0
-    listeners would take it meanwhile (bounded search)."""
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            ephemeral_low = int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        ephemeral_low = 32768
-    rng = random.Random()
-    for _ in range(50):
-        port = rng.randrange(10000, max(10001, ephemeral_low))
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free port on 127.0.0.1 below the ephemeral range")
+    """A port free now on 127.0.0.1 for a process to bind later, chosen as
+    the Prometheus check chooses its own: below the kernel's ephemeral
+    range, from which other connections would take it meanwhile."""
+    spec = importlib.util.spec_from_file_location(
+        "prometheus_check", os.path.join(ROOT, "tools", "prometheus", "check.py"))
+    check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(check)
+    return check.free_port_range(1)
 
 
 def job_text(num_params, num_workers=1, servers=2, algorithm="ssgd", batch_size=8,
