@@ -2,8 +2,9 @@
 # Checks the CUDA backend on a machine with a GPU, in one go (about a minute
 # on one H200): runs every GPU test binary, cserps-bench-gpu, the main job
 # (configs/quickstart.textproto through cserps-launch, --backend=cuda then
-# cpu) and the Python front's CUDA test (when the build's Python has a torch
-# that sees the GPU), then, since such a machine has more cores than a
+# cpu) and the Python front's CUDA test (when the Python has pytest and a
+# torch that sees the GPU; a bundle's module is built there by
+# tools/gpu_native.sh), then, since such a machine has more cores than a
 # development one, the wire and scale benches (about two minutes more), and
 # ends with one summary table.
 #
@@ -18,6 +19,8 @@
 #
 # CUDA_ARCH   CMAKE_CUDA_ARCHITECTURES when building, default 90 (H100/H200)
 # BUILD_DIR   build directory, default build-gpu-check
+# PYTHON      with --bundle, the Python to build cserps_native for and run
+#             the CUDA test with, default python3
 # OUT         when set, the whole log is also written to $OUT/gpu_check.log
 #
 # Fails (non-zero) when the build, a GPU test, the benchmark or the main job
@@ -39,10 +42,13 @@ JOBS=$(nproc)
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 # tools/gpu_bundle.sh packs the bundle into one tarball (the device tool's
-# carry limit); it is unpacked into the work directory.
-if [ -n "$BUNDLE" ] && [ -f "$BUNDLE/bundle.tar.gz" ]; then
+# carry limit); it is unpacked into the work directory (by Python where
+# no xz is installed).
+if [ -n "$BUNDLE" ] && [ -f "$BUNDLE/bundle.tar.xz" ]; then
   mkdir -p "$WORK/bundle"
-  tar -C "$WORK/bundle" -xzf "$BUNDLE/bundle.tar.gz"
+  tar -C "$WORK/bundle" -xJf "$BUNDLE/bundle.tar.xz" 2>/dev/null ||
+    python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' \
+      "$BUNDLE/bundle.tar.xz" "$WORK/bundle" || exit 1
   BUNDLE=$WORK/bundle
 fi
 
@@ -149,35 +155,70 @@ run_jobs() {
 }
 
 # Sets python_result: the Python front's CUDA tensors (tests/python/test_cuda.py)
-# through this build's cserps_native, run by the Python the build made it for
-# (CMake's Python_EXECUTABLE: /usr/bin/python3 unless configured otherwise),
-# when that Python has pytest and a torch that sees the GPU; a skip there is
-# a failure. A bundle holds no module (it is built for one Python version,
-# the development machine's).
+# through cserps_native, when the Python it is built for has pytest and a
+# torch that sees the GPU; a skip there is a failure. A build's module is
+# built for CMake's Python_EXECUTABLE (/usr/bin/python3 unless configured
+# otherwise); a bundle's, by tools/gpu_native.sh from the bundle's kit, for
+# $PYTHON (default python3: on the device tool's machines, the one with
+# CUDA torch), its servers started from the bundle.
 run_python_cuda() {
+  local py package bin rc other="-DPython_EXECUTABLE"
   if [ -n "$BUNDLE" ]; then
-    python_result="not run (a bundle holds no Python module)"
-    return
-  fi
-  local py
-  py=$(sed -n 's/^_\{0,1\}Python_EXECUTABLE:[A-Z]*=//p' "$BUILD_DIR/CMakeCache.txt" | head -n 1)
-  if [ -z "$py" ]; then
-    python_result="not run (the build found no Python)"
-    return
+    other="PYTHON="
+    if ! system_libc_will_do; then
+      python_result="not run (the bundle's libraries need this machine's C library >= the bundle's)"
+      return
+    fi
+    py=${PYTHON:-python3}
+  else
+    py=$(sed -n 's/^_\{0,1\}Python_EXECUTABLE:[A-Z]*=//p' "$BUILD_DIR/CMakeCache.txt" | head -n 1)
+    if [ -z "$py" ]; then
+      python_result="not run (the build found no Python)"
+      return
+    fi
   fi
   if ! "$py" -c 'import pytest, torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' \
       2>/dev/null; then
-    python_result="not run ($py has no pytest, or no torch that sees a GPU; another Python: -DPython_EXECUTABLE)"
+    python_result="not run ($py has no pytest, or no torch that sees a GPU; another Python: $other)"
     return
   fi
-  if ! cmake --build "$BUILD_DIR" -j"$JOBS" --target cserps_native >"$WORK/native.txt" 2>&1; then
+  if [ -n "$BUNDLE" ]; then
+    package=$WORK/python
+    bin=$WORK/python-bin
+    rc=0
+    PYTHON=$py CUDA_PATH=$CUDA_PATH tools/gpu_native.sh "$BUNDLE" "$package" \
+      >"$WORK/native.txt" 2>&1 || rc=$?
     tail -n 20 "$WORK/native.txt"
-    python_result="not run (cserps_native did not build for $py: pybind11 and its headers?)"
-    return
+    if [ "$rc" -eq 3 ]; then
+      python_result="not run (cserps_native cannot be built here: $(tail -n 1 "$WORK/native.txt"))"
+      return
+    elif [ "$rc" -ne 0 ]; then
+      python_result="FAILED: cserps_native did not build from the bundle for $py"
+      failures+=("Python module from the bundle")
+      return
+    fi
+    # The tests start the bundle's programs by name from CSERPS_BIN_DIR,
+    # and cserps-launch its own from the directory it is in.
+    mkdir -p "$bin"
+    local program
+    for program in cserps-server cserps-worker cserps-launch; do
+      printf '#!/bin/sh\nLD_LIBRARY_PATH=%q exec %q "$@"\n' "$BUNDLE/lib:$CUDA_PATH" \
+        "$BUNDLE/bin/$program" >"$bin/$program"
+      chmod +x "$bin/$program"
+    done
+  else
+    package=$BUILD_DIR/python
+    bin=$BUILD_DIR/bin
+    if ! cmake --build "$BUILD_DIR" -j"$JOBS" --target cserps_native >"$WORK/native.txt" 2>&1; then
+      tail -n 20 "$WORK/native.txt"
+      python_result="not run (cserps_native did not build for $py: pybind11 and its headers?)"
+      return
+    fi
   fi
-  local rc=0 t0=$SECONDS
-  echo "--- pytest tests/python/test_cuda.py"
-  PYTHONPATH="$BUILD_DIR/python" CSERPS_BIN_DIR="$BUILD_DIR/bin" PYTHONDONTWRITEBYTECODE=1 \
+  local t0=$SECONDS
+  rc=0
+  echo "--- pytest tests/python/test_cuda.py ($("$py" -c 'import torch; print("torch", torch.__version__)'))"
+  PYTHONPATH="$package" CSERPS_BIN_DIR="$bin" PYTHONDONTWRITEBYTECODE=1 \
     timeout 300 "$py" -m pytest -q -rs -p no:cacheprovider tests/python/test_cuda.py \
     >"$WORK/python.txt" 2>&1 || rc=$?
   cat "$WORK/python.txt"
