@@ -90,6 +90,7 @@ pack_native_kit() {
           esac ;;
         *)
           for root in "${includes[@]}"; do
+            root=${root#-I}
             if [ "${header#"$root"/}" != "$header" ]; then
               rel=${header#"$root"/}
               mkdir -p "$kit/include/$(dirname "$rel")"; cp "$header" "$kit/include/$rel"

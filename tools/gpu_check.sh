@@ -186,7 +186,7 @@ run_python_cuda() {
     package=$WORK/python
     bin=$WORK/python-bin
     rc=0
-    PYTHON=$py CUDA_PATH=$CUDA_PATH tools/gpu_native.sh "$BUNDLE" "$package" \
+    PYTHON=$py CUDA_PATH=$CUDA_PATH timeout 300 tools/gpu_native.sh "$BUNDLE" "$package" \
       >"$WORK/native.txt" 2>&1 || rc=$?
     tail -n 20 "$WORK/native.txt"
     if [ "$rc" -eq 3 ]; then
