@@ -2,7 +2,8 @@
 // are not instrumented: without help every field guarded by an absl::Mutex
 // would be reported as raced, its lock and unlock being invisible, and so
 // would gRPC's inline (header) code that one thread runs before handing a
-// call's batch to gRPC and another runs when the batch completes. The test
+// call's batch to gRPC and another runs when the batch completes (or when a
+// call of a callback method arrives). The test
 // binaries of a CSERPS_TSAN build define those entry points themselves (the
 // executable's definitions win over the shared libraries', for gRPC's own
 // calls to Abseil too), tell TSan the happens-before edge each one makes,
@@ -15,7 +16,10 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
+#include <memory>
 #include <string>
+#include <utility>
 
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
@@ -119,51 +123,128 @@ const void* NotifiedFlag(const absl::Notification* n) {
 
 // A callback-API batch completes in a gRPC thread, which runs the batch's
 // tag, a grpc_completion_queue_functor whose functor_run is one of two
-// inline functions of gRPC's headers. grpc_call_start_batch releases the
-// tag, and points functor_run at a function that acquires it first.
+// inline functions of gRPC's headers. A callback server's call arrives the
+// same way: its tag's run is a function of libgrpc++ (CallbackRequest's
+// CallbackCallTag::StaticRun, one per kind of server context), and the tag
+// comes from the allocator the server set for the method, run by the gRPC
+// thread that matched the call. Starting a batch or allocating a call
+// releases the tag, and points functor_run at a function that acquires it
+// first.
 using FunctorRun = void (*)(grpc_completion_queue_functor*, int);
 
-FunctorRun InlineRun(const char* name) {
-  return reinterpret_cast<FunctorRun>(Lookup(RTLD_DEFAULT, name));
-}
+constexpr char kSuccessRun[] =
+    "_ZN4grpc8internal22CallbackWithSuccessTag9StaticRunEP29grpc_completion_queue_functori";
+constexpr char kStatusRun[] =
+    "_ZN4grpc8internal21CallbackWithStatusTag9StaticRunEP29grpc_completion_queue_functori";
+constexpr char kRequestRun[] =
+    "_ZN4grpc6Server15CallbackRequestINS_21CallbackServerContextEE15CallbackCallTag9StaticRunEP29"
+    "grpc_completion_queue_functori";
+constexpr char kGenericRequestRun[] =
+    "_ZN4grpc6Server15CallbackRequestINS_28GenericCallbackServerContextEE15CallbackCallTag9"
+    "StaticRunEP29grpc_completion_queue_functori";
 
-FunctorRun SuccessRun() {
-  static const FunctorRun run = InlineRun(
-      "_ZN4grpc8internal22CallbackWithSuccessTag9StaticRunEP29grpc_completion_queue_functori");
+template <const char* kName>
+FunctorRun LibraryRun() {
+  static const FunctorRun run = reinterpret_cast<FunctorRun>(Lookup(RTLD_DEFAULT, kName));
   return run;
 }
 
-FunctorRun StatusRun() {
-  static const FunctorRun run = InlineRun(
-      "_ZN4grpc8internal21CallbackWithStatusTag9StaticRunEP29grpc_completion_queue_functori");
-  return run;
+template <const char* kName>
+void AcquiringRun(grpc_completion_queue_functor* tag, int ok) {
+  Acquire(tag);
+  LibraryRun<kName>()(tag, ok);
 }
 
-void AcquiringSuccessRun(grpc_completion_queue_functor* tag, int ok) {
-  Acquire(tag);
-  SuccessRun()(tag, ok);
+template <const char* kName>
+bool Wrap(grpc_completion_queue_functor* functor) {
+  if (functor->functor_run != LibraryRun<kName>()) return false;
+  functor->functor_run = &AcquiringRun<kName>;
+  return true;
 }
 
-void AcquiringStatusRun(grpc_completion_queue_functor* tag, int ok) {
-  Acquire(tag);
-  StatusRun()(tag, ok);
+// Tags of the synchronous and completion-queue APIs are not functors; their
+// first word (a vtable) matches none of the runs.
+void ReleaseTag(void* tag) {
+  if (tag == nullptr) return;
+  Release(tag);
+  auto* functor = static_cast<grpc_completion_queue_functor*>(tag);
+  Wrap<kSuccessRun>(functor) || Wrap<kStatusRun>(functor) || Wrap<kRequestRun>(functor) ||
+      Wrap<kGenericRequestRun>(functor);
+}
+
+template <typename Fn>
+Fn Grpc(const char* name) {
+  return reinterpret_cast<Fn>(Lookup(RTLD_NEXT, name));
+}
+
+// `allocator`, run where the server matches a call, ordered after the thread
+// that set it (the one that registered the service, having built its
+// method handlers), and releasing the call's tag in turn.
+template <typename Allocation>
+std::function<Allocation()> Ordered(std::function<Allocation()> allocator) {
+  auto shared = std::make_shared<std::function<Allocation()>>(std::move(allocator));
+  Release(shared.get());
+  return [shared] {
+    Acquire(shared.get());
+    Allocation allocation = (*shared)();
+    ReleaseTag(allocation.tag);
+    return allocation;
+  };
 }
 
 }  // namespace
 
-// Batches of the synchronous and completion-queue APIs have tags that are
-// not functors; their first word (a vtable) matches neither function.
+// gRPC 1.51's core server (src/core/lib/surface/server.h, which Debian does
+// not install), as far as the allocators of callback methods go: libgrpc++
+// sets one per method when a service is registered.
+namespace grpc_core {
+class Server {
+ public:
+  struct BatchCallAllocation {
+    void* tag;
+    grpc_call** call;
+    grpc_metadata_array* initial_metadata;
+    grpc_call_details* details;
+    grpc_completion_queue* cq;
+  };
+  struct RegisteredCallAllocation {
+    void* tag;
+    grpc_call** call;
+    grpc_metadata_array* initial_metadata;
+    gpr_timespec* deadline;
+    grpc_byte_buffer** optional_payload;
+    grpc_completion_queue* cq;
+  };
+  void SetBatchMethodAllocator(grpc_completion_queue* cq,
+                               std::function<BatchCallAllocation()> allocator);
+  void SetRegisteredMethodAllocator(grpc_completion_queue* cq, void* method_tag,
+                                    std::function<RegisteredCallAllocation()> allocator);
+};
+
+void Server::SetBatchMethodAllocator(grpc_completion_queue* cq,
+                                     std::function<BatchCallAllocation()> allocator) {
+  using Real = void (*)(Server*, grpc_completion_queue*, std::function<BatchCallAllocation()>);
+  static const Real real = Grpc<Real>(
+      "_ZN9grpc_core6Server23SetBatchMethodAllocatorEP21grpc_completion_queueSt8functionIFNS0_"
+      "19BatchCallAllocationEvEE");
+  real(this, cq, Ordered(std::move(allocator)));
+}
+
+void Server::SetRegisteredMethodAllocator(grpc_completion_queue* cq, void* method_tag,
+                                          std::function<RegisteredCallAllocation()> allocator) {
+  using Real = void (*)(Server*, grpc_completion_queue*, void*,
+                        std::function<RegisteredCallAllocation()>);
+  static const Real real = Grpc<Real>(
+      "_ZN9grpc_core6Server28SetRegisteredMethodAllocatorEP21grpc_completion_queuePvSt8"
+      "functionIFNS0_24RegisteredCallAllocationEvEE");
+  real(this, cq, method_tag, Ordered(std::move(allocator)));
+}
+}  // namespace grpc_core
+
 extern "C" grpc_call_error grpc_call_start_batch(grpc_call* call, const grpc_op* ops,
                                                  size_t nops, void* tag, void* reserved) {
-  using StartBatch = grpc_call_error (*)(grpc_call*, const grpc_op*, size_t, void*, void*);
-  static const StartBatch real =
-      reinterpret_cast<StartBatch>(Lookup(RTLD_NEXT, "grpc_call_start_batch"));
-  if (tag != nullptr) {
-    Release(tag);
-    auto* functor = static_cast<grpc_completion_queue_functor*>(tag);
-    if (functor->functor_run == SuccessRun()) functor->functor_run = &AcquiringSuccessRun;
-    if (functor->functor_run == StatusRun()) functor->functor_run = &AcquiringStatusRun;
-  }
+  static const auto real = Grpc<decltype(&grpc_call_start_batch)>("grpc_call_start_batch");
+  ReleaseTag(tag);
   return real(call, ops, nops, tag, reserved);
 }
 
