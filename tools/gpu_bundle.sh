@@ -70,22 +70,16 @@ pack_native_kit() {
   read -r -a includes <<<"$(sed -n 's/^CXX_INCLUDES = //p' "$dir/flags.make")"
   # A library's headers go whole (which of them a header includes can
   # depend on the compiler); another include directory's (CUDA's) only
-  # those reached.
+  # those reached; the C and C++ libraries', Python's and pybind11's are
+  # the GPU machine's own.
   c++ -M -std=c++17 $(cat "$kit/defines") "${includes[@]}" python/native/module.cc |
     tr ' \\' '\n\n' | grep '^/' | sort -u | while read -r header; do
       case "$header" in
         "$PWD"/*|/usr/lib/gcc/*) ;;
-        /usr/include/x86_64-linux-gnu/*)
-          top=${header#/usr/include/x86_64-linux-gnu/}; top=${top%%/*}
-          case "$top" in
-            bits|sys|gnu|asm|c++|python3*|*.h) ;;
-            *) rel=${header#/usr/include/x86_64-linux-gnu/}
-               mkdir -p "$kit/include/$(dirname "$rel")"; cp "$header" "$kit/include/$rel" ;;
-          esac ;;
         /usr/include/*)
           top=${header#/usr/include/}; top=${top%%/*}
           case "$top" in
-            c++|linux|asm-generic|python3*|pybind11|*.h) ;;
+            c++|x86_64-linux-gnu|linux|asm-generic|python3*|pybind11|*.h) ;;
             *) [ -d "$kit/include/$top" ] || cp -r "/usr/include/$top" "$kit/include/" ;;
           esac ;;
         *)

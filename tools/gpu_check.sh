@@ -154,6 +154,32 @@ run_jobs() {
   job_result=${job_result%; }
 }
 
+# Sets package and bin: cserps_native built by tools/gpu_native.sh from the
+# bundle's kit for $1, and scripts that start the bundle's programs (the
+# tests start them by name from CSERPS_BIN_DIR, and cserps-launch its own
+# from the directory it is in). Returns 3 when this machine cannot build
+# the module (python_result says why), 1 when the build fails.
+bundle_python_module() {
+  local py=$1 rc=0 program
+  package=$WORK/python
+  bin=$WORK/python-bin
+  PYTHON=$py CUDA_PATH=$CUDA_PATH timeout 300 tools/gpu_native.sh "$BUNDLE" "$package" \
+    >"$WORK/native.txt" 2>&1 || rc=$?
+  tail -n 20 "$WORK/native.txt"
+  if [ "$rc" -eq 3 ]; then
+    python_result="not run (cserps_native cannot be built here: $(tail -n 1 "$WORK/native.txt"))"
+    return 3
+  elif [ "$rc" -ne 0 ]; then
+    return 1
+  fi
+  mkdir -p "$bin"
+  for program in cserps-server cserps-worker cserps-launch; do
+    printf '#!/bin/sh\nLD_LIBRARY_PATH=%q exec %q "$@"\n' "$BUNDLE/lib:$CUDA_PATH" \
+      "$BUNDLE/bin/$program" >"$bin/$program"
+    chmod +x "$bin/$program"
+  done
+}
+
 # Sets python_result: the Python front's CUDA tensors (tests/python/test_cuda.py)
 # through cserps_native, when the Python it is built for has pytest and a
 # torch that sees the GPU; a skip there is a failure. A build's module is
@@ -162,7 +188,7 @@ run_jobs() {
 # $PYTHON (default python3: on the device tool's machines, the one with
 # CUDA torch), its servers started from the bundle.
 run_python_cuda() {
-  local py package bin rc other="-DPython_EXECUTABLE"
+  local py package bin rc=0 other="-DPython_EXECUTABLE"
   if [ -n "$BUNDLE" ]; then
     other="PYTHON="
     if ! system_libc_will_do; then
@@ -183,29 +209,14 @@ run_python_cuda() {
     return
   fi
   if [ -n "$BUNDLE" ]; then
-    package=$WORK/python
-    bin=$WORK/python-bin
-    rc=0
-    PYTHON=$py CUDA_PATH=$CUDA_PATH timeout 300 tools/gpu_native.sh "$BUNDLE" "$package" \
-      >"$WORK/native.txt" 2>&1 || rc=$?
-    tail -n 20 "$WORK/native.txt"
+    bundle_python_module "$py" || rc=$?
     if [ "$rc" -eq 3 ]; then
-      python_result="not run (cserps_native cannot be built here: $(tail -n 1 "$WORK/native.txt"))"
       return
     elif [ "$rc" -ne 0 ]; then
       python_result="FAILED: cserps_native did not build from the bundle for $py"
       failures+=("Python module from the bundle")
       return
     fi
-    # The tests start the bundle's programs by name from CSERPS_BIN_DIR,
-    # and cserps-launch its own from the directory it is in.
-    mkdir -p "$bin"
-    local program
-    for program in cserps-server cserps-worker cserps-launch; do
-      printf '#!/bin/sh\nLD_LIBRARY_PATH=%q exec %q "$@"\n' "$BUNDLE/lib:$CUDA_PATH" \
-        "$BUNDLE/bin/$program" >"$bin/$program"
-      chmod +x "$bin/$program"
-    done
   else
     package=$BUILD_DIR/python
     bin=$BUILD_DIR/bin
