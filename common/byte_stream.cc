@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/openssl_pem.h"
 #include "common/status.h"
 
@@ -282,6 +283,18 @@ absl::StatusOr<size_t> ByteStream::SendSome(absl::Span<iovec> iov, absl::string_
 absl::Status ByteStream::RecvAll(absl::Span<iovec> iov, absl::Time deadline,
                                  absl::string_view what) {
   if (ssl_ == nullptr) return cserps::RecvAll(fd(), iov, deadline, what);
+  return TlsRecv(iov, deadline, absl::InfiniteDuration(), what);
+}
+
+absl::Status ByteStream::RecvNext(void* data, size_t size, absl::Duration rest,
+                                  absl::string_view what) {
+  iovec one{data, size};
+  if (ssl_ == nullptr) return cserps::RecvNext(fd(), absl::MakeSpan(&one, 1), rest, what);
+  return TlsRecv(absl::MakeSpan(&one, 1), absl::InfiniteFuture(), rest, what);
+}
+
+absl::Status ByteStream::TlsRecv(absl::Span<iovec> iov, absl::Time deadline,
+                                 absl::Duration once_begun, absl::string_view what) {
   for (const iovec& piece : iov) {
     char* data = static_cast<char*>(piece.iov_base);
     size_t left = piece.iov_len;
@@ -291,6 +304,10 @@ absl::Status ByteStream::RecvAll(absl::Span<iovec> iov, absl::Time deadline,
           Drive([&](SSL* s) { return SSL_read_ex(s, data, left, &got); }, deadline, what));
       data += got;
       left -= got;
+      if (once_begun != absl::InfiniteDuration()) {
+        deadline = std::min(deadline, absl::Now() + once_begun);
+        once_begun = absl::InfiniteDuration();
+      }
     }
   }
   return absl::OkStatus();

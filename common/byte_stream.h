@@ -86,6 +86,8 @@ class ByteStream {
     iovec one{data, size};
     return RecvAll(absl::MakeSpan(&one, 1), deadline, what);
   }
+  // socket_io's RecvNext: no deadline for the first bytes, `rest` after.
+  absl::Status RecvNext(void* data, size_t size, absl::Duration rest, absl::string_view what);
 
  private:
   ByteStream(Socket socket, SSL* ssl) : socket_(std::move(socket)), ssl_(ssl) {}
@@ -93,6 +95,10 @@ class ByteStream {
   // succeeds, waiting for the socket as OpenSSL asks; the failure, named.
   absl::Status Drive(absl::FunctionRef<int(SSL*)> call, absl::Time deadline,
                      absl::string_view what);
+  // RecvAll over TLS; once some bytes came, the rest are due `once_begun`
+  // later.
+  absl::Status TlsRecv(absl::Span<iovec> iov, absl::Time deadline, absl::Duration once_begun,
+                       absl::string_view what);
 
   const Socket socket_;
   // Held for each call into ssl_, never while waiting for the socket.

@@ -279,8 +279,12 @@ absl::StatusOr<size_t> SendSome(int fd, absl::Span<iovec> iov, absl::string_view
   return total;
 }
 
-absl::Status RecvAll(int fd, absl::Span<iovec> iov, absl::Time deadline,
-                     absl::string_view what) {
+namespace {
+
+// RecvAll's loop; once some bytes came, the rest are due `once_begun` after
+// the first wait for them.
+absl::Status Recv(int fd, absl::Span<iovec> iov, absl::Time deadline,
+                  absl::Duration once_begun, absl::string_view what) {
   iov = SkipBytes(iov, 0);
   const size_t want = TotalBytes(iov);
   size_t got = 0;
@@ -296,12 +300,33 @@ absl::Status RecvAll(int fd, absl::Span<iovec> iov, absl::Time deadline,
                    : absl::StrCat(what, ": connection closed by the peer after ", got,
                                   " of ", want, " bytes"));
     } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
-      if (absl::Status ok = WaitFor(fd, POLLIN, deadline, what); !ok.ok()) return ok;
+      if (got > 0 && once_begun != absl::InfiniteDuration()) {
+        deadline = std::min(deadline, absl::Now() + once_begun);
+        once_begun = absl::InfiniteDuration();
+      }
+      if (absl::Status ok = WaitFor(fd, POLLIN, deadline, what); !ok.ok()) {
+        if (got == 0 || !absl::IsDeadlineExceeded(ok)) return ok;
+        return absl::DeadlineExceededError(absl::StrCat(
+            what, ": deadline exceeded waiting for the peer after ", got, " of ", want,
+            " bytes"));
+      }
     } else if (errno != EINTR) {
       return Errno(what, "recv");
     }
   }
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status RecvAll(int fd, absl::Span<iovec> iov, absl::Time deadline,
+                     absl::string_view what) {
+  return Recv(fd, iov, deadline, absl::InfiniteDuration(), what);
+}
+
+absl::Status RecvNext(int fd, absl::Span<iovec> iov, absl::Duration rest,
+                      absl::string_view what) {
+  return Recv(fd, iov, absl::InfiniteFuture(), rest, what);
 }
 
 absl::Status PeekAll(int fd, void* data, size_t size, absl::Time deadline,

@@ -72,6 +72,11 @@ inline absl::Status RecvAll(int fd, void* data, size_t size, absl::Time deadline
   iovec one{data, size};
   return RecvAll(fd, absl::MakeSpan(&one, 1), deadline, what);
 }
+// As RecvAll, for a message that may be long in coming (the next request of
+// a peer idle between them): no deadline until its first bytes come, then
+// `rest` for the others, so a peer that stops halfway holds no reader.
+absl::Status RecvNext(int fd, absl::Span<iovec> iov, absl::Duration rest,
+                      absl::string_view what);
 
 // Waits until the first `size` bytes the peer sent can be read, and copies
 // them to `data`, leaving them to be read.

@@ -37,12 +37,41 @@ constexpr size_t kDirectReplyBytes = 256 << 10;
 
 }  // namespace
 
+// The connections each member holds, so that one member (a worker that
+// reconnects without closing, say) cannot take the others' slots.
+class BulkServer::MemberSlots {
+ public:
+  MemberSlots(uint32_t shard, uint32_t members) : shard_(shard), held_(members, 0) {}
+
+  // `rank` is a member the shard admitted.
+  absl::Status Claim(uint32_t rank) {
+    absl::MutexLock lock(&mu_);
+    if (held_[rank] >= kConnectionsPerMember) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "rank ", rank, " already holds ", held_[rank], " bulk connections to shard ", shard_,
+          ", the limit per member"));
+    }
+    ++held_[rank];
+    return absl::OkStatus();
+  }
+  void Release(uint32_t rank) {
+    absl::MutexLock lock(&mu_);
+    --held_[rank];
+  }
+
+ private:
+  const uint32_t shard_;
+  absl::Mutex mu_;
+  std::vector<uint32_t> held_ ABSL_GUARDED_BY(mu_);  // by rank
+};
+
 class BulkServer::Connection : public std::enable_shared_from_this<Connection> {
  public:
-  Connection(std::unique_ptr<ByteStream> stream, ShardContext* shard,
+  Connection(std::unique_ptr<ByteStream> stream, ShardContext* shard, MemberSlots* slots,
              ParameterServerService* service, SparseExchangeService* sparse, AsyncService* async)
       : stream_(std::move(stream)),
         shard_(*shard),
+        slots_(*slots),
         service_(*service),
         sparse_(*sparse),
         async_(*async),
@@ -50,10 +79,9 @@ class BulkServer::Connection : public std::enable_shared_from_this<Connection> {
         max_queued_(MaxWaitingCallsPerRank(shard->store().size(), chunk_floats_)),
         reply_timeout_(absl::Seconds(shard->config().cluster().round_timeout_s())) {}
 
-  // Starts both threads; `refusal`, when not OK, is answered to the hello
-  // instead (too many connections) and the connection ends. An error when
-  // the process has no thread to give: then none runs.
-  absl::Status Start(absl::Status refusal) {
+  // Starts both threads. An error when the process has no thread to give:
+  // then none runs.
+  absl::Status Start() {
     auto self = shared_from_this();
     try {
       writer_ = std::thread([self] { self->WriteLoop(); });
@@ -61,7 +89,7 @@ class BulkServer::Connection : public std::enable_shared_from_this<Connection> {
       return NoThread(e);
     }
     try {
-      reader_ = std::thread([self, refusal = std::move(refusal)] { self->ReadLoop(refusal); });
+      reader_ = std::thread([self] { self->ReadLoop(); });
     } catch (const std::system_error& e) {
       {
         absl::MutexLock lock(&mu_);
@@ -122,8 +150,11 @@ class BulkServer::Connection : public std::enable_shared_from_this<Connection> {
         absl::StrCat("no thread to serve a bulk connection: ", e.what()));
   }
 
-  void ReadLoop(const absl::Status& refusal) {
-    absl::Status ended = Serve(refusal);
+  void ReadLoop() {
+    absl::Status ended = Serve();
+    // Before the writer may end the connection: a peer that sees it ended
+    // may connect again at once.
+    if (member_.has_value()) slots_.Release(*member_);
     if (!ended.ok() && !absl::IsUnavailable(ended)) {
       spdlog::warn("shard {} bulk connection: {}", shard_.shard(), std::string(ended.message()));
     }
@@ -133,7 +164,7 @@ class BulkServer::Connection : public std::enable_shared_from_this<Connection> {
 
   // Answers the hello, then every request, until the peer closes or a frame
   // cannot be read on from (then answered with the reason, request_id 0).
-  absl::Status Serve(const absl::Status& refusal) {
+  absl::Status Serve() {
     if (stream_->tls()) RETURN_IF_ERROR(RefusePlaintextHello());
     // Nothing can be answered on a connection whose handshake failed.
     RETURN_IF_ERROR(stream_->Handshake(absl::Now() + kHandshakeTimeout, "bulk handshake"));
@@ -149,21 +180,23 @@ class BulkServer::Connection : public std::enable_shared_from_this<Connection> {
           bulk::kVersion, ")")));
     }
     ASSIGN_OR_RETURN(const std::string token, ReadToken(hello, hello_deadline));
-    // Answered only once the whole hello is read: closing on unread bytes
-    // would reset the connection, and the answer with it.
-    if (!refusal.ok()) return Fatal(refusal);
     absl::Status ok = shard_.AuthenticateHello(
         token.empty() ? std::nullopt : std::optional<absl::string_view>(token));
     if (!ok.ok()) return Fatal(ok);
     ok = shard_.Admit(hello.fingerprint, hello.rank, service_.Now());
     if (!ok.ok()) return Fatal(ok);
+    ok = slots_.Claim(hello.rank);
+    if (!ok.ok()) return Fatal(ok);
+    member_ = hello.rank;
     Enqueue(Outgoing{});  // the hello's OK
 
     for (;;) {
       if (!AwaitRoomForReplies()) return absl::UnavailableError("the shard shuts down");
       char head_bytes[bulk::Request::kBytes];
-      RETURN_IF_ERROR(stream_->RecvAll(head_bytes, sizeof(head_bytes), absl::InfiniteFuture(),
-                                       "bulk request"));
+      // A member may be idle between rounds for as long as it likes, but not
+      // halfway through a request's head.
+      RETURN_IF_ERROR(
+          stream_->RecvNext(head_bytes, sizeof(head_bytes), reply_timeout_, "bulk request"));
       const bulk::Request request = bulk::DecodeRequest(head_bytes);
       if (request.request_id == 0) {
         // A reply to 0 is the connection's end: its refusal could not be told
@@ -539,6 +572,9 @@ class BulkServer::Connection : public std::enable_shared_from_this<Connection> {
 
   const std::unique_ptr<ByteStream> stream_;
   ShardContext& shard_;
+  MemberSlots& slots_;
+  // The rank whose slot this connection holds; the reader's alone.
+  std::optional<uint32_t> member_;
   ParameterServerService& service_;
   SparseExchangeService& sparse_;
   AsyncService& async_;
@@ -592,7 +628,10 @@ BulkServer::BulkServer(ShardContext* shard, ParameterServerService* service,
       tls_(std::move(tls)),
       listener_(std::move(listener)),
       port_(port),
-      max_connections_(size_t{kConnectionsPerMember} * shard->config().cluster().num_workers()) {}
+      max_connections_(size_t{kConnectionsPerMember} * shard->config().cluster().num_workers() +
+                       kSpareConnections),
+      slots_(std::make_unique<MemberSlots>(shard->shard(),
+                                           shard->config().cluster().num_workers())) {}
 
 BulkServer::~BulkServer() { Shutdown(); }
 
@@ -616,20 +655,14 @@ void BulkServer::AcceptLoop() {
       mu_.AwaitWithTimeout(absl::Condition(&shut_down_), kAcceptBackoff);
       continue;
     }
-    if (connections_.size() >= max_connections_ + kRefusedConnections) {
+    if (connections_.size() >= max_connections_) {
       // A flood of connections gets no threads: closed unanswered.
       if (++unanswered_ % kUnansweredPerWarning == 1) {
         spdlog::warn("shard {}: {} bulk connections closed unanswered: {} are open, the "
-                     "limit and {} refusals in progress", shard_.shard(), unanswered_,
-                     connections_.size(), kRefusedConnections);
+                     "limit ({} per member and {} more)", shard_.shard(), unanswered_,
+                     connections_.size(), kConnectionsPerMember, kSpareConnections);
       }
       continue;
-    }
-    absl::Status refusal;
-    if (connections_.size() >= max_connections_) {
-      refusal = absl::ResourceExhaustedError(absl::StrCat(
-          "shard ", shard_.shard(), " holds its limit of ", max_connections_,
-          " bulk connections (", kConnectionsPerMember, " per member)"));
     }
     std::unique_ptr<ByteStream> stream;
     if (tls_ == nullptr) {
@@ -644,9 +677,9 @@ void BulkServer::AcceptLoop() {
       }
       stream = *std::move(secured);
     }
-    auto connection =
-        std::make_shared<Connection>(std::move(stream), &shard_, &service_, &sparse_, &async_);
-    if (absl::Status started = connection->Start(std::move(refusal)); !started.ok()) {
+    auto connection = std::make_shared<Connection>(std::move(stream), &shard_, slots_.get(),
+                                                   &service_, &sparse_, &async_);
+    if (absl::Status started = connection->Start(); !started.ok()) {
       spdlog::warn("shard {}: {}", shard_.shard(), std::string(started.message()));
       continue;
     }

@@ -33,11 +33,13 @@ namespace cserps {
 class BulkServer {
  public:
   // Connections one member may hold at once (each PsClient opens one per
-  // shard; a restarted worker's new one may overlap its old one's end).
+  // shard; a restarted worker's new one may overlap its old one's end). Its
+  // next hello is refused, RESOURCE_EXHAUSTED.
   static constexpr uint32_t kConnectionsPerMember = 4;
-  // Connections beyond the limit that still get an answer (their hello's
-  // refusal, RESOURCE_EXHAUSTED); more are closed at once.
-  static constexpr uint32_t kRefusedConnections = 16;
+  // Connections the shard takes beyond kConnectionsPerMember per member:
+  // room for hellos still to come or to be refused. Past those, a connection
+  // is closed at once, at no thread's cost.
+  static constexpr uint32_t kSpareConnections = 16;
 
   // Listens on host:port (port 0 picks a free one). `shard` and the
   // services outlive the server.
@@ -61,6 +63,7 @@ class BulkServer {
 
  private:
   class Connection;
+  class MemberSlots;
   BulkServer(ShardContext* shard, ParameterServerService* service,
              SparseExchangeService* sparse, AsyncService* async, std::shared_ptr<TlsContext> tls,
              Socket listener, int port);
@@ -75,7 +78,8 @@ class BulkServer {
   const std::shared_ptr<TlsContext> tls_;  // null: plaintext
   Socket listener_;
   const int port_;
-  const size_t max_connections_;
+  const size_t max_connections_;  // members' and spare
+  const std::unique_ptr<MemberSlots> slots_;
   mutable absl::Mutex mu_;
   std::vector<std::shared_ptr<Connection>> connections_ ABSL_GUARDED_BY(mu_);
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;

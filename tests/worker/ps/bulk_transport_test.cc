@@ -313,13 +313,14 @@ TEST_F(BulkTransportTest, BadRequestsAreRefusedAndTheShardServesOn) {
   ExpectALoneRoundServed(2);
 }
 
-// Connections that never say hello: those within the limit wait for their
-// hello, as many more get their refusal once they say it, and past those
-// the shard closes them unanswered, at no thread's cost; it serves on.
+// Connections that never say hello: those within the limit (the members'
+// and the spare ones) wait for their hello, and past those the shard closes
+// them unanswered, at no thread's cost; it serves on.
 TEST_F(BulkTransportTest, AFloodOfSilentConnectionsIsClosedUnansweredAndTheShardServesOn) {
   StartJob(1);
+  ASSERT_TRUE(Member(config_, v1::ClusterConfig::GRPC, 0).ok());
   const size_t answered =
-      BulkServer::kConnectionsPerMember * 1 + BulkServer::kRefusedConnections;
+      BulkServer::kConnectionsPerMember * 1 + BulkServer::kSpareConnections;
   std::vector<RawConnection> silent;
   for (size_t i = 0; i < answered; ++i) {
     auto raw = RawConnection::Open(servers_.shard(0));
@@ -330,15 +331,71 @@ TEST_F(BulkTransportTest, AFloodOfSilentConnectionsIsClosedUnansweredAndTheShard
   auto flood = RawConnection::Open(servers_.shard(0));
   ASSERT_TRUE(flood.ok()) << flood.status();
   EXPECT_TRUE(flood->Closed());
-  // The last one within the refusals is answered.
+  // The last one within the limit is served.
   ASSERT_TRUE(silent.back().SendHello(fingerprint(), 0).ok());
-  auto refused = silent.back().Receive();
-  ASSERT_TRUE(refused.ok()) << refused.status();
-  EXPECT_EQ(refused->reply.code, static_cast<uint32_t>(absl::StatusCode::kResourceExhausted));
-  EXPECT_THAT(refused->message, HasSubstr("holds its limit of 4 bulk connections"));
+  auto greeted = silent.back().Receive();
+  ASSERT_TRUE(greeted.ok()) << greeted.status();
+  EXPECT_EQ(greeted->reply.code, 0u) << greeted->message;
 
   silent.clear();
   ExpectALoneRoundServed(1);
+}
+
+// One member's connections beyond its limit are refused at their hello;
+// another member's are not, and a connection the member ends gives its
+// slot back.
+TEST_F(BulkTransportTest, AMemberHoldsAtMostItsLimitOfConnectionsAndLeavesTheOthersTheirs) {
+  StartJob(2);
+  ASSERT_TRUE(Member(config_, v1::ClusterConfig::GRPC, 0).ok());
+  ASSERT_TRUE(Member(config_, v1::ClusterConfig::GRPC, 1).ok());
+  std::vector<RawConnection> held;
+  for (uint32_t i = 0; i < BulkServer::kConnectionsPerMember; ++i) {
+    auto raw = Greeted(0);
+    ASSERT_TRUE(raw.ok()) << raw.status();
+    held.push_back(*std::move(raw));
+  }
+  auto over = RawConnection::Open(servers_.shard(0));
+  ASSERT_TRUE(over.ok()) << over.status();
+  ASSERT_TRUE(over->SendHello(fingerprint(), 0).ok());
+  auto refused = over->Receive();
+  ASSERT_TRUE(refused.ok()) << refused.status();
+  EXPECT_EQ(refused->reply.code, static_cast<uint32_t>(absl::StatusCode::kResourceExhausted));
+  EXPECT_THAT(refused->message,
+              HasSubstr("rank 0 already holds 4 bulk connections to shard 0"));
+  EXPECT_TRUE(over->Closed());
+
+  auto other = Greeted(1);
+  EXPECT_TRUE(other.ok()) << other.status();
+
+  // Ended by the member: the shard ends its side once its reader is done.
+  held.back().CloseSending();
+  ASSERT_TRUE(held.back().Closed());
+  auto again = Greeted(0);
+  EXPECT_TRUE(again.ok()) << again.status();
+}
+
+// A member idle between requests keeps its connection for as long as it
+// likes; one that stops halfway through a request's head is ended after
+// the round timeout, and the shard serves on.
+TEST_F(BulkTransportTest, AHeadCutShortEndsItsConnectionAndAnIdleOneStays) {
+  StartJob(1, /*round_timeout_s=*/1);
+  auto idle = RegisteredAndGreeted();
+  ASSERT_TRUE(idle.ok()) << idle.status();
+  auto stalled = Greeted(0);
+  ASSERT_TRUE(stalled.ok()) << stalled.status();
+  char head[bulk::Request::kBytes];
+  bulk::Encode(bulk::Request{.count = static_cast<uint32_t>(kD), .request_id = 1, .step = 1,
+                             .stream = v1::MODEL},
+               head);
+  ASSERT_TRUE(stalled->Send(head, 10).ok());
+  EXPECT_TRUE(stalled->Closed());
+  // Idle since before the other stalled.
+  const std::vector<float> v = Values(0);
+  ASSERT_TRUE(idle->SendWholePush(1, 1, v, v1::MODEL).ok());
+  auto answered = idle->Receive();
+  ASSERT_TRUE(answered.ok()) << answered.status();
+  ASSERT_EQ(answered->reply.code, 0u) << answered->message;
+  EXPECT_EQ(answered->floats, v);
 }
 
 // The peer's end of sending is not held open until the acceptor reaps the
