@@ -1,7 +1,9 @@
 """state_dict() and load_state_dict(): a checkpoint of every worker resumes
 the job to the bit, and a state of another job is refused."""
 
+import copy
 import io
+import pickle
 import threading
 
 import pytest
@@ -203,6 +205,10 @@ def test_a_state_of_another_job_is_refused(tmp_path, start_servers):
         (("cserps", "shapes"), [3, 4], "are not a list of shapes"),
         (("cserps", "step"), -1, "the state's step is -1; it must be a whole number"),
         (("param_groups", 0, "lr"), None, "the state's lr is None"),
+        (("cserps", "finished"), torch.zeros(3), "the state's finished is Tensor, not a bool"),
+        (("param_groups", 0, "params"), 4, "not one group of 4 parameters"),
+        # Ids torch could not map, found only once the trainer had loaded.
+        (("param_groups", 0, "params"), [[0], [1], [2], [3]], "not one group of 4 parameters"),
     ]
     for path, value, message in malformed:
         bad = cser.state_dict()
@@ -214,6 +220,28 @@ def test_a_state_of_another_job_is_refused(tmp_path, start_servers):
         with pytest.raises(ValueError, match=message):
             cser.load_state_dict(bad)
     assert torch.equal(cser.flat_params, params) and cser.steps == steps
+
+
+def test_a_state_of_any_step_loads_at_once(tmp_path, start_servers):
+    # cocod-sgd finds the period boundary after the state's step; a search
+    # step by step would take centuries for this one.
+    _, optimizer = one_worker(tmp_path, start_servers, "cocod-sgd", "period: 4")
+    state = optimizer.state_dict()
+    state["cserps"]["step"] = 2**62 + 1
+    loaded = threading.Thread(target=optimizer.load_state_dict, args=(state,), daemon=True)
+    loaded.start()
+    loaded.join(timeout=THREAD_TIMEOUT_S)
+    assert not loaded.is_alive(), "the load did not finish in time"
+    assert optimizer.steps == 2**62 + 1
+
+
+def test_an_optimizer_is_not_pickled_or_copied(tmp_path, start_servers):
+    # Its trainer and connections would be lost without a word.
+    _, optimizer = one_worker(tmp_path, start_servers, "ssgd")
+    for copy_of in (pickle.dumps, copy.deepcopy, lambda o: torch.save(o, io.BytesIO())):
+        with pytest.raises(TypeError, match=r"cannot be pickled or copied: save its "
+                                            r"state_dict\(\) instead"):
+            copy_of(optimizer)
 
 
 def test_resuming_without_a_checkpoint_names_the_folder(tmp_path, start_servers):

@@ -2,8 +2,10 @@
 // t = 0, k, 2k, ...: snapshot s = x and START the average of s (weighted by
 // batch size) without waiting; run k local steps meanwhile; then wait for
 // x̂ = AVG(s) and set x ← x̂ + (x − s). Compute and communication overlap.
+#include <limits>
 #include <optional>
 
+#include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "worker/algorithms/factories.h"
 
@@ -54,19 +56,35 @@ class CocodSgd final : public Algorithm {
   absl::Status ResumeAfter(uint64_t steps) override {
     period_began_.reset();
     if (steps == 0) return absl::OkStatus();
-    next_sync_ = PeriodAt(0);
-    while (next_sync_ <= steps) next_sync_ += PeriodAt(next_sync_);
+    ASSIGN_OR_RETURN(next_sync_, BoundaryAfter(steps));
     landed_ = true;
     return absl::OkStatus();
   }
 
  private:
+  uint64_t WarmupSteps() const {
+    return uint64_t{algorithm().period_warmup_epochs()} * context().steps_per_epoch;
+  }
+
   // k, or 1 during the first period_warmup_epochs epochs (the paper's
   // schedule).
   uint64_t PeriodAt(uint64_t t) const {
-    const uint64_t warmup_steps =
-        uint64_t{algorithm().period_warmup_epochs()} * context().steps_per_epoch;
-    return t < warmup_steps ? 1 : algorithm().period();
+    return t < WarmupSteps() ? 1 : algorithm().period();
+  }
+
+  // The first period boundary after step t (PeriodAt's boundaries: every
+  // step up to the warm-up's end W, then W + k, W + 2k, ...), in closed
+  // form: a resumed step may be any number.
+  absl::StatusOr<uint64_t> BoundaryAfter(uint64_t t) const {
+    const uint64_t warmup = WarmupSteps();
+    if (t < warmup) return t + 1;
+    const uint64_t k = algorithm().period();
+    const uint64_t periods = (t - warmup) / k + 1;
+    if (periods > (std::numeric_limits<uint64_t>::max() - warmup) / k) {
+      return absl::OutOfRangeError(
+          absl::StrCat("step ", t, " has no period boundary after it below 2^64"));
+    }
+    return warmup + periods * k;
   }
 
   // Line 1: s = x, and START x̂ = AVG(s) on round t; do not wait.

@@ -416,27 +416,42 @@ class Optimizer(torch.optim.Optimizer):
         groups = state_dict.get("param_groups")
         if not isinstance(groups, list) or len(groups) != 1 or \
                 not isinstance(groups[0], dict) or \
-                len(groups[0].get("params", ())) != len(self._params):
+                not isinstance(groups[0].get("params"), (list, tuple)) or \
+                len(groups[0]["params"]) != len(self._params) or \
+                not all(type(i) is int for i in groups[0]["params"]):
             raise ValueError(f"the state's param_groups are not one group of "
-                             f"{len(self._params)} parameters")
+                             f"{len(self._params)} parameters (their ids)")
         for key, value in self._fixed.items():
             if not _same_setting(groups[0].get(key), value):
                 raise ValueError(
                     f"the state's {key} is {groups[0].get(key)} but the job's is {value}")
         _learning_rate("the state's lr", groups[0].get("lr"))
         step = _count("the state's step", saved["step"], 2**63)
-        finished = bool(saved["finished"])
+        finished = saved["finished"]
+        if not isinstance(finished, bool):
+            raise ValueError(f"the state's finished is {type(finished).__name__}, not a bool")
         self._check_unchanged()
-        # Checked whole above: from here nothing is refused halfway.
+        # Checked whole above; what torch or the trainer may still refuse
+        # leaves the optimizer as it was.
         buffers = [t.detach().cpu().contiguous() for t in tensors[1:]]
-        self._trainer.load_state(step, [b.data_ptr() for b in buffers], self._num_params)
+        before = torch.optim.Optimizer.state_dict(self)
         super().load_state_dict({"state": {}, "param_groups": groups})
+        try:
+            self._trainer.load_state(step, [b.data_ptr() for b in buffers], self._num_params)
+        except BaseException:
+            super().load_state_dict(before)
+            raise
         # Parameters put elsewhere since are views of the flat buffer again
         # before the state's values go in, so that none keeps its own.
         self._repoint()
         with torch.no_grad():
             self._flat.copy_(saved["params"])
         self._finished = finished
+
+    def __getstate__(self):
+        raise TypeError("a cserps.torch.Optimizer holds its trainer and its connections to "
+                        "the servers, which cannot be pickled or copied: save its "
+                        "state_dict() instead")
 
     def _check_shapes(self, shapes):
         """ValueError when `shapes` (a state's, or None) are not this model's
