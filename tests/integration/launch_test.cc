@@ -341,6 +341,19 @@ TEST_F(LaunchTest, ResumeContinuesFromTheNewestCheckpoint) {
     EXPECT_EQ(JsonNumber(json, "resumed_from_step"), 10);
     EXPECT_EQ(JsonNumber(json, "steps"), 15);
   }
+  // A fresh run in the folder of those checkpoints is refused by the
+  // servers, and a restart would not cure it: neither the whole job nor a
+  // server alone is restarted from them.
+  const Result fresh = Launch(job, "--max_restarts=1");
+  EXPECT_EQ(fresh.exit_code, 1) << fresh.output;
+  EXPECT_NE(fresh.output.find("already holds a checkpoint of this job"), std::string::npos)
+      << fresh.output;
+  EXPECT_NE(fresh.output.find("[launch] not restarted: the servers failed before the workers "
+                              "started, and would again"),
+            std::string::npos)
+      << fresh.output;
+  EXPECT_EQ(fresh.output.find("restarting it alone"), std::string::npos) << fresh.output;
+  EXPECT_EQ(fresh.output.find("[launch] restart 1 of 1"), std::string::npos) << fresh.output;
 }
 
 // cluster.elastic: kill -9 of one of 4 CSER workers mid-job; the servers
@@ -503,6 +516,56 @@ TEST(LaunchCommandTest, WhatAWorkerLeftBehindIsStoppedWithTheJob) {
   EXPECT_EQ(r.exit_code, 0) << r.output;
   for (const char* expected : {"[worker 0] left behind, stopped",
                                "[worker 1] left behind, stopped"}) {
+    EXPECT_NE(r.output.find(expected), std::string::npos) << expected << "\n" << r.output;
+  }
+}
+
+// ... also one that holds none of the worker's output, once the worker has
+// exited: the launcher ends only after it.
+TEST(LaunchCommandTest, WhatAWorkerLeftBehindSilentlyIsStoppedWithTheJob) {
+  const std::filesystem::path dir =
+      std::filesystem::path(testing::TempDir()) / absl::StrCat("left_behind.", getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::filesystem::path script = dir / "leaves_a_silent_process_behind.sh";
+  {
+    std::ofstream out(script);
+    out << "ready=$(mktemp -u) && mkfifo \"$ready\" || exit 1\n"
+           "( trap 'echo > " << dir.string() << "/stopped.$RANK; exit 0' TERM; "
+           "echo > \"$ready\"; sleep 90 & wait ) > /dev/null 2>&1 &\n"
+           "echo $! > " << dir.string() << "/pid.$RANK\n"
+           "read _ < \"$ready\"\n"
+           "rm -f \"$ready\"\n";
+  }
+  const Result r = LaunchCommand("--nproc=2", absl::StrCat("sh ", script.string()));
+  bool stopped[2];
+  for (int rank = 0; rank < 2; ++rank) {
+    stopped[rank] = std::filesystem::exists(dir / absl::StrCat("stopped.", rank));
+    std::ifstream in(dir / absl::StrCat("pid.", rank));
+    pid_t pid = 0;
+    // Left running by a launcher that did not stop it: its group (the
+    // worker's) is stopped here.
+    if (in >> pid && !stopped[rank]) {
+      const pid_t group = getpgid(pid);
+      if (group > 0) kill(-group, SIGKILL);
+    }
+  }
+  std::filesystem::remove_all(dir);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(stopped[0]) << r.output;
+  EXPECT_TRUE(stopped[1]) << r.output;
+}
+
+// SIGTERM, which stops the processes (also when the launcher dies), is not
+// passed on as ignored when the launcher was started with it ignored.
+TEST(LaunchCommandTest, ATermInheritedAsIgnoredIsNotPassedOn) {
+  const Result r = LaunchCommand(
+      "--nproc=2",
+      "python3 -c 'import signal; print(\"SIGTERM\", signal.getsignal(signal.SIGTERM).name)'",
+      "python3 -c 'import os, signal, sys; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+      "os.execvp(sys.argv[1], sys.argv[1:])'");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  for (const char* expected : {"[worker 0] SIGTERM SIG_DFL", "[worker 1] SIGTERM SIG_DFL"}) {
     EXPECT_NE(r.output.find(expected), std::string::npos) << expected << "\n" << r.output;
   }
 }

@@ -68,10 +68,13 @@ absl::StatusOr<ChildProcess> ChildProcess::Start(
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, nullptr);
-    // The launcher ignores SIGPIPE; exec keeps an ignored signal ignored.
+    // The launcher ignores SIGPIPE, and may have been started with SIGTERM
+    // ignored (`trap '' TERM`); exec keeps an ignored signal ignored, and
+    // SIGTERM is how the child is stopped, also when the launcher dies.
     struct sigaction default_action = {};
     default_action.sa_handler = SIG_DFL;
     sigaction(SIGPIPE, &default_action, nullptr);
+    sigaction(SIGTERM, &default_action, nullptr);
     dup2(no_input, STDIN_FILENO);
     dup2(fds[1], STDOUT_FILENO);
     dup2(fds[1], STDERR_FILENO);
@@ -145,8 +148,15 @@ std::vector<std::string> ChildProcess::CloseOutput() {
   return lines;
 }
 
+bool ChildProcess::GroupLives() {
+  if (running()) return true;
+  if (pid_ <= 0 || group_gone_) return false;
+  if (kill(-pid_, 0) != 0 && errno == ESRCH) group_gone_ = true;
+  return !group_gone_;
+}
+
 void ChildProcess::Signal(int signo) {
-  if (pid_ <= 0 || group_gone_ || (!running() && fd_ < 0)) return;
+  if (pid_ <= 0 || group_gone_) return;
   // An exited child's pid stays allocated while a process of its group
   // lives; once none does, it may be reused, so the group is not signalled
   // again.

@@ -41,9 +41,12 @@ class ChildProcess {
   // Stops reading the output, which a process the child started outside
   // its process group may hold open for ever; returns its partial last line.
   std::vector<std::string> CloseOutput();
+  // Whether the child runs, or has exited and left a process in its group
+  // (one it started there, which may not hold its output).
+  bool GroupLives();
   // Sends `signo` to the child's process group (what it started there
-  // too), while the child runs, or, once it has exited, while its output
-  // is open and its group still has a process.
+  // too), while the child runs or, once it has exited, while its group
+  // still has a process.
   void Signal(int signo);
 
  private:

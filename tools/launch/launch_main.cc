@@ -256,8 +256,14 @@ class Cluster {
         restarts_left_(*restarts_left) {}
 
   // After Run: whether it failed for a reason a restart may cure (a
-  // process that died or could not start), not a signal or the deadline.
-  bool restartable() const { return !succeeded_ && interrupted_by_ == 0 && !timed_out_; }
+  // process that died or could not start once the job ran), not a signal
+  // or the deadline. The servers' start is not retried: what fails there
+  // (a config, a folder holding another run's checkpoints) fails alike
+  // again.
+  bool restartable() const { return failed() && workers_started_; }
+  bool failed_starting() const { return failed() && !workers_started_; }
+
+  bool failed() const { return !succeeded_ && interrupted_by_ == 0 && !timed_out_; }
 
   int Run(int signal_fd) {
     const int num_servers = config_.cluster().servers_size();
@@ -544,8 +550,8 @@ class Cluster {
           std::printf("[launch] %s exited with code %d; the elastic job goes on without it\n",
                       c.name().c_str(), *c.exit_code());
           std::fflush(stdout);
-        } else if (!is_worker && !stopping_ && restarts_servers_ && restarts_left_ > 0 &&
-                   NewestCheckpointStep(config_).has_value()) {
+        } else if (!is_worker && !stopping_ && workers_started_ && restarts_servers_ &&
+                   restarts_left_ > 0 && NewestCheckpointStep(config_).has_value()) {
           --restarts_left_;
           restart_servers.emplace_back(static_cast<uint32_t>(std::stoul(c.name().substr(7))),
                                        *c.exit_code());
@@ -630,17 +636,19 @@ class Cluster {
     }
   }
 
-  bool AllDone() const {
-    for (const ChildProcess& c : children_) {
-      if (c.running() || c.output_fd() >= 0) return false;
+  // Also waits for what the children left in their groups (stopped with
+  // them).
+  bool AllDone() {
+    for (ChildProcess& c : children_) {
+      if (c.running() || c.output_fd() >= 0 || c.GroupLives()) return false;
     }
     return stopping_;
   }
 
   int Finish() {
     for (ChildProcess& c : children_) {
+      c.Signal(SIGKILL);
       if (c.running()) {
-        c.Signal(SIGKILL);
         int status = 0;
         waitpid(c.pid(), &status, 0);
         c.SetExited(status);
@@ -798,6 +806,10 @@ int main(int argc, char** argv) {
     Cluster cluster(*config, path, attempt_overrides, bin_dir, command, deadline,
                     restart_count, &restarts_left);
     const int code = cluster.Run(signal_fd);
+    if (cluster.failed_starting() && restarts_left > 0) {
+      std::printf("[launch] not restarted: the servers failed before the workers started, "
+                  "and would again\n");
+    }
     if (code == 0 || !cluster.restartable() || restarts_left == 0) return code;
     --restarts_left;
     ++restart_count;
