@@ -99,7 +99,14 @@ absl::StatusOr<Manifest> ReadManifest(const std::string& dir, uint64_t step) {
     return absl::DataLossError(absl::StrCat("checkpoint manifest ", path, ": malformed line '",
                                             line, "'"));
   };
-  const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  std::string text;
+  try {
+    // libstdc++'s filebuf throws on a failed read (EIO, EISDIR), whatever
+    // the stream's exception mask.
+    text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  } catch (const std::ios_base::failure&) {
+    in.setstate(std::ios_base::badbit);
+  }
   if (in.bad()) {
     return absl::DataLossError(absl::StrCat("checkpoint manifest ", path,
                                             " cannot be read: ", std::strerror(errno)));
@@ -256,10 +263,9 @@ absl::StatusOr<LoadedCheckpoint> LoadNewestCheckpoint(
                                           absl::Hex(fingerprint, absl::kZeroPad16), " in ", dir));
 }
 
-bool HasManifestOf(const std::string& dir, uint64_t fingerprint) {
-  const absl::StatusOr<std::vector<uint64_t>> steps = StepsNewestFirst(dir);
-  if (!steps.ok()) return true;
-  for (uint64_t step : *steps) {
+absl::StatusOr<bool> HasManifestOf(const std::string& dir, uint64_t fingerprint) {
+  ASSIGN_OR_RETURN(const std::vector<uint64_t> steps, StepsNewestFirst(dir));
+  for (uint64_t step : steps) {
     const absl::StatusOr<Manifest> manifest = ReadManifest(dir, step);
     // One that cannot be read may be this job's.
     if (manifest.ok() ? manifest->fingerprint == fingerprint

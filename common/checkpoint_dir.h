@@ -82,9 +82,9 @@ absl::Status ForgetPartsAfter(const CheckpointJob& job, CheckpointRole role, uin
                               uint64_t step);
 
 // Whether `dir` holds a manifest of job `fingerprint`, or one that cannot
-// be read, or cannot be listed: a checkpoint of the job may have been
-// completed there.
-bool HasManifestOf(const std::string& dir, uint64_t fingerprint);
+// be read: a checkpoint of the job may have been completed there.
+// UNAVAILABLE when `dir` cannot be listed (not a folder, say).
+absl::StatusOr<bool> HasManifestOf(const std::string& dir, uint64_t fingerprint);
 
 // Removes all but the newest `keep` complete checkpoints of job
 // `fingerprint`, and incomplete steps older than the oldest kept; another

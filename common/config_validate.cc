@@ -1,6 +1,7 @@
 #include "common/config_validate.h"
 
 #include <cmath>
+#include <limits>
 #include <cstdint>
 #include <string>
 
@@ -210,28 +211,33 @@ absl::Status WrongEntryCount(absl::string_view field, int size,
                                      ", ", workers.described));
 }
 
-// A per-rank list: empty, or one finite value >= `min` per worker process.
+// A per-rank list: empty, or one finite value >= `min` (and <= `max`) per
+// worker process.
 absl::Status ValidatePerRank(const google::protobuf::RepeatedField<float>& values,
                              const std::string& field, const WorkerProcesses& workers,
-                             float min, bool min_exclusive) {
+                             float min, bool min_exclusive,
+                             float max = std::numeric_limits<float>::infinity()) {
   if (values.empty()) return absl::OkStatus();
   if (static_cast<uint64_t>(values.size()) != workers.count) {
     return WrongEntryCount(field, values.size(), workers);
   }
   for (int i = 0; i < values.size(); ++i) {
     const float v = values[i];
-    if (!std::isfinite(v) || v < min || (min_exclusive && v == min)) {
+    if (!std::isfinite(v) || v < min || (min_exclusive && v == min) || v > max) {
       return Invalid(absl::StrCat(field, "[", i, "]"),
-                     absl::StrCat("must be finite and ", min_exclusive ? "> " : ">= ",
-                                  min, " (got ", v, ")"));
+                     absl::StrCat("must be finite and ", min_exclusive ? "> " : ">= ", min,
+                                  std::isfinite(max) ? absl::StrCat(" and <= ", max) : "",
+                                  " (got ", v, ")"));
     }
   }
   return absl::OkStatus();
 }
 
 absl::Status ValidateData(const v1::DataConfig& data, const WorkerProcesses& workers) {
+  // A study's straggler: a thousandfold step already outlasts any round's
+  // timeout; more would sleep for ever.
   RETURN_IF_ERROR(ValidatePerRank(data.rank_slowdown(), "data.rank_slowdown",
-                                  workers, 1.0f, false));
+                                  workers, 1.0f, false, 1000.0f));
   RETURN_IF_ERROR(ValidatePerRank(data.rank_speeds(), "data.rank_speeds",
                                   workers, 0.0f, true));
   if (data.rank_speeds_size() > 0 && data.rank_batch_sizes_size() > 0) {

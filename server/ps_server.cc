@@ -19,6 +19,13 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(
     const v1::JobConfig& config, uint32_t shard,
     const std::string& listen_address,
     ParameterServerService::Options options, MetricsRegistry* metrics, int bulk_port) {
+  // A published port is told to workers as it is: one out of range would
+  // not be the port bound (the resolver takes it modulo 65536).
+  if (bulk_port < -1 || bulk_port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("bulk_port ", bulk_port, " is out of range: -1 turns the bulk transport "
+                     "off, 0 picks a free port, else 1..65535"));
+  }
   std::unique_ptr<PsServer> server(new PsServer());
   ASSIGN_OR_RETURN(server->shard_, ShardContext::Create(config, shard));
   if (metrics != nullptr) {

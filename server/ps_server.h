@@ -33,9 +33,9 @@ class PsServer {
   // applies to the ParameterServer service only. With `metrics` (which
   // outlives the server), exports the shard's ServerMetrics there, every
   // service counted. The bulk transport (bulk_server.h) listens on
-  // `listen_address`'s host at `bulk_port` (0: a free port; < 0: none), but
-  // never for a job with TLS or a token (config.security). With TLS the
-  // server requires client certificates signed by the job's CA.
+  // `listen_address`'s host at `bulk_port` (0: a free port; -1: none;
+  // INVALID_ARGUMENT outside -1..65535), with TLS when the job has it. With
+  // TLS the server requires client certificates signed by the job's CA.
   static absl::StatusOr<std::unique_ptr<PsServer>> Start(
       const v1::JobConfig& config, uint32_t shard,
       const std::string& listen_address,

@@ -80,21 +80,24 @@ absl::StatusOr<std::unique_ptr<ShardContext>> ShardContext::Create(
       absl::MutexLock lock(&context->mu_);
       context->resumed_from_step_ = resumed->step;
       context->resumed_sections_ = std::move(resumed->sections);
-    } else if (checkpoint.resume() || !absl::IsNotFound(resumed.status()) ||
-               HasManifestOf(checkpoint.dir(), context->fingerprint_)) {
+    } else if (checkpoint.resume() || !absl::IsNotFound(resumed.status())) {
       return resumed.status();
     } else {
+      ASSIGN_OR_RETURN(const bool earlier, HasManifestOf(checkpoint.dir(), context->fingerprint_));
+      if (earlier) return resumed.status();
       spdlog::info("shard {}: no checkpoint of this job in {} yet: starting fresh", shard,
                    checkpoint.dir());
     }
-  } else if (checkpoint.every_steps() > 0 &&
-             HasManifestOf(checkpoint.dir(), context->fingerprint_)) {
-    // Its steps would land among the earlier run's, and pruning would keep
-    // that run's higher steps over its own.
-    return absl::FailedPreconditionError(absl::StrCat(
-        "shard ", shard, ": checkpoint.dir ", checkpoint.dir(),
-        " already holds a checkpoint of this job (or one that cannot be read): resume it "
-        "(--resume), or start this run in an empty folder"));
+  } else if (checkpoint.every_steps() > 0) {
+    ASSIGN_OR_RETURN(const bool earlier, HasManifestOf(checkpoint.dir(), context->fingerprint_));
+    if (earlier) {
+      // Its steps would land among the earlier run's, and pruning would
+      // keep that run's higher steps over its own.
+      return absl::FailedPreconditionError(absl::StrCat(
+          "shard ", shard, ": checkpoint.dir ", checkpoint.dir(),
+          " already holds a checkpoint of this job (or one that cannot be read): resume it "
+          "(--resume), or start this run in an empty folder"));
+    }
   }
   if (checkpoint.every_steps() > 0) {
     RETURN_IF_ERROR(ForgetPartsAfter(CheckpointJob::Of(config), CheckpointRole::kShard, shard,

@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -248,10 +249,16 @@ absl::Status RunLocalRankThreads(const Job& job, const std::string& node_id) {
   LocalRankResults results(size);
   std::vector<std::thread> threads;
   for (uint32_t j = 0; j < size; ++j) {
-    threads.emplace_back([&job, &node_id, &members, &results, j] {
-      results.Finished(Train(job, members[j].get(), node_id,
-                             j == 0 ? job.metrics.get() : nullptr, nullptr));
-    });
+    try {
+      threads.emplace_back([&job, &node_id, &members, &results, j] {
+        results.Finished(Train(job, members[j].get(), node_id,
+                               j == 0 ? job.metrics.get() : nullptr, nullptr));
+      });
+    } catch (const std::system_error& e) {
+      ExitWhileLocalRanksRun(absl::ResourceExhaustedError(absl::StrCat(
+          "no thread for local rank ", j, " of cluster.local_size ", size,
+          " (the CPU backend runs one thread per local rank): ", e.what())));
+    }
   }
   const auto [failure, all_finished] = results.AwaitAllOrFailure();
   if (!all_finished) ExitWhileLocalRanksRun(failure);

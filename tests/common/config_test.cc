@@ -857,7 +857,13 @@ TEST(RankBatchSizesTest, PerRankListsAreValidated) {
   config = ValidConfig();
   for (float s : {1.0f, 2.0f, 0.5f, 1.0f}) config.mutable_data()->add_rank_slowdown(s);
   EXPECT_THAT(std::string(ValidateJobConfig(config).message()),
-              HasSubstr("data.rank_slowdown[2]: must be finite and >= 1 (got 0.5)"));
+              HasSubstr("data.rank_slowdown[2]: must be finite and >= 1 and <= 1000 (got 0.5)"));
+  // A slowdown whose sleep would not end.
+  config.mutable_data()->set_rank_slowdown(2, 1e30f);
+  EXPECT_THAT(std::string(ValidateJobConfig(config).message()),
+              HasSubstr("data.rank_slowdown[2]: must be finite and >= 1 and <= 1000 (got 1e+30)"));
+  config.mutable_data()->set_rank_slowdown(2, 1000.0f);
+  EXPECT_TRUE(ValidateJobConfig(config).ok());
 }
 
 // ---------------------------------------------------------------------------

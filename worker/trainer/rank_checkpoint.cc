@@ -44,6 +44,17 @@ absl::StatusOr<RankCheckpoint> LoadRankCheckpoint(const v1::JobConfig& config,
                                      absl::StrJoin(*passed_over, "; "),
                                      passed_over->empty() ? "" : ")"));
   }
+  const uint64_t total = uint64_t{config.epochs()} * steps_per_epoch;
+  // None is written at the job's end: this job's steps per epoch differ
+  // from the writer's (the training data or a batch size, which the job's
+  // fingerprint leaves out), or the file lies.
+  if (steps_per_epoch > 0 && loaded->step >= total) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rank ", partition, " cannot resume from the checkpoint of step ", loaded->step, " in ",
+        job.dir, ": this job ends at step ", total, " (", config.epochs(), " epochs of ",
+        steps_per_epoch, " steps); did the training data or a batch size change since it was "
+        "written?"));
+  }
   RankCheckpoint checkpoint;
   checkpoint.step = loaded->step;
   checkpoint.file = absl::StrCat(CheckpointStepDir(job.dir, loaded->step), "/",
@@ -85,7 +96,9 @@ absl::StatusOr<RankCheckpoint> LoadRankCheckpoint(const v1::JobConfig& config,
                           "is a cserps-worker's");
     } else if (losses != nullptr) {
       what = absl::StrCat("holds ", losses->values.size(), " losses, more than the ", done,
-                          " steps done of epoch ", loaded->step / steps_per_epoch + 1);
+                          " steps done of epoch ", loaded->step / steps_per_epoch + 1, " at ",
+                          steps_per_epoch, " steps per epoch (did the training data or a batch "
+                          "size change since it was written?)");
     }
     return absl::DataLossError(absl::StrCat("checkpoint file ", checkpoint.file, ": section '",
                                             kEpochLossesSection, "' ", what));

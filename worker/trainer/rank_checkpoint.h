@@ -38,7 +38,8 @@ struct RankCheckpoint {
 // whose files hold none), or fewer when it rejoined the job in the epoch.
 // Newer steps passed over are appended to `*passed_over`. Errors:
 // LoadNewestCheckpoint's, naming the process and what was passed over;
-// DATA_LOSS naming the file when its sections do not fit.
+// DATA_LOSS naming the file when its sections do not fit; FAILED_PRECONDITION
+// when its step is not before the job's end (with `steps_per_epoch` > 0).
 absl::StatusOr<RankCheckpoint> LoadRankCheckpoint(const v1::JobConfig& config,
                                                   uint32_t partition, size_t state_buffers,
                                                   uint64_t d, uint64_t steps_per_epoch,

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <new>
 #include <string>
 #include <utility>
 
@@ -114,7 +115,18 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
   std::unique_ptr<Trainer> trainer(
       new Trainer(config, link, std::move(plan), train, test, std::move(backend)));
   trainer->metrics_ = metrics;
-  RETURN_IF_ERROR(SharedStatus(trainer->link_, trainer->Init(), "trainer set-up"));
+  absl::Status init;
+  try {
+    init = trainer->Init();
+  } catch (const std::bad_alloc&) {
+    // Refused by name, as a shard too large for its machine is, rather than
+    // aborted by the allocation.
+    init = absl::ResourceExhaustedError(absl::StrCat(
+        "the worker's buffers for a model of ", trainer->num_params_,
+        " parameters and its activations at batch size ", trainer->plan_.batch_size,
+        " do not fit in this machine's memory"));
+  }
+  RETURN_IF_ERROR(SharedStatus(trainer->link_, init, "trainer set-up"));
   return trainer;
 }
 

@@ -398,6 +398,19 @@ TEST_F(BulkTransportTest, AHeadCutShortEndsItsConnectionAndAnIdleOneStays) {
   EXPECT_EQ(answered->floats, v);
 }
 
+// A port the resolver would take modulo 65536, or a negative one other
+// than -1 (off), is refused, not bound as another.
+TEST(BulkPortTest, APortOutOfRangeIsRefused) {
+  const v1::JobConfig config = MakeConfig(1, 20, R"pb(name: "ssgd")pb");
+  for (int port : {70000, 65536, -5}) {
+    SCOPED_TRACE(port);
+    auto server = PsServer::Start(config, 0, "127.0.0.1:0", {}, nullptr, port);
+    EXPECT_EQ(server.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(server.status().message()),
+                HasSubstr(absl::StrCat("bulk_port ", port, " is out of range")));
+  }
+}
+
 // The peer's end of sending is not held open until the acceptor reaps the
 // connection: its replies go out, then the shard ends it.
 TEST_F(BulkTransportTest, APeerThatStopsSendingGetsItsRepliesAndTheEnd) {

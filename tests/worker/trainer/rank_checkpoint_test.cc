@@ -35,7 +35,7 @@ class RankCheckpointTest : public ::testing::Test {
       data { batch_size: 1 }
       optimizer { lr: 0.1 }
       algorithm { name: "ssgd" block_size: 2 }
-      epochs: 1
+      epochs: 2
       checkpoint { dir: ")pb", dir_.string(), R"pb(" every_steps: 3 }
     )pb"));
     // Step 7 of 5 per epoch: 2 losses of epoch 2.
@@ -91,6 +91,19 @@ TEST_F(RankCheckpointTest, AFileThatDoesNotFitTheWorkerIsRefusedNamingIt) {
     EXPECT_THAT(loaded.status().message(), HasSubstr(c.says));
     EXPECT_THAT(loaded.status().message(), HasSubstr("rank-0.ckpt"));
   }
+}
+
+// Step 7 is past the end of 2 epochs of 3 steps, where no checkpoint is
+// written: the job's training data differs from the writer's.
+TEST_F(RankCheckpointTest, AStepNotBeforeTheJobsEndIsRefused) {
+  const absl::StatusOr<RankCheckpoint> loaded = Load(1, 4, 3);
+  ASSERT_FALSE(loaded.ok());
+  EXPECT_EQ(loaded.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(loaded.status().message(),
+              HasSubstr("rank 0 cannot resume from the checkpoint of step 7 in "));
+  EXPECT_THAT(loaded.status().message(),
+              HasSubstr("this job ends at step 6 (2 epochs of 3 steps); did the training data "
+                        "or a batch size change"));
 }
 
 // A process that rejoined the job (elastic) at step 6 trained one step of
