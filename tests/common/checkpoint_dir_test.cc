@@ -206,18 +206,24 @@ TEST_F(CheckpointDirTest, AFolderThatCannotBeListedIsAnErrorNotAnEmptyFolder) {
   EXPECT_EQ(PruneCheckpoints(dir_, kJob, 1).code(), absl::StatusCode::kUnavailable);
 }
 
+// Step 100 loads, step 200 (whose `manifest` cannot be read) is passed
+// over saying so.
+void ExpectTheStepPassedOverAsUnreadable(const std::string& dir, const fs::path& manifest) {
+  std::vector<std::string> passed_over;
+  auto loaded = LoadNewestCheckpoint(dir, kJob, &passed_over);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->step, 100u);
+  ASSERT_EQ(passed_over.size(), 1u);
+  EXPECT_THAT(passed_over[0], HasSubstr(absl::StrCat(manifest.string(), " cannot be read")));
+}
+
 TEST_F(CheckpointDirTest, AManifestThatCannotBeOpenedIsNotAnIncompleteStep) {
   WriteStep(100, true);
   WriteStep(200, false);
   // A link to itself: open fails with ELOOP, whoever runs the test.
   const fs::path manifest = fs::path(CheckpointStepDir(dir_, 200)) / "MANIFEST";
   fs::create_symlink(manifest, manifest);
-  std::vector<std::string> passed_over;
-  auto loaded = LoadNewestCheckpoint(dir_, kJob, &passed_over);
-  ASSERT_TRUE(loaded.ok()) << loaded.status();
-  EXPECT_EQ(loaded->step, 100u);
-  ASSERT_EQ(passed_over.size(), 1u);
-  EXPECT_THAT(passed_over[0], HasSubstr(absl::StrCat(manifest.string(), " cannot be read")));
+  ExpectTheStepPassedOverAsUnreadable(dir_, manifest);
   // Whether step 200 was completed is unknown: it is neither pruned nor
   // taken for a folder without this job's checkpoints.
   ASSERT_TRUE(PruneCheckpoints(dir_, kJob, 1).ok());
@@ -233,12 +239,7 @@ TEST_F(CheckpointDirTest, AManifestThatCannotBeReadIsPassedOver) {
   WriteStep(200, false);
   const fs::path manifest = fs::path(CheckpointStepDir(dir_, 200)) / "MANIFEST";
   fs::create_directories(manifest);
-  std::vector<std::string> passed_over;
-  auto loaded = LoadNewestCheckpoint(dir_, kJob, &passed_over);
-  ASSERT_TRUE(loaded.ok()) << loaded.status();
-  EXPECT_EQ(loaded->step, 100u);
-  ASSERT_EQ(passed_over.size(), 1u);
-  EXPECT_THAT(passed_over[0], HasSubstr(absl::StrCat(manifest.string(), " cannot be read")));
+  ExpectTheStepPassedOverAsUnreadable(dir_, manifest);
   fs::remove_all(CheckpointStepDir(dir_, 100));
   EXPECT_TRUE(HasManifestOf(dir_, kJob).value_or(false));
 }

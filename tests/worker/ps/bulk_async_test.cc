@@ -20,6 +20,7 @@ namespace {
 
 using ::testing::HasSubstr;
 using bulk_test::BulkTransportTest;
+using bulk_test::ExpectALoneRoundAnswered;
 using bulk_test::ExpectTheEnd;
 using bulk_test::kD;
 using bulk_test::Member;
@@ -143,11 +144,7 @@ TEST_F(BulkTransportTest, ADenseJobRefusesAsyncPushesAndReadsOn) {
   EXPECT_EQ(refused->reply.request_id, 5u);
   EXPECT_EQ(refused->reply.code, static_cast<uint32_t>(absl::StatusCode::kFailedPrecondition));
   EXPECT_THAT(refused->message, HasSubstr("does not push asynchronously"));
-  ASSERT_TRUE(raw->SendWholePush(6, 1, v, v1::MODEL).ok());
-  auto answered = raw->Receive();
-  ASSERT_TRUE(answered.ok()) << answered.status();
-  ASSERT_EQ(answered->reply.code, 0u) << answered->message;
-  EXPECT_EQ(answered->floats, v);
+  ExpectALoneRoundAnswered(*raw, 6);
 }
 
 TEST_F(BulkTransportTest, ShutdownAnswersAParkedAsyncPushWithUnavailable) {

@@ -199,6 +199,17 @@ inline Cut CutWhileWaiting(int bulk_port, const std::function<bool(size_t)>& wai
   return cut;
 }
 
+// A round of one member over `raw` (Values(0), weight 1, step 1, as
+// `request_id`): its mean is the member's values.
+inline void ExpectALoneRoundAnswered(RawConnection& raw, uint64_t request_id) {
+  const std::vector<float> v = Values(0);
+  ASSERT_TRUE(raw.SendWholePush(request_id, 1, v, v1::MODEL).ok());
+  auto answered = raw.Receive();
+  ASSERT_TRUE(answered.ok()) << answered.status();
+  ASSERT_EQ(answered->reply.code, 0u) << answered->message;
+  EXPECT_EQ(answered->floats, v);
+}
+
 // Sends a request's head whose count the shard cannot read past: it must
 // say so (`says`, request_id 0) and end the connection.
 template <size_t N>

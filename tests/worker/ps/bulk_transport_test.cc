@@ -32,6 +32,7 @@ namespace {
 
 using ::testing::HasSubstr;
 using bulk_test::BulkTransportTest;
+using bulk_test::ExpectALoneRoundAnswered;
 using bulk_test::ExpectTheEnd;
 using bulk_test::kD;
 using bulk_test::MakeConfig;
@@ -390,12 +391,7 @@ TEST_F(BulkTransportTest, AHeadCutShortEndsItsConnectionAndAnIdleOneStays) {
   ASSERT_TRUE(stalled->Send(head, 10).ok());
   EXPECT_TRUE(stalled->Closed());
   // Idle since before the other stalled.
-  const std::vector<float> v = Values(0);
-  ASSERT_TRUE(idle->SendWholePush(1, 1, v, v1::MODEL).ok());
-  auto answered = idle->Receive();
-  ASSERT_TRUE(answered.ok()) << answered.status();
-  ASSERT_EQ(answered->reply.code, 0u) << answered->message;
-  EXPECT_EQ(answered->floats, v);
+  ExpectALoneRoundAnswered(*idle, 1);
 }
 
 // A port the resolver would take modulo 65536, or a negative one other
@@ -751,12 +747,7 @@ TEST_F(BulkTransportTest, ADenseJobRefusesSparsePushesAndReadsOn) {
   EXPECT_EQ(refused->reply.request_id, 5u);
   EXPECT_EQ(refused->reply.code, static_cast<uint32_t>(absl::StatusCode::kFailedPrecondition));
   EXPECT_THAT(refused->message, HasSubstr("does not use the sparse exchange"));
-  const std::vector<float> v = Values(0);
-  ASSERT_TRUE(raw->SendWholePush(6, 1, v, v1::MODEL).ok());
-  auto answered = raw->Receive();
-  ASSERT_TRUE(answered.ok()) << answered.status();
-  ASSERT_EQ(answered->reply.code, 0u) << answered->message;
-  EXPECT_EQ(answered->floats, v);
+  ExpectALoneRoundAnswered(*raw, 6);
 }
 
 // As for PushPull: a sparse push whose connection is cut goes again over
