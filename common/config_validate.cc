@@ -1,8 +1,8 @@
 #include "common/config_validate.h"
 
 #include <cmath>
-#include <limits>
 #include <cstdint>
+#include <limits>
 #include <string>
 
 #include "absl/status/statusor.h"
