@@ -124,6 +124,16 @@ absl::Status AsyncService::Validate(const PushHead& head) const {
         "floats [", head.offset, ", ", head.offset + head.count, ") are not inside shard ",
         shard_.shard(), "'s [", first, ", ", end, ")"));
   }
+  // PushModel's cut: retries are told apart by (rank, offset), so pushes
+  // must not overlap, and a cut of a client's own would grow that record
+  // without bound.
+  const uint64_t chunk = shard_.chunk_floats();
+  if ((head.offset - first) % chunk != 0 || head.count != std::min(chunk, end - head.offset)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "floats [", head.offset, ", ", head.offset + head.count, ") are not one of shard ",
+        shard_.shard(), "'s chunks, which start at ", first, " + i x ", chunk,
+        " and run to the next or to the shard's end, ", end));
+  }
   if (!store.initialised()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "shard ", shard_.shard(),

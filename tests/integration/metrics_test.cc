@@ -427,14 +427,15 @@ TEST(MetricsTest, AsyncPushesAreCountedAsStreamAsync) {
 
   uint64_t in = 0;
   uint64_t out = 0;
-  auto push = [&](uint32_t rank, uint64_t step, uint64_t offset) {
+  // The shard is one chunk: a push is [offset, offset + count).
+  auto push = [&](uint32_t rank, uint64_t step, uint64_t offset, uint64_t count) {
     v1::AsyncPushPullRequest request;
     request.set_fingerprint(shard.fingerprint());
     request.set_rank(rank);
     request.set_step(step);
     request.set_offset(offset);
     request.set_lr(0.1f);
-    request.set_gradient(FloatBytes(std::vector<float>(10, 1.0f + rank)));
+    request.set_gradient(FloatBytes(std::vector<float>(count, 1.0f + rank)));
     v1::AsyncPushPullResponse response;
     grpc::ClientContext context;
     SetDeadline(&context);
@@ -447,13 +448,14 @@ TEST(MetricsTest, AsyncPushesAreCountedAsStreamAsync) {
     }
     return status;
   };
-  ASSERT_TRUE(push(0, 0, 0).ok());
+  ASSERT_TRUE(push(0, 0, 0, kD).ok());
   // A retry is answered but not applied again: its bytes count, the push
   // does not.
-  ASSERT_TRUE(push(0, 0, 0).ok());
-  ASSERT_TRUE(push(1, 5, 20).ok());
-  // Floats beyond the model: refused, "other".
-  EXPECT_EQ(push(1, 6, kD - 5).error_code(), grpc::StatusCode::OUT_OF_RANGE);
+  ASSERT_TRUE(push(0, 0, 0, kD).ok());
+  ASSERT_TRUE(push(1, 5, 0, kD).ok());
+  // Floats beyond the model, or not a chunk: refused, "other".
+  EXPECT_EQ(push(1, 6, kD - 5, 10).error_code(), grpc::StatusCode::OUT_OF_RANGE);
+  EXPECT_EQ(push(1, 6, 20, 10).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
 
   const std::string text = shard.Scrape();
   EXPECT_EQ(Value(text, "cserps_server_rounds_completed_total", ShardStream("async")), 2.0);

@@ -495,6 +495,11 @@ TEST_F(AsyncServiceTest, BadInputIsRefusedAndTheServerKeepsServing) {
                    {absl::StrCat("[", kShardEnd, ", ", kShardEnd + 8, ")"), "shard 0"}});
   cases.push_back({"range crossing the shard end", MakePush(0, 0, kShardEnd - 4, one),
                    grpc::StatusCode::OUT_OF_RANGE, {"not inside shard 0"}});
+  // Retries are told apart by offset: pushes must be the shard's chunks.
+  cases.push_back({"not a chunk", MakePush(0, 0, 8, one), grpc::StatusCode::INVALID_ARGUMENT,
+                   {"floats [8, 16) are not one of shard 0's chunks"}});
+  cases.push_back({"part of a chunk", MakePush(0, 0, 0, one), grpc::StatusCode::INVALID_ARGUMENT,
+                   {"floats [0, 8) are not one of shard 0's chunks"}});
   cases.push_back({"unregistered rank", MakePush(2, 0, 0, one),
                    grpc::StatusCode::FAILED_PRECONDITION, {"rank 2 has not registered"}});
   cases.push_back({"rank out of range", MakePush(7, 0, 0, one),
@@ -526,15 +531,17 @@ TEST_F(AsyncServiceTest, BadInputIsRefusedAndTheServerKeepsServing) {
   // Nothing refused was applied, and a valid push still is.
   EXPECT_TRUE(PullShard() == x0_);
   v1::AsyncPushPullResponse response;
-  grpc::Status s = Push(MakePush(1, 0, 8, one), &response);
+  const Chunk c1 = ShardChunks()[1];
+  grpc::Status s = Push(MakePush(1, 0, c1.offset, std::vector<float>(c1.count, 1.0f)), &response);
   ASSERT_TRUE(s.ok()) << s.error_message();
-  std::vector<float> expected(x0_.begin() + 8, x0_.begin() + 16);
+  std::vector<float> expected(x0_.begin() + c1.offset, x0_.begin() + c1.offset + c1.count);
   for (float& v : expected) v -= 0.25f;
   EXPECT_TRUE(Floats(response.model()) == expected);
   // Rank 0's pushes at offset 0 are still applied from step 0 on.
-  s = Push(MakePush(0, 0, 0, one), &response);
+  const Chunk c0 = ShardChunks()[0];
+  s = Push(MakePush(0, 0, 0, std::vector<float>(c0.count, 1.0f)), &response);
   ASSERT_TRUE(s.ok()) << s.error_message();
-  expected.assign(x0_.begin(), x0_.begin() + 8);
+  expected.assign(x0_.begin(), x0_.begin() + c0.count);
   for (float& v : expected) v -= 0.25f;
   EXPECT_TRUE(Floats(response.model()) == expected);
 }
@@ -542,7 +549,8 @@ TEST_F(AsyncServiceTest, BadInputIsRefusedAndTheServerKeepsServing) {
 TEST_F(AsyncServiceTest, PushBeforeTheModelIsInitialisedIsRefused) {
   Start(1, /*staleness=*/0, "lr: 0.25", {}, /*init_model=*/false);
   v1::AsyncPushPullResponse response;
-  grpc::Status s = Push(MakePush(0, 0, 0, std::vector<float>(4, 1.0f)), &response);
+  const Chunk c = ShardChunks()[0];
+  grpc::Status s = Push(MakePush(0, 0, 0, std::vector<float>(c.count, 1.0f)), &response);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_THAT(s.error_message(), HasSubstr("no model yet"));
 }

@@ -100,6 +100,12 @@ TEST_F(BulkTransportTest, BadAsyncRequestsAreRefusedAndTheShardServesOn) {
        "floats [10, 3010) are not inside shard 0's [0, 3000)"},
       {{.request_id = 4, .step = 0, .lr = kLr}, {}, absl::StatusCode::kInvalidArgument,
        "gradient is empty"},
+      // Not the shard's one chunk: a cut of the client's own.
+      {{.request_id = 5, .step = 0, .offset = 10, .lr = kLr}, std::vector<float>(5, 1.0f),
+       absl::StatusCode::kInvalidArgument,
+       "floats [10, 15) are not one of shard 0's chunks, which start at 0 + i x "},
+      {{.request_id = 6, .step = 0, .lr = kLr}, std::vector<float>(5, 1.0f),
+       absl::StatusCode::kInvalidArgument, "floats [0, 5) are not one of shard 0's chunks"},
   };
   for (const Case& c : cases) {
     ASSERT_TRUE(raw->SendAsync(c.request, c.gradient).ok());
@@ -110,11 +116,11 @@ TEST_F(BulkTransportTest, BadAsyncRequestsAreRefusedAndTheShardServesOn) {
     EXPECT_THAT(refused->message, HasSubstr(c.says));
   }
   // None of them was applied: a good one steps from the model rank 0 set.
-  ASSERT_TRUE(raw->SendAsync({.request_id = 5, .step = 0, .lr = kLr}, g).ok());
+  ASSERT_TRUE(raw->SendAsync({.request_id = 7, .step = 0, .lr = kLr}, g).ok());
   auto answered = raw->Receive();
   ASSERT_TRUE(answered.ok()) << answered.status();
   ASSERT_EQ(answered->reply.code, 0u) << answered->message;
-  EXPECT_EQ(answered->reply.request_id, 5u);
+  EXPECT_EQ(answered->reply.request_id, 7u);
   EXPECT_EQ(answered->floats, Stepped(x0, g));
   // More floats than a chunk holds cannot be read past: the shard says so
   // and ends the connection.
